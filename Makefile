@@ -1,0 +1,42 @@
+# specdec developer entry points. Each target sets itself up from nothing: it creates the venv
+# if missing, installs the pinned torch (a CUDA 13.0 build: the CUDA kernels compile even on a
+# machine without a GPU) and builds the extension in place.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.14.1
+MAX_JOBS ?= 2
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.specdec-deps
+BUILD_STAMP := $(VENV)/.specdec-built
+SOURCES := setup.py $(shell find csrc -type f 2>/dev/null)
+# The Triton kernels run on CPU tensors through Triton's interpreter when there is no GPU.
+TEST_ENV := TRITON_INTERPRET=$${TRITON_INTERPRET:-$$($(BIN)/python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}
+
+.PHONY: demo test bench results build clean
+
+demo: $(BUILD_STAMP)
+	$(BIN)/python -m specdec.demo
+
+test: $(BUILD_STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -q tests
+
+bench: $(BUILD_STAMP)
+	$(TEST_ENV) $(BIN)/python benchmarks/run.py
+
+results: $(DEPS_STAMP)
+	$(BIN)/python benchmarks/make_results.py
+
+build: $(BUILD_STAMP)
+
+$(DEPS_STAMP): requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install torch==$(TORCH_VERSION) -r requirements-dev.txt
+	touch $@
+
+# Serialised with flock: several shells (or helpers) may ask for a rebuild at once.
+$(BUILD_STAMP): $(DEPS_STAMP) $(SOURCES)
+	flock /tmp/specdec-build.lock env MAX_JOBS=$(MAX_JOBS) $(BIN)/python -m pip install --no-build-isolation --no-deps -e .
+	touch $@
+
+clean:
+	rm -rf build specdec/_C*.so *.egg-info $(BUILD_STAMP)

@@ -1,0 +1,44 @@
+// The one translation unit that includes torch/extension.h: op schemas, their CPU/CUDA
+// registrations, and a tiny pybind11 module for build information.
+//
+// Every op lives in the `specdec` namespace of torch.library (torch.ops.specdec.*). Fake
+// (meta) implementations are registered from Python in specdec/_library.py.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "specdec_ops.h"
+
+#ifndef SPECDEC_CUDA_ARCHS
+#define SPECDEC_CUDA_ARCHS ""
+#endif
+
+TORCH_LIBRARY(specdec, m) {
+  m.def(
+      "pool_probs(Tensor logits, Tensor tokens, Tensor? neighbors, Tensor? uncond_logits, "
+      "float cfg_scale, float temperature, int top_k, float? delta) "
+      "-> (Tensor pooled, Tensor p_token, Tensor row_max, Tensor row_lse)");
+  m.def(
+      "sampling_probs(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
+      "int top_k) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("pool_probs", &specdec::pool_probs_cpu);
+  m.impl("sampling_probs", &specdec::sampling_probs_cpu);
+}
+
+#ifdef SPECDEC_WITH_CUDA
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("pool_probs", &specdec::pool_probs_cuda);
+  m.impl("sampling_probs", &specdec::sampling_probs_cuda);
+}
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
+#ifdef SPECDEC_WITH_CUDA
+  mod.attr("with_cuda") = true;
+#else
+  mod.attr("with_cuda") = false;
+#endif
+  mod.attr("cuda_archs") = std::string(SPECDEC_CUDA_ARCHS);
+}

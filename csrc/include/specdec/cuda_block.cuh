@@ -1,0 +1,106 @@
+// Block-wide reductions and scans for specdec's CUDA kernels (warp shuffles + one shared array).
+// Kept here instead of pulling CUB so the .cu files compile with light headers and the same
+// code builds against CUDA 12 and 13 (whose CCCL include layout differs).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "specdec/pool_math.h"
+
+namespace specdec {
+namespace cuda {
+
+constexpr int kWarp = 32;
+constexpr int kMaxWarps = 32;
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct CountOp {
+  __device__ int operator()(int a, int b) const { return a + b; }
+};
+struct OrOp {
+  __device__ int operator()(int a, int b) const { return a | b; }
+};
+
+template <typename V, typename Op>
+__device__ __forceinline__ V warp_reduce(V v, Op op) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Reduce over the whole block; every thread gets the result. `identity` fills missing warps.
+// Must be called by all threads of the block (it synchronises).
+template <typename V, typename Op>
+__device__ V block_reduce(V v, Op op, V identity) {
+  __shared__ V partial[kMaxWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nwarps = (blockDim.x + kWarp - 1) / kWarp;
+  v = warp_reduce(v, op);
+  __syncthreads();  // `partial` may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? partial[lane] : identity;
+  return warp_reduce(v, op);
+}
+
+__device__ __forceinline__ SoftmaxStats warp_merge_stats(SoftmaxStats s) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    SoftmaxStats other{__shfl_xor_sync(0xffffffffu, s.max, o),
+                       __shfl_xor_sync(0xffffffffu, s.sum, o)};
+    s = softmax_stats_merge(s, other);
+  }
+  return s;
+}
+
+__device__ SoftmaxStats block_merge_stats(SoftmaxStats s) {
+  __shared__ float pmax[kMaxWarps], psum[kMaxWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nwarps = (blockDim.x + kWarp - 1) / kWarp;
+  s = warp_merge_stats(s);
+  __syncthreads();
+  if (lane == 0) {
+    pmax[warp] = s.max;
+    psum[warp] = s.sum;
+  }
+  __syncthreads();
+  s = lane < nwarps ? SoftmaxStats{pmax[lane], psum[lane]} : SoftmaxStats{-INFINITY, 0.0f};
+  return warp_merge_stats(s);
+}
+
+// Inclusive prefix sum over the block in thread order; returns this thread's prefix and
+// writes the block total to *total (for every thread).
+__device__ float block_inclusive_scan(float v, float* total) {
+  __shared__ float warp_sums[kMaxWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nwarps = (blockDim.x + kWarp - 1) / kWarp;
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    float up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
+  __syncthreads();
+  if (lane == kWarp - 1) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nwarps ? warp_sums[lane] : 0.0f;
+#pragma unroll
+    for (int o = 1; o < kWarp; o <<= 1) {
+      float up = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += up;
+    }
+    if (lane < nwarps) warp_sums[lane] = w;  // inclusive scan of warp totals
+  }
+  __syncthreads();
+  if (warp > 0) v += warp_sums[warp - 1];
+  *total = warp_sums[nwarps - 1];
+  return v;
+}
+
+}  // namespace cuda
+}  // namespace specdec

@@ -1,0 +1,95 @@
+// Scalar math of kernel 1 (probability pooling), shared by the C++ CPU and the CUDA kernels.
+//
+// Every function here is the single definition of one step of DESIGN.md "Kernel 1", so the
+// CPU and CUDA backends cannot drift apart. Arithmetic is written operation by operation and
+// the CUDA build uses --fmad=false: a fused multiply-add would round differently from the
+// reference, and the top-k threshold compares logits exactly.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SPECDEC_HD __host__ __device__ __forceinline__
+#else
+#define SPECDEC_HD inline
+#endif
+
+namespace specdec {
+
+// Step 1: classifier-free guidance and temperature.
+// An entry that is -inf in either the conditional or the unconditional logits stays -inf:
+// -inf is how callers mask tokens, and `u + s * (c - u)` would otherwise give NaN or +inf.
+SPECDEC_HD float guided_logit(float cond, float uncond, bool has_uncond, float cfg_scale,
+                              float temperature) {
+  float l = cond;
+  if (has_uncond) {
+    if (cond == -INFINITY || uncond == -INFINITY) {
+      l = -INFINITY;
+    } else {
+      l = uncond + cfg_scale * (cond - uncond);
+    }
+  }
+  return l / temperature;
+}
+
+// A logit that poisons its row: NaN or +inf (DESIGN.md: that row's outputs are NaN).
+SPECDEC_HD bool is_poison(float l) { return l != l || l == INFINITY; }
+
+// Monotone map float -> int32 (for non-NaN inputs) used by the top-k threshold search.
+// -0.0 and +0.0 compare equal as floats, so they are merged before taking the bits.
+SPECDEC_HD int32_t ordered_key(float f) {
+  f = f + 0.0f;
+  int32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_int(f);
+#else
+  std::memcpy(&bits, &f, sizeof(bits));
+#endif
+  return bits >= 0 ? bits : (bits ^ 0x7fffffff);
+}
+
+// Step 2: an entry survives top-k iff its key is >= the key of the k-th largest logit (ties
+// at the threshold are kept). `threshold_key` is INT32_MIN when top-k is off.
+SPECDEC_HD bool kept_by_top_k(float l, int32_t threshold_key) {
+  return ordered_key(l) >= threshold_key;
+}
+
+// Step 3: probability of one entry given the softmax statistics of its row.
+SPECDEC_HD float prob_from_logit(float l, int32_t threshold_key, float row_lse) {
+  if (!kept_by_top_k(l, threshold_key)) return 0.0f;
+  return expf(l - row_lse);
+}
+
+// Online softmax: merge (max, sum of exp(x - max)) pairs. -inf maxima carry no mass.
+struct SoftmaxStats {
+  float max;
+  float sum;
+};
+
+SPECDEC_HD SoftmaxStats softmax_stats_add(SoftmaxStats s, float l) {
+  if (l == -INFINITY) return s;
+  if (l > s.max) {
+    float scaled = (s.max == -INFINITY) ? 0.0f : s.sum * expf(s.max - l);
+    return {l, scaled + 1.0f};
+  }
+  return {s.max, s.sum + expf(l - s.max)};
+}
+
+SPECDEC_HD SoftmaxStats softmax_stats_merge(SoftmaxStats a, SoftmaxStats b) {
+  if (a.max == -INFINITY) return b;
+  if (b.max == -INFINITY) return a;
+  if (a.max >= b.max) return {a.max, a.sum + b.sum * expf(b.max - a.max)};
+  return {b.max, b.sum + a.sum * expf(a.max - b.max)};
+}
+
+SPECDEC_HD float softmax_lse(SoftmaxStats s) { return s.max + logf(s.sum); }
+
+// Step 4: LANTERN's delta rule. `inclusive` is sum_{j <= m} p(neighbors[x][j]); a prefix may be
+// moved onto x while it stays <= delta (delta = +inf encodes delta=None: move everything).
+SPECDEC_HD float movable_mass(float inclusive, float delta) {
+  return inclusive <= delta ? inclusive : 0.0f;
+}
+
+}  // namespace specdec

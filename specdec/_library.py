@@ -1,0 +1,47 @@
+"""torch.library glue for the ops defined in csrc/bindings.cpp.
+
+- fake (meta) implementations, so the ops trace under torch.compile and pass opcheck;
+- when the extension was built without CUDA kernels but Triton is importable, the Triton
+  kernels are registered as the CUDA implementation, so `torch.ops.specdec.*` works on CUDA
+  tensors either way.
+"""
+from __future__ import annotations
+
+import torch
+
+from specdec import _backends, _extension
+
+OPS_AVAILABLE = _extension.has_cpu_kernels()
+
+
+def _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta):
+    n = logits.shape[0]
+    return tuple(logits.new_empty((n,), dtype=torch.float32) for _ in range(4))
+
+
+def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k):
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
+_FAKES = {
+    "pool_probs": _fake_pool_probs,
+    "sampling_probs": _fake_sampling_probs,
+}
+
+
+def _triton_cuda_impls():
+    from specdec.triton_kernels import pooling
+
+    return {
+        "pool_probs": pooling.pool_probs,
+        "sampling_probs": pooling.sampling_probs,
+    }
+
+
+if OPS_AVAILABLE:
+    for _name, _fake in _FAKES.items():
+        torch.library.register_fake(f"specdec::{_name}")(_fake)
+    if not _extension.has_cuda_kernels() and _backends.triton_available():
+        _impl_lib = torch.library.Library("specdec", "IMPL")
+        for _name, _fn in _triton_cuda_impls().items():
+            _impl_lib.impl(_name, _fn, "CUDA")
