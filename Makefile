@@ -7,6 +7,7 @@ TORCH_VERSION ?= 2.14.1
 MAX_JOBS ?= 2
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.specdec-deps
+INSTALL_STAMP := $(VENV)/.specdec-installed
 BUILD_STAMP := $(VENV)/.specdec-built
 SOURCES := setup.py $(shell find csrc -type f 2>/dev/null)
 # The Triton kernels run on CPU tensors through Triton's interpreter when there is no GPU.
@@ -33,10 +34,16 @@ $(DEPS_STAMP): requirements-dev.txt
 	$(BIN)/python -m pip install torch==$(TORCH_VERSION) -r requirements-dev.txt
 	touch $@
 
-# Serialised with flock: several shells (or helpers) may ask for a rebuild at once.
-$(BUILD_STAMP): $(DEPS_STAMP) $(SOURCES)
-	flock /tmp/specdec-build.lock env MAX_JOBS=$(MAX_JOBS) $(BIN)/python -m pip install --no-build-isolation --no-deps -e .
+# Editable install of the Python packages (specdec, and triton_kernels/ as specdec.triton_kernels).
+$(INSTALL_STAMP): $(DEPS_STAMP) setup.py pyproject.toml
+	SPECDEC_NO_EXT=1 $(BIN)/python -m pip install --no-build-isolation --no-deps -e .
+	touch $@
+
+# specdec._C built in place; ninja recompiles only what changed. Serialised with flock, since
+# several shells may ask for a rebuild at once.
+$(BUILD_STAMP): $(INSTALL_STAMP) $(SOURCES)
+	flock /tmp/specdec-build.lock env MAX_JOBS=$(MAX_JOBS) $(BIN)/python setup.py -q build_ext --inplace
 	touch $@
 
 clean:
-	rm -rf build specdec/_C*.so *.egg-info $(BUILD_STAMP)
+	rm -rf build specdec/_C*.so *.egg-info $(BUILD_STAMP) $(INSTALL_STAMP)

@@ -116,7 +116,13 @@ def build_extension():
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 
-ext_modules, cmdclass = build_extension()
+# SPECDEC_NO_EXT=1 installs the Python packages only; the Makefile uses it for its editable
+# install and then builds the extension in place with `setup.py build_ext --inplace`, which
+# (unlike pip's editable build) recompiles only the files that changed.
+if os.environ.get("SPECDEC_NO_EXT") == "1":
+    ext_modules, cmdclass = [], {}
+else:
+    ext_modules, cmdclass = build_extension()
 
 setup(
     name="specdec-image",

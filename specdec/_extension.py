@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch  # noqa: F401  (loads libc10/libtorch, which _C links against, before _C)
+
 _C = None
 _load_error: Optional[str] = None
 
