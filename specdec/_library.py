@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from specdec import _backends, _extension
@@ -23,7 +25,13 @@ def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k):
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
+def _fake_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
+    b, hq, nq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
 _FAKES = {
+    "tree_attention": _fake_tree_attention,
     "pool_probs": _fake_pool_probs,
     "sampling_probs": _fake_sampling_probs,
 }
@@ -38,10 +46,26 @@ def _triton_cuda_impls():
     }
 
 
+def _defined_in_extension(name: str) -> bool:
+    """False for an op this Python code knows but a stale specdec._C does not (rebuild it)."""
+    try:
+        getattr(torch.ops.specdec, name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+MISSING_OPS = [n for n in _FAKES if OPS_AVAILABLE and not _defined_in_extension(n)]
+if MISSING_OPS:
+    warnings.warn(f"specdec._C lacks the ops {MISSING_OPS}: it was built from older sources; "
+                  "rebuild it (`make build`, or reinstall the package)", RuntimeWarning, stacklevel=2)
+
 if OPS_AVAILABLE:
     for _name, _fake in _FAKES.items():
-        torch.library.register_fake(f"specdec::{_name}")(_fake)
+        if _name not in MISSING_OPS:
+            torch.library.register_fake(f"specdec::{_name}")(_fake)
     if not _extension.has_cuda_kernels() and _backends.triton_available():
         _impl_lib = torch.library.Library("specdec", "IMPL")
         for _name, _fn in _triton_cuda_impls().items():
-            _impl_lib.impl(_name, _fn, "CUDA")
+            if _name not in MISSING_OPS:
+                _impl_lib.impl(_name, _fn, "CUDA")

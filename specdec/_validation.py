@@ -7,7 +7,6 @@ because it is large and reused across calls.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -51,19 +50,15 @@ def check_ids_in_range(ids: torch.Tensor, upper: int, name: str):
         fail(f"{name}: ids must be in [0, {upper}), found {bad}")
 
 
-_checked_tables: "OrderedDict[tuple, bool]" = OrderedDict()
-
-
 def check_table_in_range(table: torch.Tensor, upper: int, name: str):
-    """Like check_ids_in_range, remembered per (storage, version) since tables are reused."""
-    key = (table.data_ptr(), table._version, tuple(table.shape), table.device, upper)
-    if key in _checked_tables:
-        _checked_tables.move_to_end(key)
+    """Like check_ids_in_range, remembered on the tensor itself (keyed by its version counter),
+    since k-NN tables are large and reused across calls. An in-place edit bumps the version and
+    forces a new check; a new tensor never inherits an old tensor's verdict."""
+    stamp = (table._version, upper)
+    if getattr(table, "_specdec_range_checked", None) == stamp:
         return
     check_ids_in_range(table, upper, name)
-    _checked_tables[key] = True
-    if len(_checked_tables) > 32:
-        _checked_tables.popitem(last=False)
+    table._specdec_range_checked = stamp
 
 
 def logits_2d(logits, name: str = "logits") -> torch.Tensor:
@@ -130,3 +125,66 @@ def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, 
         if math.isnan(delta) or delta < 0:
             fail(f"delta must be None or >= 0, got {delta!r}")
     return logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta
+
+
+_ATTN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 128
+
+
+def _positions(t, name: str, b: int, n: int, n_name: str, ref: torch.Tensor) -> torch.Tensor:
+    check_tensor(t, name)
+    if t.dim() != 2 or t.shape[0] != b or t.shape[1] != n:
+        fail(f"{name} must have shape [B, {n_name}] = [{b}, {n}], got {tuple(t.shape)}")
+    if t.dtype not in _INDEX_DTYPES:
+        fail(f"{name} must be int32 or int64, got {t.dtype}")
+    check_same_device(t, ref, name, "q")
+    return t
+
+
+def tree_attention_args(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
+    """Checks of kernel 3 (shapes, dtypes, devices; no data read). Returns the normalised
+    (q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale), head dims made unit-stride."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_tensor(t, name)
+        if t.dim() != 4:
+            fail(f"{name} must be 4-D [B, H, N, D], got shape {tuple(t.shape)}")
+        if t.dtype not in _ATTN_DTYPES:
+            fail(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+    b, hq, nq, d = q.shape
+    if k.shape != v.shape:
+        fail(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[0] != b or k.shape[3] != d:
+        fail(f"k must have shape [B, Hkv, Nk, D] with B={b} and D={d} like q, got {tuple(k.shape)}")
+    hkv, nk = k.shape[1], k.shape[2]
+    if hkv < 1 or hq % hkv != 0:
+        fail(f"q heads Hq={hq} must be a multiple of k/v heads Hkv={hkv} (GQA needs Hq % Hkv == 0)")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        fail(f"q: head dim D must be in [1, {MAX_HEAD_DIM}], got {d}")
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dtype != q.dtype:
+            fail(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        check_same_device(t, q, name, "q")
+    q_pos = _positions(q_pos, "q_pos", b, nq, "Nq", q)
+    kv_pos = _positions(kv_pos, "kv_pos", b, nk, "Nk", q)
+    if kv_valid is not None:
+        check_tensor(kv_valid, "kv_valid")
+        if kv_valid.shape != (b, nk):
+            fail(f"kv_valid must have shape [B, Nk] = [{b}, {nk}], got {tuple(kv_valid.shape)}")
+        if kv_valid.dtype != torch.bool:
+            fail(f"kv_valid must be bool, got {kv_valid.dtype}")
+        check_same_device(kv_valid, q, "kv_valid", "q")
+    if tree_mask is not None:
+        check_tensor(tree_mask, "tree_mask")
+        words = (nq + 31) // 32
+        if tree_mask.shape != (b, nq, words):
+            fail(f"tree_mask must have shape [B, Nq, ceil(Nq/32)] = [{b}, {nq}, {words}], got {tuple(tree_mask.shape)}")
+        if tree_mask.dtype != torch.int32:
+            fail(f"tree_mask must be int32 (packed bits), got {tree_mask.dtype}")
+        if nk < nq:
+            fail(f"tree_mask needs Nk >= Nq (the draft block is the last Nq key slots), got Nk={nk}, Nq={nq}")
+        check_same_device(tree_mask, q, "tree_mask", "q")
+    if scale is not None:
+        scale = check_finite_scalar(scale, "scale")
+    # Kernels need unit stride along D; anything else is copied once here.
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale

@@ -8,8 +8,8 @@ def knn_table(codebook: torch.Tensor, k: int, *, dtype: torch.dtype = torch.int3
               chunk_rows: int = 1024) -> torch.Tensor:
     """neighbors[x] = the k codebook entries nearest to entry x by L2 distance, self excluded.
 
-    Ordered by ascending distance; equal distances are ordered by ascending id, so the table is
-    deterministic. Distances are computed in float64, `chunk_rows` rows at a time (memory
+    Ordered by ascending distance; among the selected neighbours, equal distances are ordered
+    by ascending id, so the table is deterministic. Distances are computed in float64, `chunk_rows` rows at a time (memory
     chunk_rows x V), so tables for V = 16384 codebooks fit on a laptop.
 
     Args:
@@ -40,7 +40,12 @@ def knn_table(codebook: torch.Tensor, k: int, *, dtype: torch.dtype = torch.int3
         d = d.clamp_min_(0.0)
         local = torch.arange(rows.shape[0], device=codebook.device)
         d[local, ids[start:start + rows.shape[0]]] = float("inf")  # self excluded
-        # A stable sort keeps equal distances in id order.
-        order = torch.sort(d, dim=1, stable=True).indices
-        out[start:start + rows.shape[0]] = order[:, :k]
+        if k == 0:
+            continue
+        # topk selects; the (id, then stable distance) sorts fix the order of equal distances.
+        dist, idx = torch.topk(d, k, dim=1, largest=False, sorted=False)
+        idx, by_id = torch.sort(idx, dim=1)
+        dist = dist.gather(1, by_id)
+        order = torch.sort(dist, dim=1, stable=True).indices
+        out[start:start + rows.shape[0]] = idx.gather(1, order)
     return out.to(dtype)

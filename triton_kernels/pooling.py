@@ -5,6 +5,10 @@ running (max, sum) per lane; top-k (when on) is an exact bisection on the float 
 (32 counting passes, ties kept); the neighbour prefix sums are a chunked `tl.cumsum`. Nothing
 of size [N, V] is written by `pool_probs`.
 
+Launched with enable_fp_fusion=False (like the CUDA build's --fmad=false): the guided logit
+`u + s * (c - u)` must round as in the reference, since the top-k threshold compares logits
+exactly.
+
 Arguments are validated by `specdec.ops`; these wrappers assume valid, contiguous-along-V input.
 """
 from __future__ import annotations
@@ -15,8 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-_INT32_MIN = -2147483648
-_INT32_MAX = 2147483647
+_INT32_MIN = tl.constexpr(-2147483648)
+_INT32_MAX = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -176,7 +180,7 @@ def pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature,
         HAS_UNCOND=uncond_logits is not None, HAS_NEIGHBORS=neighbors is not None and k > 0,
         USE_TOP_K=0 < top_k < v, BLOCK_V=_block_v(v),
         BLOCK_K=min(triton.next_power_of_2(max(k, 1)), 65536 if _interpreting() else 1024),
-        num_warps=8,
+        num_warps=8, enable_fp_fusion=False,
     )
     return tuple(out)
 
@@ -191,6 +195,41 @@ def sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k):
         logits.stride(0), uncond_logits.stride(0) if uncond_logits is not None else 0,
         float(cfg_scale), float(temperature), int(top_k),
         HAS_UNCOND=uncond_logits is not None, USE_TOP_K=0 < top_k < v, BLOCK_V=_block_v(v),
-        num_warps=8,
+        num_warps=8, enable_fp_fusion=False,
     )
     return probs
+
+
+_LAUNCH_OPTIONS = {"num_warps": 8, "enable_fp_fusion": False}
+
+
+def _lowering_specs():
+    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a."""
+    specs = []
+    for dtype in ("fp32", "fp16", "bf16"):
+        for has_uncond, use_top_k in ((False, False), (True, True)):
+            specs.append((
+                _pool_probs_kernel,
+                {"logits_ptr": f"*{dtype}", "uncond_ptr": f"*{dtype}", "tokens_ptr": "*i64",
+                 "neighbors_ptr": "*i32", "pooled_ptr": "*fp32", "p_token_ptr": "*fp32",
+                 "row_max_ptr": "*fp32", "row_lse_ptr": "*fp32", "V": "i32", "K": "i32",
+                 "stride": "i32", "ustride": "i32", "tokens_stride": "i32", "cfg_scale": "fp32",
+                 "temperature": "fp32", "top_k": "i32", "delta": "fp32",
+                 "HAS_UNCOND": "constexpr", "HAS_NEIGHBORS": "constexpr", "USE_TOP_K": "constexpr",
+                 "BLOCK_V": "constexpr", "BLOCK_K": "constexpr"},
+                {"HAS_UNCOND": has_uncond, "HAS_NEIGHBORS": True, "USE_TOP_K": use_top_k,
+                 "BLOCK_V": 2048, "BLOCK_K": 1024},
+                _LAUNCH_OPTIONS,
+            ))
+        specs.append((
+            _sampling_probs_kernel,
+            {"logits_ptr": f"*{dtype}", "uncond_ptr": f"*{dtype}", "probs_ptr": "*fp32", "V": "i32",
+             "stride": "i32", "ustride": "i32", "cfg_scale": "fp32", "temperature": "fp32", "top_k": "i32",
+             "HAS_UNCOND": "constexpr", "USE_TOP_K": "constexpr", "BLOCK_V": "constexpr"},
+            {"HAS_UNCOND": True, "USE_TOP_K": True, "BLOCK_V": 2048},
+            _LAUNCH_OPTIONS,
+        ))
+    return specs
+
+
+LOWERING_SPECS = _lowering_specs()

@@ -1,0 +1,46 @@
+"""Kernel 1 (pool_probs) per backend against the reference, at LlamaGen-like shapes."""
+import pytest
+import torch
+
+from bench_helpers import backend_params, synchronize
+from specdec import ops
+
+SHAPES = [
+    # (name, rows N, vocabulary V, neighbours K): LlamaGen 512px verification of 1024 tokens,
+    # with and without CFG (the CFG halves double the logits read).
+    ("llamagen N1024 V16384 K1000", 1024, 16384, 1000, False),
+    ("llamagen+cfg N1024 V16384 K1000", 1024, 16384, 1000, True),
+]
+
+
+def _inputs(n, v, k, cfg, device):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(n, v, generator=g) * 3
+    uncond = torch.randn(n, v, generator=g) * 3 if cfg else None
+    tokens = torch.randint(0, v, (n,), generator=g)
+    # A random table has the shape and memory traffic of a real k-NN table (knn_table on a
+    # 16384-entry codebook takes a while and is not what is being measured).
+    neighbors = torch.randint(0, v, (v, k), generator=g, dtype=torch.int32)
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return move(logits), move(tokens), move(neighbors), move(uncond)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_pool_probs(benchmark, shape, device, backend):
+    name, n, v, k, cfg = shape
+    logits, tokens, neighbors, uncond = _inputs(n, v, k, cfg, device)
+    kw = dict(uncond_logits=uncond, cfg_scale=4.0 if cfg else 1.0, delta=0.1, backend=backend)
+
+    def run():
+        out = ops.pool_probs(logits, tokens, neighbors, **kw)
+        synchronize(device)
+        return out
+
+    benchmark.group = f"pool_probs {name}"
+    benchmark.extra_info["backend"] = backend
+    benchmark.extra_info["device"] = device
+    # Bytes the op must move: the logits row(s) once, tokens, the K neighbour ids of each token.
+    itemsize = logits.element_size()
+    benchmark.extra_info["bytes"] = n * v * itemsize * (2 if cfg else 1) + n * k * 4 + n * 8 + 4 * n * 4
+    benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)

@@ -1,0 +1,21 @@
+"""pytest-benchmark configuration shared by benchmarks/bench_*.py.
+
+Each benchmark sets `benchmark.group` to "<op> <shape>" and `benchmark.extra_info["backend"]`,
+so benchmarks/make_results.py can put every backend of one op and shape in one table and
+report its speed as a ratio to the reference measured in the same run.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import specdec  # noqa: E402
+from bench_helpers import device_description  # noqa: E402
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    machine_info["specdec_device"] = device_description()
+    machine_info["specdec_build"] = {k: v for k, v in specdec.build_info().items() if k != "backends_cpu_tensors"}
+    machine_info["torch_threads"] = torch.get_num_threads()

@@ -1,0 +1,40 @@
+"""Run every benchmarks/bench_*.py with pytest-benchmark, keep the JSON under
+benchmarks/results/, and regenerate benchmarks/RESULTS.md from all kept JSON files.
+
+    python benchmarks/run.py                 # all benchmarks
+    python benchmarks/run.py -k pool_probs   # extra arguments go to pytest
+"""
+import datetime
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def machine_tag() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = f"cpu{os.cpu_count()}"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def main(argv):
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = os.path.join(HERE, "results", f"{machine_tag()}-{stamp}.json")
+    cmd = [sys.executable, "-m", "pytest", HERE, "-o", "python_files=bench_*.py", "-p", "no:cacheprovider",
+           "-q", "--benchmark-only", f"--benchmark-json={out}", "--benchmark-columns=median,iqr,rounds",
+           *argv]
+    rc = subprocess.call(cmd, cwd=HERE)
+    if rc != 0:
+        return rc
+    return subprocess.call([sys.executable, os.path.join(HERE, "make_results.py")])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

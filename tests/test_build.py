@@ -1,0 +1,80 @@
+"""The kernels compile for Hopper without a GPU (DESIGN.md "How correctness is shown", item 4).
+
+- every Triton kernel listed in a `LOWERING_SPECS` of a specdec.triton_kernels module is lowered
+  to an sm_90a cubin with triton.compile(..., target=GPUTarget("cuda", 90, 32)); this runs in a
+  subprocess because the suite itself runs under TRITON_INTERPRET=1, where lowering is impossible;
+- when the extension was built with CUDA, its fatbinary holds sm_90a machine code (cuobjdump).
+"""
+import glob
+import json
+import os
+import pkgutil
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import specdec
+import specdec.triton_kernels
+
+TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
+
+_LOWER_SCRIPT = r"""
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+mod = importlib.import_module("specdec.triton_kernels." + sys.argv[1])
+results = []
+for spec in getattr(mod, "LOWERING_SPECS", []):
+    fn, signature, constexprs = spec[:3]
+    options = spec[3] if len(spec) > 3 else {}
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                       target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = k.asm["ptx"]
+    results.append({"kernel": fn.__name__, "target": ".target sm_90a" in ptx,
+                    "cubin_bytes": len(k.asm["cubin"]), "mma": ("mma" in ptx) or ("wgmma" in ptx)})
+print(json.dumps(results))
+"""
+
+
+def _env_without_interpreter():
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+@pytest.mark.parametrize("module", TRITON_MODULES)
+def test_triton_kernels_lower_to_sm90a(module):
+    proc = subprocess.run([sys.executable, "-c", _LOWER_SCRIPT, module], capture_output=True,
+                          text=True, env=_env_without_interpreter(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    if module.startswith("_"):
+        return
+    assert results, f"specdec.triton_kernels.{module} lists no LOWERING_SPECS"
+    for r in results:
+        assert r["target"], f"{r['kernel']} was not lowered for sm_90a"
+        assert r["cubin_bytes"] > 0, f"{r['kernel']} produced no cubin"
+
+
+def _cuobjdump():
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    for cand in (shutil.which("cuobjdump"), *glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump")),
+                 *glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", "cuobjdump"))):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+@pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")
+def test_cuda_kernels_compiled_for_sm90a():
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
+    so = specdec._extension.extension().__file__
+    listing = subprocess.run([tool, "--list-elf", so], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0, listing.stderr
+    assert "sm_90a" in listing.stdout, listing.stdout[-2000:]
+    assert "9.0a" in specdec.build_info()["cuda_archs"]

@@ -1,0 +1,57 @@
+"""Backend selection (DESIGN.md "Backends and dispatch") and build_info."""
+import pytest
+import torch
+
+import specdec
+from specdec import _backends, ops
+
+
+def test_auto_choice_on_cpu():
+    expected = "cpu" if specdec.build_info()["cpu_kernels"] else "reference"
+    assert _backends.resolve(None, torch.device("cpu")) == expected
+
+
+def test_env_override(monkeypatch):
+    monkeypatch.setenv("SPECDEC_BACKEND", "reference")
+    assert _backends.resolve(None, torch.device("cpu")) == "reference"
+    monkeypatch.setenv("SPECDEC_BACKEND", "nonsense")
+    with pytest.raises(ValueError, match="SPECDEC_BACKEND"):
+        _backends.resolve(None, torch.device("cpu"))
+
+
+def test_explicit_argument_beats_env(monkeypatch):
+    monkeypatch.setenv("SPECDEC_BACKEND", "reference")
+    if specdec.build_info()["cpu_kernels"]:
+        assert _backends.resolve("cpu", torch.device("cpu")) == "cpu"
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="backend"):
+        ops.sampling_probs(torch.zeros(1, 3), backend="tpu")
+
+
+def test_unavailable_backend_says_why(monkeypatch):
+    if not torch.cuda.is_available():
+        with pytest.raises(specdec.BackendUnavailableError, match="CUDA tensors"):
+            ops.sampling_probs(torch.zeros(1, 3), backend="cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(specdec.BackendUnavailableError, match="TRITON_INTERPRET"):
+        ops.sampling_probs(torch.zeros(1, 3), backend="triton")
+
+
+def test_missing_extension_is_reported(monkeypatch):
+    from specdec import _extension
+
+    monkeypatch.setattr(_extension, "_C", None)
+    monkeypatch.setattr(_extension, "_load_error", "ImportError: simulated")
+    with pytest.raises(specdec.BackendUnavailableError, match="simulated"):
+        _backends.resolve("cpu", torch.device("cpu"))
+    assert _backends.resolve(None, torch.device("cpu")) == "reference"
+
+
+def test_build_info_fields():
+    info = specdec.build_info()
+    for key in ("version", "torch", "cpu_kernels", "cuda_kernels", "cuda_archs", "triton"):
+        assert key in info
+    if info["cuda_kernels"]:
+        assert "9.0a" in info["cuda_archs"] and "8.0" in info["cuda_archs"]
