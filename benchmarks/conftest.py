@@ -15,7 +15,17 @@ import specdec  # noqa: E402
 from bench_helpers import device_description  # noqa: E402
 
 
+_LIMITS = None
+
+
 def pytest_benchmark_update_machine_info(config, machine_info):
+    global _LIMITS
     machine_info["specdec_device"] = device_description()
+    if torch.cuda.is_available():
+        # The ceilings that GPU figures are reported against (copy bandwidth, bf16 matrix rate).
+        from device_limits import measure
+
+        _LIMITS = _LIMITS or measure()
+        machine_info["specdec_limits"] = _LIMITS
     machine_info["specdec_build"] = {k: v for k, v in specdec.build_info().items() if k != "backends_cpu_tensors"}
     machine_info["torch_threads"] = torch.get_num_threads()

@@ -38,9 +38,13 @@ def render_run(data, name):
     device = info.get("specdec_device", info.get("processor", "unknown machine"))
     build = info.get("specdec_build", {})
     date = data.get("datetime", "unknown date")[:19].replace("T", " ")
+    limits = info.get("specdec_limits") or {}
     lines = [f"## {date} UTC — {device}", "",
              f"File `results/{name}`; torch {build.get('torch', '?')}, triton {build.get('triton', '?')}, "
              f"{info.get('torch_threads', '?')} torch threads.", ""]
+    if limits.get("copy_bandwidth_gbs"):
+        lines += [f"Measured ceilings in this run: device-to-device copy {limits['copy_bandwidth_gbs']} GB/s "
+                  f"(read + write), bf16 matrix product {limits['bf16_matmul_tflops']} TFLOP/s.", ""]
     groups = OrderedDict()
     for b in data.get("benchmarks", []):
         groups.setdefault(b.get("group") or b["name"], []).append(b)
@@ -56,7 +60,15 @@ def render_run(data, name):
             median = b["stats"]["median"]
             ratio = f"{ref_median / median:.2f}x" if ref_median else "n/a"
             if "bytes" in extra:
-                extra["GB/s"] = f"{extra.pop('bytes') / median / 1e9:.1f}"
+                gbs = extra.pop("bytes") / median / 1e9
+                extra["GB/s"] = f"{gbs:.1f}"
+                if limits.get("copy_bandwidth_gbs"):
+                    extra["of copy BW"] = f"{100 * gbs / limits['copy_bandwidth_gbs']:.1f}%"
+            if "flops" in extra:
+                tflops = extra.pop("flops") / median / 1e12
+                extra["TFLOP/s"] = f"{tflops:.3f}"
+                if limits.get("bf16_matmul_tflops"):
+                    extra["of bf16 matmul rate"] = f"{100 * tflops / limits['bf16_matmul_tflops']:.1f}%"
             extra_s = ", ".join(f"{k}={v}" for k, v in extra.items())
             lines.append(f"| {backend} | {_fmt_time(median)} | {ratio} | {extra_s} |")
         lines.append("")
