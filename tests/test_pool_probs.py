@@ -311,3 +311,11 @@ def test_reference_materialises_but_is_the_definition():
                          temperature=0.8, delta=delta)
     assert math.isclose(float(out.pooled), expected, rel_tol=1e-5)
     assert math.isclose(float(out.row_lse), float(torch.logsumexp(l, 1)), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("device,backend", PAIRS + [pytest.param("cpu", "reference", id="cpu-reference")])
+def test_empty_batch(device, backend):
+    logits, tokens, neighbors, _ = _make_inputs(14, 1, 5, 2, torch.float32, device, cfg=False)
+    out = ops.pool_probs(logits[:0], tokens[:0], neighbors, backend=backend)
+    assert all(t.shape == (0,) and t.dtype == torch.float32 for t in out)
+    assert ops.sampling_probs(logits[:0], backend=backend).shape == (0, 5)
