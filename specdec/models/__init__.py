@@ -1,0 +1,19 @@
+"""Models for the decoders: the ARImageModel protocol, a LlamaGen-style GPT, the embedded
+tokenizer and default family (`default()`), LlamaGen checkpoint loaders and the quality evaluator."""
+from specdec.models.default import DefaultFamily, default
+from specdec.models.evaluator import FashionClassifier, QualityEvaluator, QualityReport, frechet_distance
+from specdec.models.gpt import LLAMAGEN_CONFIGS, GPTConfig, LlamaGenGPT
+from specdec.models.kv_cache import SlotKVCache
+from specdec.models.llamagen_vq import LlamaGenVQ, LlamaGenVQConfig
+from specdec.models.loaders import (CheckpointMismatchError, llamagen_manifest, load_llamagen,
+                                    load_llamagen_vq, read_state_dict)
+from specdec.models.protocol import ARImageModel, ForwardOutput, cfg_logits, split_cfg
+from specdec.models.sampling import sample_ar, sample_logits
+from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
+from specdec.models.vq import VQConfig, VQTokenizer
+
+__all__ = ["ARImageModel", "CheckpointMismatchError", "DefaultFamily", "FashionClassifier", "ForwardOutput",
+           "GPTConfig", "LLAMAGEN_CONFIGS", "LlamaGenGPT", "LlamaGenVQ", "LlamaGenVQConfig",
+           "QualityEvaluator", "QualityReport", "SSDHeads", "SSDHeadsConfig", "SlotKVCache", "VQConfig",
+           "VQTokenizer", "cfg_logits", "default", "frechet_distance", "llamagen_manifest", "load_llamagen",
+           "load_llamagen_vq", "read_state_dict", "sample_ar", "sample_logits", "split_cfg"]

@@ -1,0 +1,358 @@
+"""A LlamaGen-style class-conditional GPT implementing the ARImageModel protocol.
+
+Module names and shapes follow LlamaGen's `autoregressive/models/gpt.py`, so its GPT-B/L/XL
+checkpoints load as they are (see loaders.py): `tok_embeddings`, `cls_embedding.embedding_table`
+(with the null-class row used by classifier-free guidance), `layers.{i}.attention.{wqkv,wo}`,
+`layers.{i}.feed_forward.{w1,w2,w3}`, `layers.{i}.{attention_norm,ffn_norm}`, `norm`, `output`,
+no biases. The numerics follow it too: RMSNorm in fp32, SwiGLU, the 2-D rotary embedding of
+rope.py (which zeroes q and k of the prefix slots).
+
+Slots: the condition occupies slots [0, P) (P = cls_token_num), raster token u occupies slot P + u.
+The output at slot s is the distribution of the token that follows it: the prefix's last slot
+predicts token 0, token u's slot predicts token u + 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from specdec.models.attention import attend
+from specdec.models.kv_cache import SlotKVCache
+from specdec.models.protocol import ForwardOutput
+from specdec.models.rope import apply_rope, rope_table_2d, rotation_factors
+
+
+def _round_up(n: int, k: int) -> int:
+    return n if n % k == 0 else n + k - n % k
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 16384
+    dim: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: Optional[int] = None
+    multiple_of: int = 256
+    ffn_dim_multiplier: Optional[float] = None
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    num_classes: int = 1000
+    class_dropout_prob: float = 0.1  # > 0 adds the null-class row used by CFG
+    cls_token_num: int = 1
+    grid_size: int = 16              # tokens per side (LlamaGen's block_size = grid_size ** 2)
+    initializer_range: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return _round_up(hidden, self.multiple_of)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# LlamaGen's class-conditional sizes (the checkpoints store no config, only weights).
+LLAMAGEN_CONFIGS = {
+    "GPT-B": dict(n_layer=12, n_head=12, dim=768),
+    "GPT-L": dict(n_layer=24, n_head=16, dim=1024),
+    "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
+    "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
+    "GPT-XXXL": dict(n_layer=48, n_head=40, dim=2560),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x * rsqrt(mean(x^2) + eps) in fp32 whatever the activation dtype, as LlamaGen does
+        # (torch's fused rms_norm computes the same formula in one op).
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return out.type_as(x) * self.weight
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.dim % config.n_head:
+            raise ValueError(f"dim {config.dim} is not a multiple of n_head {config.n_head}")
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head
+        self.head_dim = config.head_dim
+        self.dim = config.dim
+        self.wqkv = nn.Linear(config.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos_sin):
+        """x [B, N, dim] -> q [B, Hq, N, hd], k, v [B, Hkv, N, hd] with the rotary embedding applied
+        (`cos_sin`: rope.rotation_factors of the tokens' slots)."""
+        B, N, _ = x.shape
+        kv = self.n_kv_head * self.head_dim
+        q, k, v = self.wqkv(x).split([self.dim, kv, kv], dim=-1)
+        q = apply_rope(q.view(B, N, self.n_head, self.head_dim), cos_sin)
+        k = apply_rope(k.view(B, N, self.n_kv_head, self.head_dim), cos_sin)
+        v = v.view(B, N, self.n_kv_head, self.head_dim)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def merge(self, out: torch.Tensor) -> torch.Tensor:
+        B, _, N, _ = out.shape
+        return self.wo(out.transpose(1, 2).reshape(B, N, self.dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+
+
+class LabelEmbedder(nn.Module):
+    def __init__(self, num_classes: int, dim: int, with_null: bool):
+        super().__init__()
+        self.embedding_table = nn.Embedding(num_classes + int(with_null), dim)
+
+
+class LlamaGenGPT(nn.Module):
+    """Class-conditional raster AR model over a `grid_size x grid_size` token grid."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.head_dim % 4:
+            raise ValueError(f"head_dim {config.head_dim} must be a multiple of 4 (2-D rotary embedding)")
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob > 0)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        # Not a checkpoint entry (LlamaGen recomputes it too) and not a buffer: it stays fp32
+        # when the model is cast to bf16/fp16, as LlamaGen's freqs_cis does.
+        self._rope_cpu = rope_table_2d(config.grid_size, config.head_dim, config.rope_base, config.cls_token_num)
+        self._rope_on = {}
+        self.reset_parameters()
+
+    def rope_table(self, device) -> torch.Tensor:
+        """The fp32 (cos, sin) table [P + H*W, head_dim/2, 2] on `device` (cached per device)."""
+        key = str(device)
+        if key not in self._rope_on:
+            self._rope_on[key] = self._rope_cpu.to(device)
+        return self._rope_on[key]
+
+    def reset_parameters(self) -> None:
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, std)
+        nn.init.zeros_(self.output.weight)
+
+    # ---- the ARImageModel protocol -------------------------------------------------------
+    @property
+    def grid(self) -> Tuple[int, int]:
+        return (self.config.grid_size, self.config.grid_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def prefix_len(self) -> int:
+        return self.config.cls_token_num
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    @property
+    def null_class(self) -> Optional[int]:
+        """Class id of the unconditional (CFG) embedding, None when the model has none."""
+        return self.config.num_classes if self.config.class_dropout_prob > 0 else None
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.config.dim
+
+    @property
+    def n_slots(self) -> int:
+        return self.prefix_len + self.config.grid_size ** 2
+
+    def new_cache(self, batch: int, cfg: bool = False, dtype=None, device=None) -> SlotKVCache:
+        if cfg and self.null_class is None:
+            raise ValueError("cfg=True needs a model with a null class (class_dropout_prob > 0)")
+        p = self.tok_embeddings.weight
+        return SlotKVCache(self.config.n_layer, batch, self.layers[0].attention.n_kv_head, self.n_slots,
+                           self.config.head_dim, cfg=cfg, dtype=dtype or p.dtype, device=device or p.device)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok_embeddings(tokens.long())
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final RMSNorm + LM head on pre-norm hidden states -> float32 logits."""
+        return self.output(self.norm(hidden)).float()
+
+    def condition_embeddings(self, classes: torch.Tensor) -> torch.Tensor:
+        """[B] class ids (the null class allowed) -> [B, P, dim]."""
+        if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"classes must be a 1-D int tensor, got {tuple(classes.shape)} {classes.dtype}")
+        limit = self.num_classes + (self.null_class is not None)
+        if classes.numel() and (int(classes.min()) < 0 or int(classes.max()) >= limit):
+            raise ValueError(f"classes must lie in [0, {limit})")
+        emb = self.cls_embedding.embedding_table(classes.long()).unsqueeze(1)
+        return emb.expand(-1, self.prefix_len, -1)
+
+    def prefill(self, cache: SlotKVCache, cond: torch.Tensor, uncond: Optional[torch.Tensor] = None,
+                backend: Optional[str] = None) -> ForwardOutput:
+        """Write the condition into slots [0, P). `cond`: class ids [B] or embeddings [B, P, dim].
+        With a CFG cache the unconditional rows get the null class (or `uncond` embeddings).
+        Returns the output at the last prefix slot: the distribution of token 0, [rows, 1, V]."""
+        if cond.dim() == 1:
+            if cond.shape[0] != cache.batch:
+                raise ValueError(f"cond has {cond.shape[0]} classes for a cache of batch {cache.batch}")
+            emb = self.condition_embeddings(cond)
+            if cache.cfg:
+                null = torch.full_like(cond, self.null_class)
+                emb = torch.cat([emb, self.condition_embeddings(null)])
+        else:
+            if cond.dim() != 3 or cond.shape[1:] != (self.prefix_len, self.config.dim):
+                raise ValueError(f"cond embeddings must be [B, {self.prefix_len}, {self.config.dim}], got {tuple(cond.shape)}")
+            emb = cond
+            if cache.cfg:
+                if uncond is None or uncond.shape != cond.shape:
+                    raise ValueError("a CFG cache with embedding conditions needs `uncond` of the same shape")
+                emb = torch.cat([cond, uncond])
+        if emb.shape[0] != cache.rows:
+            raise ValueError(f"cond gives {emb.shape[0]} rows for a cache of {cache.rows}")
+        slots = torch.arange(self.prefix_len, device=cache.device).expand(cache.rows, -1)
+        out = self._run(cache, emb.to(self.tok_embeddings.weight.dtype), slots, None, True, backend)
+        return ForwardOutput(out.logits[:, -1:], out.hidden[:, -1:])
+
+    def forward_tokens(self, cache: SlotKVCache, tokens: torch.Tensor, positions: torch.Tensor, *,
+                       tree_mask: Optional[torch.Tensor] = None, write: bool = True,
+                       backend: Optional[str] = None) -> ForwardOutput:
+        """Feed tokens [B, N] (or [rows, N]) at raster positions [N] or [B, N].
+
+        Query i sees the valid cached slots at positions <= its own plus the new tokens at
+        positions <= its own (restricted further by `tree_mask` [rows, N, ceil(N/32)] int32 over
+        the new block). `write=False` scores the tokens without touching the cache (a verification
+        that will be redone). Returns logits [rows, N, V] (float32; the distribution of the token
+        after each fed one) and the pre-norm hidden states [rows, N, dim]."""
+        if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[0] == cache.batch and cache.cfg:
+            tokens = torch.cat([tokens, tokens])
+        if tokens.shape[0] != cache.rows:
+            raise ValueError(f"tokens has {tokens.shape[0]} rows, the cache {cache.batch}" +
+                             (f" (or {cache.rows})" if cache.cfg else ""))
+        if tokens.numel():
+            lo, hi = torch.aminmax(tokens)
+            if int(lo) < 0 or int(hi) >= self.vocab_size:
+                raise ValueError(f"tokens must lie in [0, {self.vocab_size})")
+        hw = self.config.grid_size ** 2
+        if positions.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"positions must be int32/int64, got {positions.dtype}")
+        if positions.numel() == 0:
+            raise ValueError("positions must not be empty")
+        lo, hi = (int(t) for t in torch.aminmax(positions))
+        if lo < 0 or hi >= hw:
+            raise ValueError(f"positions must lie in [0, {hw})")
+        slots = cache.check_slots(positions.to(cache.device).long() + self.prefix_len, "positions",
+                                  check_range=False)
+        if slots.shape[1] != tokens.shape[1]:
+            raise ValueError(f"positions has {slots.shape[1]} entries for {tokens.shape[1]} tokens")
+        # Tree drafts may hold several candidates for one position; only one can be cached.
+        if write and slots.shape[1] > 1 and bool((slots.sort(dim=1).values.diff(dim=1) == 0).any()):
+            raise ValueError("positions must not repeat within a row when write=True")
+        if tree_mask is not None:
+            words = (tokens.shape[1] + 31) // 32
+            if tree_mask.dtype != torch.int32 or tree_mask.shape[1:] != (tokens.shape[1], words):
+                raise ValueError(f"tree_mask must be int32 [B, {tokens.shape[1]}, {words}], got "
+                                 f"{tuple(tree_mask.shape)} {tree_mask.dtype}")
+            if tree_mask.shape[0] == cache.batch and cache.cfg:
+                tree_mask = torch.cat([tree_mask, tree_mask])
+        return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend,
+                         limit=hi + self.prefix_len + 1)
+
+    def _run(self, cache, h, slots, tree_mask, write, backend, limit=None) -> ForwardOutput:
+        cos_sin = rotation_factors(self.rope_table(h.device)[slots])
+        q_pos = slots.to(torch.int32)
+        # Slots after the last query's position are invisible to every query: attention reads
+        # only the cache prefix [0, limit) (a view; plain AR then costs O(u) at step u, not O(HW)).
+        limit = limit or int(slots.max()) + 1
+        in_place = write and tree_mask is None
+        if in_place:
+            # Write first, then attend over the cache: the new keys are found at their slots.
+            cache.valid.scatter_(1, slots, True)
+            kv_valid, kv_pos = cache.valid[:, :limit], cache.kv_pos[:, :limit]
+        else:
+            # Attend over [cache with the new slots hidden ; new block]: the block is last, as
+            # tree_attention's tree_mask expects, and the cache is untouched unless `write`.
+            old_valid = cache.valid.clone().scatter_(1, slots, False)[:, :limit]
+            kv_valid = torch.cat([old_valid, torch.ones_like(slots, dtype=torch.bool)], dim=1)
+            kv_pos = torch.cat([cache.kv_pos[:, :limit], q_pos], dim=1)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.attention.qkv(layer.attention_norm(h), cos_sin)
+            if in_place:
+                cache.write(i, slots, k, v)
+                out = attend(q, cache.k[i][:, :, :limit], cache.v[i][:, :, :limit], q_pos=q_pos,
+                             kv_pos=kv_pos, kv_valid=kv_valid, backend=backend)
+            else:
+                out = attend(q, torch.cat([cache.k[i][:, :, :limit], k.to(cache.k[i].dtype)], 2),
+                             torch.cat([cache.v[i][:, :, :limit], v.to(cache.v[i].dtype)], 2),
+                             q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask, backend=backend)
+                if write:
+                    cache.write(i, slots, k, v)
+            h = h + layer.attention.merge(out.to(h.dtype))
+            h = h + layer.feed_forward(layer.ffn_norm(h))
+        if write and not in_place:
+            cache.valid.scatter_(1, slots, True)
+        return ForwardOutput(self.head(h), h)
+
+    # ---- training / teacher forcing (no cache) ------------------------------------------------
+    def teacher_forward(self, tokens: torch.Tensor, classes: torch.Tensor) -> ForwardOutput:
+        """Full causal pass over [condition ; tokens [B, L]] (L <= H*W) -> outputs at all P + L
+        slots. Uses torch's SDPA (differentiable) instead of tree_attention: this is the training
+        path; tests check it against the cached protocol path."""
+        B, L = tokens.shape
+        h = torch.cat([self.condition_embeddings(classes), self.embed_tokens(tokens)], dim=1)
+        cos_sin = rotation_factors(self.rope_table(h.device)[: h.shape[1]].unsqueeze(0))
+        for layer in self.layers:
+            q, k, v = layer.attention.qkv(layer.attention_norm(h), cos_sin)
+            if k.shape[1] != q.shape[1]:
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + layer.attention.merge(out)
+            h = h + layer.feed_forward(layer.ffn_norm(h))
+        return ForwardOutput(self.head(h), h)
+
+    def training_loss(self, tokens: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """Next-token cross entropy of tokens [B, H*W] given classes [B] (already label-dropped)."""
+        logits = self.teacher_forward(tokens[:, :-1], classes).logits[:, self.prefix_len - 1:]
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1).long())

@@ -1,0 +1,75 @@
+"""A KV cache indexed by slot (prefix slots, then raster token slots) with a validity vector.
+
+Slots are not appended: a forward writes the keys/values of its tokens at their slots, so a
+decoder can fill the grid out of order (ZipAR rows, MuLo-SD islands), invalidate slots it
+rejected and overwrite them later (local resampling). Attention reads only valid slots at
+positions <= the query's (the `tree_attention` rule), so stale entries are harmless once
+invalidated. With classifier-free guidance the cache holds 2B rows: conditional rows first,
+then the unconditional ones.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, n_slots: int, head_dim: int, *,
+                 cfg: bool = False, dtype=torch.float32, device=None):
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        self.batch = batch
+        self.cfg = cfg
+        self.rows = 2 * batch if cfg else batch
+        self.n_slots = n_slots
+        shape = (self.rows, n_kv_heads, n_slots, head_dim)
+        self.k: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.valid = torch.zeros(self.rows, n_slots, dtype=torch.bool, device=device)
+        # Key positions are the slot indices themselves (raster order = causal order).
+        self.kv_pos = torch.arange(n_slots, dtype=torch.int32, device=device).expand(self.rows, n_slots)
+
+    @property
+    def device(self) -> torch.device:
+        return self.valid.device
+
+    def check_slots(self, slots: torch.Tensor, name: str = "slots", check_range: bool = True) -> torch.Tensor:
+        """slots [N] or [rows, N] (or [batch, N] with CFG, duplicated) -> int64 [rows, N], range-checked."""
+        if slots.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be int32/int64, got {slots.dtype}")
+        if slots.dim() == 1:
+            slots = slots.expand(self.rows, -1)
+        elif slots.dim() == 2 and self.cfg and slots.shape[0] == self.batch and self.rows != self.batch:
+            slots = torch.cat([slots, slots])
+        if slots.dim() != 2 or slots.shape[0] != self.rows:
+            raise ValueError(f"{name} must be [N] or [{self.batch}, N]" +
+                             (f" or [{self.rows}, N]" if self.cfg else "") + f", got {tuple(slots.shape)}")
+        if check_range and slots.numel() and (int(slots.min()) < 0 or int(slots.max()) >= self.n_slots):
+            raise ValueError(f"{name} must lie in [0, {self.n_slots}), got [{int(slots.min())}, {int(slots.max())}]")
+        return slots.to(device=self.device, dtype=torch.int64)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [rows, Hkv, N, D] at slots [rows, N] (overwrites what was there)."""
+        idx = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        self.k[layer].scatter_(2, idx, k.to(self.k[layer].dtype))
+        self.v[layer].scatter_(2, idx, v.to(self.v[layer].dtype))
+
+    def set_valid(self, slots: torch.Tensor, value: bool = True) -> None:
+        slots = self.check_slots(slots)
+        self.valid.scatter_(1, slots, value)
+
+    def invalidate(self, slots: torch.Tensor) -> None:
+        """Mark slots [N] or [batch, N] as empty: later queries no longer see them."""
+        self.set_valid(slots, False)
+
+    def reset(self) -> None:
+        self.valid.zero_()
+
+    def clone(self) -> "SlotKVCache":
+        other = object.__new__(SlotKVCache)
+        other.__dict__.update(self.__dict__)
+        other.k = [t.clone() for t in self.k]
+        other.v = [t.clone() for t in self.v]
+        other.valid = self.valid.clone()
+        return other

@@ -1,0 +1,154 @@
+"""Load LlamaGen checkpoints (FoundationVision/LlamaGen) into specdec's models.
+
+    gpt = specdec.models.load_llamagen("c2i_L_256.pt", "GPT-L")          # grid 16 (256 px, VQ-16)
+    vq = specdec.models.load_llamagen_vq("vq_ds16_c2i.pt")               # VQ-16
+    neighbors = specdec.neighbors.knn_table(vq.codebook, k)              # LANTERN's neighbours
+
+Accepted files: `{"model": state}`, `{"module": state}`, `{"state_dict": state}`, a raw state
+dict, or safetensors. Key prefixes added by DDP (`module.`) or torch.compile (`_orig_mod.`) are
+stripped; non-weight entries LlamaGen may store (`freqs_cis`, KV-cache buffers, the VQ's
+`codebook_used` usage counter) are dropped. Anything else missing or unexpected is an error
+that lists the keys. Pickled checkpoints are read with `torch.load(weights_only=True)`; pass
+`trust_pickle=True` only for a file you trust that needs full unpickling.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import torch
+
+from specdec.models.gpt import LLAMAGEN_CONFIGS, GPTConfig, LlamaGenGPT
+from specdec.models.llamagen_vq import LLAMAGEN_VQ_CONFIGS, LlamaGenVQ, LlamaGenVQConfig
+
+_DROPPED_SUFFIXES = ("freqs_cis", "kv_cache.k_cache", "kv_cache.v_cache", "causal_mask", "codebook_used")
+_WRAPPERS = ("model", "module", "state_dict", "ema")
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's keys or shapes do not match the model built for the given config."""
+
+
+def read_state_dict(path: str, trust_pickle: bool = False) -> Dict[str, torch.Tensor]:
+    """The weights of a checkpoint file, unwrapped and with wrapper prefixes stripped."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        obj = load_file(path)
+    else:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        except Exception as exc:  # weights_only refuses pickled non-tensor objects
+            raise ValueError(f"{path}: cannot be read with torch.load(weights_only=True) ({exc}); "
+                             "if you trust the file, pass trust_pickle=True") from exc
+    for _ in range(2):  # e.g. {"model": {"module": ...}}
+        if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+            inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)
+            if inner is None:
+                break
+            obj = inner
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a state dict, got {type(obj).__name__}")
+    state = {}
+    for k, v in obj.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        for prefix in ("module.", "_orig_mod."):
+            if k.startswith(prefix):
+                k = k[len(prefix):]
+        if k.endswith(_DROPPED_SUFFIXES):
+            continue
+        state[k] = v
+    return state
+
+
+def _load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], what: str) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or wrong:
+        def show(keys, fmt=str):
+            return ", ".join(fmt(k) for k in keys[:12]) + (f", ... ({len(keys)} in all)" if len(keys) > 12 else "")
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {show(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {show(unexpected)}")
+        if wrong:
+            parts.append("shape mismatches: " + show(
+                wrong, lambda k: f"{k} {tuple(state[k].shape)} vs {tuple(expected[k].shape)}"))
+        raise CheckpointMismatchError(f"{what}: " + "; ".join(parts))
+    model.load_state_dict(state, strict=True)
+
+
+def _named(config_name, table: dict, what: str) -> dict:
+    """A named LlamaGen size, or a dict of the same fields for a custom (e.g. test) size."""
+    if isinstance(config_name, dict):
+        return dict(config_name)
+    if config_name not in table:
+        raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {what} fields), got {config_name!r}")
+    return table[config_name]
+
+
+def llamagen_gpt_config(config_name, *, vocab_size: int = 16384, num_classes: int = 1000,
+                        grid_size: int = 16, with_null_class: bool = True) -> GPTConfig:
+    return GPTConfig(vocab_size=vocab_size, num_classes=num_classes, grid_size=grid_size,
+                     class_dropout_prob=0.1 if with_null_class else 0.0,
+                     **_named(config_name, LLAMAGEN_CONFIGS, "GPTConfig"))
+
+
+def load_llamagen(path: str, config_name, *, grid_size: int = 16, device=None, dtype=None,
+                  trust_pickle: bool = False) -> LlamaGenGPT:
+    """A LlamaGen class-conditional GPT checkpoint as a LlamaGenGPT (ARImageModel).
+
+    n_layer/n_head/dim come from `config_name` (GPT-B, GPT-L, GPT-XL, ..., or a dict such as
+    {"n_layer": 2, "n_head": 2, "dim": 64} for other sizes); vocabulary size and
+    class count from the embedding shapes; `grid_size` is image size / 16 for VQ-16 (16 for the
+    256 px models, 24 for 384 px): checkpoints do not store it."""
+    _named(config_name, LLAMAGEN_CONFIGS, "GPTConfig")  # a bad name fails before any file I/O
+    state = read_state_dict(path, trust_pickle)
+    for key in ("tok_embeddings.weight", "cls_embedding.embedding_table.weight"):
+        if key not in state:
+            raise CheckpointMismatchError(f"{path}: missing keys: {key} (is this a class-conditional LlamaGen GPT?)")
+    vocab = state["tok_embeddings.weight"].shape[0]
+    rows = state["cls_embedding.embedding_table.weight"].shape[0]
+    # LlamaGen's c2i models are trained with class dropout, so the table has a null-class row.
+    config = llamagen_gpt_config(config_name, vocab_size=vocab, num_classes=rows - 1, grid_size=grid_size)
+    with torch.device("meta"):
+        model = LlamaGenGPT(config)
+    model = model.to_empty(device="cpu")
+    _load_strict(model, state, f"{path} as {config_name}")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_llamagen_vq(path: str, config_name="VQ-16", *, codebook_size: Optional[int] = None,
+                     codebook_embed_dim: Optional[int] = None, device=None,
+                     trust_pickle: bool = False) -> LlamaGenVQ:
+    """A LlamaGen VQ checkpoint as a LlamaGenVQ (encode / decode / codebook)."""
+    fields = _named(config_name, LLAMAGEN_VQ_CONFIGS, "LlamaGenVQConfig")
+    state = read_state_dict(path, trust_pickle)
+    emb = state.get("quantize.embedding.weight")
+    if emb is None:
+        raise CheckpointMismatchError(f"{path}: missing keys: quantize.embedding.weight (is this a LlamaGen VQ?)")
+    config = LlamaGenVQConfig(codebook_size=codebook_size or emb.shape[0],
+                              codebook_embed_dim=codebook_embed_dim or emb.shape[1],
+                              **fields)
+    with torch.device("meta"):
+        model = LlamaGenVQ(config)
+    model = model.to_empty(device="cpu")
+    _load_strict(model, state, f"{path} as {config_name}")
+    return model.to(device=device).eval()
+
+
+def llamagen_manifest(config_name: str, **kw) -> Dict[str, tuple]:
+    """{key: shape} of a LlamaGen GPT ("GPT-B", ...) or VQ ("VQ-16", "VQ-8") checkpoint, built on
+    the meta device (no memory, no download): what a real checkpoint must contain."""
+    with torch.device("meta"):
+        if isinstance(config_name, str) and config_name in LLAMAGEN_VQ_CONFIGS:
+            model = LlamaGenVQ(LlamaGenVQConfig(**LLAMAGEN_VQ_CONFIGS[config_name], **kw))
+        else:
+            model = LlamaGenGPT(llamagen_gpt_config(config_name, **kw))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}

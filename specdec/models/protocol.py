@@ -1,0 +1,58 @@
+"""`ARImageModel`: what every decoder needs from an autoregressive image model.
+
+    model = specdec.models.default().target
+    cache = model.new_cache(batch=4, cfg=True)            # 2B rows: conditional, then null class
+    out = model.prefill(cache, torch.tensor([0, 1, 2, 3])) # logits of token 0: [8, 1, V]
+    out = model.forward_tokens(cache, tokens, positions)   # tokens [4, N] at raster positions [N]
+    cond, uncond = split_cfg(out.logits)                   # each [4, N, V]
+    cache.invalidate(positions + model.prefix_len)         # forget slots (local resampling)
+
+Slots: the condition fills [0, P); raster token u lives in slot P + u; the output at a token's
+slot is the distribution of the next raster token. Attention follows `tree_attention`'s rule:
+a query sees valid slots at positions <= its own (and an optional tree mask over its block).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Protocol, Tuple, runtime_checkable
+
+import torch
+
+
+class ForwardOutput(NamedTuple):
+    logits: torch.Tensor  # [rows, N, V] float32
+    hidden: torch.Tensor  # [rows, N, dim] last layer, before the final norm
+
+
+@runtime_checkable
+class ARImageModel(Protocol):
+    grid: Tuple[int, int]
+    vocab_size: int
+    prefix_len: int
+    hidden_dim: int
+    null_class: Optional[int]
+
+    def new_cache(self, batch: int, cfg: bool = False, dtype=None, device=None): ...
+
+    def prefill(self, cache, cond: torch.Tensor, uncond: Optional[torch.Tensor] = None,
+                backend: Optional[str] = None) -> ForwardOutput: ...
+
+    def forward_tokens(self, cache, tokens: torch.Tensor, positions: torch.Tensor, *,
+                       tree_mask: Optional[torch.Tensor] = None, write: bool = True,
+                       backend: Optional[str] = None) -> ForwardOutput: ...
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def split_cfg(x: torch.Tensor):
+    """[2B, ...] rows of a CFG batch -> (conditional [B, ...], unconditional [B, ...])."""
+    if x.shape[0] % 2:
+        raise ValueError(f"a CFG batch has an even number of rows, got {x.shape[0]}")
+    return x.chunk(2, dim=0)
+
+
+def cfg_logits(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """uncond + scale * (cond - uncond) over a [2B, ...] CFG batch -> [B, ...]."""
+    cond, uncond = split_cfg(logits)
+    return uncond + scale * (cond - uncond)

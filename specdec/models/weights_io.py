@@ -1,0 +1,29 @@
+"""Save and load module weights as safetensors with their config in the file's metadata."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+
+def save_weights(module: torch.nn.Module, path: str, config: dict, **info) -> None:
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    meta = {"config": json.dumps(config)}
+    meta.update({k: json.dumps(v) for k, v in info.items()})
+    save_file(state, path, metadata=meta)
+
+
+def load_weights(path: str):
+    """(state_dict, config dict, other metadata dict) of a file written by save_weights."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+    state = load_file(path)
+    config = json.loads(meta.pop("config", "{}"))
+    return state, config, {k: json.loads(v) for k, v in meta.items()}

@@ -1,0 +1,1 @@
+"""Training scripts of the embedded default model family (`python -m specdec.train --help`)."""

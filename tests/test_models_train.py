@@ -1,0 +1,92 @@
+"""The training scripts end to end on a tiny synthetic Fashion-MNIST written by the test (the
+CI machine has no data set), plus the IDX reader."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.models import sample_ar
+from specdec.models.default import load_family
+from specdec.train import __main__ as train_main
+from specdec.train import data
+
+
+def _synthetic(folder, n_train=64, n_test=40, gz=True):
+    """Class c is a bright bar at row 2c: trivially learnable, and different per class."""
+    rng = np.random.default_rng(0)
+    os.makedirs(folder, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = np.arange(n) % 10
+        images = rng.integers(0, 40, size=(n, 28, 28))
+        for i, c in enumerate(labels):
+            images[i, 2 * c + 4: 2 * c + 7, 4:24] = 250
+        ext = ".gz" if gz else ""
+        data.write_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte{ext}"), images)
+        data.write_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte{ext}"), labels)
+    return folder
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_round_trip(tmp_path, gz):
+    folder = _synthetic(str(tmp_path / "d"), 12, 10, gz=gz)
+    images, labels = data.load_split("train", folder)
+    assert images.shape == (12, 28, 28) and images.dtype == torch.uint8
+    assert labels.tolist() == [i % 10 for i in range(12)]
+    assert data.load_split("test", folder)[0].shape == (10, 28, 28)
+
+
+def test_idx_errors(tmp_path):
+    bad = tmp_path / "train-images-idx3-ubyte"
+    bad.write_bytes(b"\x01\x02\x08\x01" + b"\x00" * 8)
+    with pytest.raises(ValueError, match="magic"):
+        data.read_idx(str(bad))
+    short = tmp_path / "short"
+    short.write_bytes(bytes([0, 0, 8, 1]) + (5).to_bytes(4, "big") + b"\x00\x00")
+    with pytest.raises(ValueError, match="expected 5 bytes"):
+        data.read_idx(str(short))
+    with pytest.raises(FileNotFoundError, match="--data"):
+        data.load_split("train", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="split"):
+        data.load_split("validation", str(tmp_path))
+
+
+def test_model_images_are_padded_and_downsampled():
+    u8 = torch.full((2, 28, 28), 255, dtype=torch.uint8)
+    x32 = data.to_model_images(u8, 32)
+    assert x32.shape == (2, 1, 32, 32) and x32[0, 0, 0, 0] == -1 and x32[0, 0, 2, 2] == 1
+    x16 = data.to_model_images(u8, 16)
+    torch.testing.assert_close(x16, torch.nn.functional.avg_pool2d(x32, 2))
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()  # the scripts set their own thread count
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_every_script_trains_a_few_steps(tmp_path, keep_threads):
+    folder = _synthetic(str(tmp_path / "fmnist"))
+    out = str(tmp_path / "weights")
+    common = ["--data", folder, "--out", out, "--steps", "2"]
+    train_main.main(["vq", *common, "--batch-size", "8"])
+    train_main.main(["classifier", *common, "--batch-size", "8"])
+    train_main.main(["target", *common, "--batch-size", "4"])
+    train_main.main(["drafter", *common, "--batch-size", "4"])
+    train_main.main(["ssd", *common, "--batch-size", "8", "--samples", "4"])
+    family = load_family(out)
+    assert family.target.grid == (16, 16) and family.drafter.grid == (8, 8)
+    assert family.codebook.shape[0] == family.target.vocab_size == family.drafter.vocab_size
+    assert family.ssd_heads.offsets == (1, 2, 3, 4, 5, 16, 32)
+    tokens = sample_ar(family.target, torch.tensor([3, 7]), cfg_scale=2.0, generator=torch.Generator().manual_seed(0))
+    images = family.decode(tokens)
+    assert images.shape == (2, 1, 32, 32)
+    assert family.decode(family.tokenizer.encode(torch.nn.functional.avg_pool2d(images, 2))).shape == (2, 1, 16, 16)
+    assert 0.0 <= family.evaluator.evaluate(images, torch.tensor([3, 7])).class_accuracy <= 1.0
+
+
+def test_unknown_script_prints_usage(capsys):
+    with pytest.raises(SystemExit):
+        train_main.main(["nope"])
+    assert "vq" in capsys.readouterr().out
