@@ -135,7 +135,9 @@ setup(
     package_dir={"specdec": "specdec", "specdec.triton_kernels": "triton_kernels"},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    install_requires=["torch", "numpy"],
+    install_requires=["torch", "numpy", "Pillow", "safetensors"],
+    # The embedded default model family (specdec.models.default()) ships its trained weights.
+    package_data={"specdec": ["weights/*.safetensors"]},
     extras_require={
         "triton": ["triton"],
         "test": ["pytest", "hypothesis", "pytest-benchmark"],

@@ -20,17 +20,31 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "sampling_probs(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
       "int top_k) -> Tensor");
+  m.def(
+      "verify_grid(Tensor p, Tensor? q, Tensor? uniforms, Tensor? valid, str rule, float tau, "
+      "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "
+      "Tensor islands, Tensor num_islands)");
+  m.def("sample_residual(Tensor p, Tensor? q, Tensor uniforms) -> (Tensor tokens, Tensor fallback)");
+  m.def(
+      "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
+      "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("pool_probs", &specdec::pool_probs_cpu);
   m.impl("sampling_probs", &specdec::sampling_probs_cpu);
+  m.impl("verify_grid", &specdec::verify_grid_cpu);
+  m.impl("sample_residual", &specdec::sample_residual_cpu);
+  m.impl("tree_attention", &specdec::tree_attention_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("pool_probs", &specdec::pool_probs_cuda);
+  m.impl("tree_attention", &specdec::tree_attention_cuda);
   m.impl("sampling_probs", &specdec::sampling_probs_cuda);
+  m.impl("verify_grid", &specdec::verify_grid_cuda);
+  m.impl("sample_residual", &specdec::sample_residual_cuda);
 }
 #endif
 

@@ -4,7 +4,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "specdec/verify_math.h"
+
 #include <optional>
+#include <string_view>
 #include <tuple>
 
 namespace specdec {
@@ -24,6 +27,35 @@ PoolOut pool_probs_cpu(const at::Tensor& logits, const at::Tensor& tokens,
 at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
                               double cfg_scale, double temperature, int64_t top_k);
 
+// Kernel 2 (verify_grid, sample_residual); scalar math in specdec/verify_math.h.
+using VerifyOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using SampleOut = std::tuple<at::Tensor, at::Tensor>;
+VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                               const std::optional<at::Tensor>& uniforms,
+                               const std::optional<at::Tensor>& valid, std::string_view rule,
+                               double tau, std::string_view mode, int64_t radius);
+void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                       const at::Tensor& uniforms);
+VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                          const std::optional<at::Tensor>& uniforms,
+                          const std::optional<at::Tensor>& valid, std::string_view rule,
+                          double tau, std::string_view mode, int64_t radius);
+SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                              const at::Tensor& uniforms);
+
+using AttentionOut = std::tuple<at::Tensor, at::Tensor>;
+
+// Shape/dtype/device checks of kernel 3 (tree_attention), shared by the CPU and CUDA ops.
+void check_tree_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& q_pos, const at::Tensor& kv_pos,
+                               const std::optional<at::Tensor>& kv_valid,
+                               const std::optional<at::Tensor>& tree_mask, std::optional<double> scale);
+
+AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& q_pos, const at::Tensor& kv_pos,
+                                const std::optional<at::Tensor>& kv_valid,
+                                const std::optional<at::Tensor>& tree_mask, std::optional<double> scale);
+
 #ifdef SPECDEC_WITH_CUDA
 PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                         const std::optional<at::Tensor>& neighbors,
@@ -31,6 +63,16 @@ PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                         double temperature, int64_t top_k, std::optional<double> delta);
 at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
                                double cfg_scale, double temperature, int64_t top_k);
+VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                           const std::optional<at::Tensor>& uniforms,
+                           const std::optional<at::Tensor>& valid, std::string_view rule,
+                           double tau, std::string_view mode, int64_t radius);
+SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                               const at::Tensor& uniforms);
+AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& q_pos, const at::Tensor& kv_pos,
+                                 const std::optional<at::Tensor>& kv_valid,
+                                 const std::optional<at::Tensor>& tree_mask, std::optional<double> scale);
 #endif
 
 }  // namespace specdec

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from specdec import _extension, _library, neighbors, ops  # noqa: F401  (_library registers fakes)
+from specdec import _extension, _library, masks, neighbors, ops  # noqa: F401  (_library registers fakes)
 from specdec._backends import BACKENDS, BackendUnavailableError, available_backends
 from specdec._types import PooledProbs
 
@@ -39,5 +39,5 @@ def build_info() -> dict:
     }
 
 
-__all__ = ["ops", "neighbors", "build_info", "BACKENDS", "BackendUnavailableError",
+__all__ = ["ops", "masks", "neighbors", "build_info", "BACKENDS", "BackendUnavailableError",
            "available_backends", "PooledProbs", "__version__"]

@@ -30,7 +30,21 @@ def _fake_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
     return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
+def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+    b = p.shape[0]
+    return (p.new_empty(p.shape, dtype=torch.bool), p.new_empty(p.shape, dtype=torch.bool),
+            p.new_empty((b,), dtype=torch.int32), p.new_empty(p.shape, dtype=torch.int32),
+            p.new_empty((b,), dtype=torch.int32))
+
+
+def _fake_sample_residual(p, q, uniforms):
+    m = p.shape[0]
+    return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
+
+
 _FAKES = {
+    "verify_grid": _fake_verify_grid,
+    "sample_residual": _fake_sample_residual,
     "tree_attention": _fake_tree_attention,
     "pool_probs": _fake_pool_probs,
     "sampling_probs": _fake_sampling_probs,
@@ -38,10 +52,14 @@ _FAKES = {
 
 
 def _triton_cuda_impls():
-    from specdec.triton_kernels import pooling
+    from specdec.triton_kernels import attention
+    from specdec.triton_kernels import pooling, verification
 
     return {
+        "verify_grid": verification.verify_grid,
+        "sample_residual": verification.sample_residual,
         "pool_probs": pooling.pool_probs,
+        "tree_attention": attention.tree_attention,
         "sampling_probs": pooling.sampling_probs,
     }
 

@@ -15,6 +15,10 @@ import torch
 from specdec import _backends, _library, _validation
 from specdec._types import PooledProbs
 from specdec.reference import pooling as _ref_pooling
+from specdec.reference import verification as _ref_verification
+from specdec import _verify_args
+from specdec._types import GridVerdict, SampleResult
+from specdec.reference import attention as _ref_attention
 
 
 def _compiled_op(name: str):
@@ -95,3 +99,135 @@ def sampling_probs(
     if chosen == "triton":
         return _triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k)
     return _compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k)
+
+
+def verify_grid(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor] = None,
+    *,
+    rule: str = "threshold",
+    tau: Optional[float] = None,
+    uniforms: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    mode: str = "local",
+    radius: int = 1,
+    valid: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+) -> GridVerdict:
+    """Parallel 2-D acceptance/rejection of drafted token grids (kernel 2), one launch per batch.
+
+    Args:
+        p: [B, H, W] target scores of the drafted tokens (float; used as float32): the pooled
+            target probability for rule="threshold", the target probability for rule="ratio".
+        q: [B, H, W] draft probabilities of the drafted tokens; required for rule="ratio".
+        rule: "threshold" rejects p < tau (MuLo-SD); "ratio" rejects unless u * q < p, i.e.
+            u < min(1, p/q) without a division (q = 0 < p accepts, p = 0 rejects).
+        tau: the threshold of rule="threshold" (must be None for "ratio").
+        uniforms: [B, H, W] float32 in [0, 1) for rule="ratio" (bit-exact on every backend);
+            else drawn from `generator` (or torch's default generator) on p's device.
+        mode: which positions are resampled: "raster" everything from the first rejection on;
+            "independent" the rejected positions only (SSD); "local" the (2*radius+1)^2
+            Chebyshev windows around each rejection, from the first rejection on (MuLo-SD).
+        radius: window radius of mode="local", >= 0.
+        valid: [B, H, W] bool, positions holding a draft this round (default all); invalid
+            positions are never accepted, rejected or resampled.
+
+    Returns:
+        GridVerdict(accept, resample, first_reject, islands, num_islands): islands are the
+        8-connected components of `resample`, each labelled by its smallest raster index
+        (-1 outside), identical on every backend.
+    """
+    p, q, tau, uniforms, radius, valid = _verify_args.verify_grid_args(
+        p, q, rule, tau, uniforms, generator, mode, radius, valid)
+    chosen = _backends.resolve(backend, p.device)
+    if chosen == "reference":
+        return _ref_verification.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode,
+                                             radius=radius, valid=valid)
+    if chosen == "triton":
+        out = _triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius)
+    else:
+        out = _compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius)
+    return GridVerdict(*out)
+
+
+def sample_residual(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor] = None,
+    *,
+    uniforms: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+) -> SampleResult:
+    """Draw one token per row from norm(max(0, p - q)) (or from p when q is None).
+
+    Where the residual is zero (p <= q everywhere, up to 2**-30) the row is drawn from p and
+    `fallback` is set. Sampling is inverse-CDF: the smallest v with cumsum(r)[v] > u * sum(r),
+    with r in exact fixed point (units of 2**-30, see specdec.reference.verification), so every
+    backend picks the same token for the same uniform.
+
+    Args:
+        p: [M, V] target probabilities in [0, 1] (float; used as float32), V < 2**23.
+        q: [M, V] draft probabilities in [0, 1], or None to sample from p.
+        uniforms: [M] float32 in [0, 1), one per row; else drawn from `generator` (or torch's
+            default generator) on p's device: same generator state, same tokens.
+
+    Returns:
+        SampleResult(tokens int32 [M] in [0, V), fallback bool [M]).
+    """
+    p, q, uniforms = _verify_args.sample_residual_args(p, q, uniforms, generator)
+    chosen = _backends.resolve(backend, p.device)
+    if chosen == "reference":
+        return _ref_verification.sample_residual(p, q, uniforms)
+    if chosen == "triton":
+        out = _triton("verification").sample_residual(p, q, uniforms)
+    else:
+        out = _compiled_op("sample_residual")(p, q, uniforms)
+    return SampleResult(*out)
+
+
+def tree_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_pos: torch.Tensor,
+    kv_pos: torch.Tensor,
+    kv_valid: Optional[torch.Tensor] = None,
+    tree_mask: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    return_lse: bool = False,
+    backend: Optional[str] = None,
+):
+    """Tree-masked attention over a raster-slot KV cache (kernel 3).
+
+    Key ``j`` is visible to query ``i`` iff ``kv_valid[b, j]`` and ``kv_pos[b, j] <= q_pos[b, i]``
+    and, when ``tree_mask`` is given and ``j`` is one of the last ``Nq`` key slots (the draft
+    block), bit ``j - (Nk - Nq)`` of ``tree_mask[b, i]`` is set (see specdec.masks).
+
+    Args:
+        q: [B, Hq, Nq, D] queries, float32/float16/bfloat16, 1 <= D <= 128.
+        k, v: [B, Hkv, Nk, D] keys and values (dtype of q); Hq % Hkv == 0 (GQA: query head h
+            reads key/value head h // (Hq // Hkv)).
+        q_pos: [B, Nq] int32/int64 raster position of each query.
+        kv_pos: [B, Nk] int32/int64 raster position of each key slot.
+        kv_valid: [B, Nk] bool, False for empty cache slots; None: all valid.
+        tree_mask: [B, Nq, ceil(Nq/32)] int32 packed bits over the draft block; None: no tree.
+        scale: score scale; None means 1/sqrt(D).
+        return_lse: also return the float32 log-sum-exp of the scaled visible scores.
+
+    Returns:
+        out [B, Hq, Nq, D] in q's dtype (accumulated in float32), and with ``return_lse``
+        ``(out, lse)`` with lse [B, Hq, Nq] float32. A query that sees no key gives zeros and
+        lse = -inf.
+    """
+    q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale = _validation.tree_attention_args(
+        q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+    chosen = _backends.resolve(backend, q.device)
+    if chosen == "reference":
+        return _ref_attention.tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid,
+                                             tree_mask=tree_mask, scale=scale, return_lse=return_lse)
+    if chosen == "triton":
+        out, lse = _triton("attention").tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+    else:
+        out, lse = _compiled_op("tree_attention")(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+    return (out, lse) if return_lse else out

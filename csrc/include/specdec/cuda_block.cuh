@@ -58,7 +58,7 @@ __device__ __forceinline__ SoftmaxStats warp_merge_stats(SoftmaxStats s) {
   return s;
 }
 
-__device__ SoftmaxStats block_merge_stats(SoftmaxStats s) {
+__device__ inline SoftmaxStats block_merge_stats(SoftmaxStats s) {
   __shared__ float pmax[kMaxWarps], psum[kMaxWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int nwarps = (blockDim.x + kWarp - 1) / kWarp;
@@ -75,7 +75,7 @@ __device__ SoftmaxStats block_merge_stats(SoftmaxStats s) {
 
 // Inclusive prefix sum over the block in thread order; returns this thread's prefix and
 // writes the block total to *total (for every thread).
-__device__ float block_inclusive_scan(float v, float* total) {
+__device__ inline float block_inclusive_scan(float v, float* total) {
   __shared__ float warp_sums[kMaxWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int nwarps = (blockDim.x + kWarp - 1) / kWarp;

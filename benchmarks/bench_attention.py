@@ -1,0 +1,99 @@
+"""Kernel 3 (tree_attention) per backend against the reference and against
+torch.compile(flex_attention), at verification shapes and at the tiny-GPT shapes of the demo.
+
+The flex entry is named "flex_compiled": the same rule as a FlexAttention mask_mod, compiled
+by torch (its first call compiles for several seconds; pytest-benchmark's warm-up absorbs it).
+"""
+import warnings
+
+import pytest
+import torch
+
+from bench_helpers import backend_params, bench_devices, synchronize
+from specdec import masks, ops
+
+SHAPES = [
+    # (name, B, Hq, Hkv, Nq, Nk, D, tree): chunked verification of 1024 drafted tokens after a
+    # 256-token prefix; 64 drafted tokens over a 4096-slot cache (64x64 image) with holes; a
+    # 63-node draft tree; and the embedded tiny GPT (decode step, full prefill).
+    ("verify B2 H16 D64 Nq1024 Nk1280", 2, 16, 16, 1024, 1280, 64, False),
+    ("verify B2 H16 D64 Nq64 Nk4096 holes", 2, 16, 16, 64, 4096, 64, False),
+    ("tree B2 H16 D64 Nq64 Nk4096", 2, 16, 16, 64, 4096, 64, True),
+    ("tinygpt decode B20 H8 D32 Nq1 Nk300", 20, 8, 8, 1, 300, 32, False),
+    ("tinygpt prefill B4 H4 D32 Nq256 Nk256", 4, 4, 4, 256, 256, 32, False),
+]
+
+
+def _inputs(shape, device):
+    name, b, hq, hkv, nq, nk, d, tree = shape
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hq, nq, d, generator=g)
+    k = torch.randn(b, hkv, nk, d, generator=g)
+    v = torch.randn(b, hkv, nk, d, generator=g)
+    kv_pos = torch.arange(nk).expand(b, nk).contiguous()
+    q_pos = kv_pos[:, nk - nq:].contiguous()
+    kv_valid = None
+    tree_mask = None
+    if "holes" in name:
+        kv_valid = torch.rand(b, nk, generator=g) > 0.25
+        kv_valid[:, nk - nq:] = True
+    if tree:
+        parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, nq)])  # a binary tree
+        t = masks.tree_from_parents(parents)
+        tree_mask = t.tree_mask.expand(b, nq, -1).contiguous()
+        q_pos = (nk - nq + t.depth).expand(b, nq).contiguous()
+        kv_pos = torch.cat([torch.arange(nk - nq), nk - nq + t.depth]).expand(b, nk).contiguous()
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return dict(q=move(q), k=move(k), v=move(v), q_pos=move(q_pos), kv_pos=move(kv_pos),
+                kv_valid=move(kv_valid), tree_mask=move(tree_mask))
+
+
+def _flops(shape):
+    _, b, hq, _, nq, nk, d, _ = shape
+    return 4 * b * hq * nq * nk * d  # QK^T and PV over all pairs (dense-equivalent)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_tree_attention(benchmark, shape, device, backend):
+    p = _inputs(shape, device)
+
+    def run():
+        out = ops.tree_attention(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"],
+                                 kv_valid=p["kv_valid"], tree_mask=p["tree_mask"], backend=backend)
+        synchronize(device)
+        return out
+
+    benchmark.group = f"tree_attention {shape[0]}"
+    benchmark.extra_info["backend"] = backend
+    benchmark.extra_info["device"] = device
+    benchmark.extra_info["flops"] = _flops(shape)
+    benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("device", bench_devices())
+def test_tree_attention_flex_compiled(benchmark, shape, device):
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    p = _inputs(shape, device)
+    _, b, hq, hkv, nq, nk, d, _ = shape
+    mask_mod = masks.flex_mask_mod(p["q_pos"], p["kv_pos"], p["kv_valid"], p["tree_mask"])
+    block_mask = flex.create_block_mask(mask_mod, b, None, nq, nk, device=device)
+    compiled = torch.compile(flex.flex_attention, dynamic=False)
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = compiled(p["q"], p["k"], p["v"], block_mask=block_mask, enable_gqa=hq != hkv)
+        synchronize(device)
+        return out
+
+    try:
+        run()  # compile outside the timed rounds (seconds on CPU)
+    except Exception as exc:  # noqa: BLE001  (inductor may not support a shape on this machine)
+        pytest.skip(f"torch.compile(flex_attention) failed here: {type(exc).__name__}: {exc}")
+    benchmark.group = f"tree_attention {shape[0]}"
+    benchmark.extra_info["backend"] = "flex_compiled"
+    benchmark.extra_info["device"] = device
+    benchmark.extra_info["flops"] = _flops(shape)
+    benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)

@@ -1,0 +1,88 @@
+"""Kernel 2 (verify_grid, sample_residual) per backend against the reference, at MuLo-SD shapes:
+a batch of 16 grids of 64x64 tokens (LlamaGen 1024px), V = 16384, about 5% of the drafts
+rejected. sample_residual gets the rows that must be resampled, M = 5% of 16 * 64 * 64 = 3277:
+from the target alone (MuLo-SD, no draft distribution) and from the residual (SSD).
+Timings include the public API's argument checks, as a user calling specdec.ops would see.
+"""
+import pytest
+import torch
+
+from bench_helpers import backend_params, synchronize
+from specdec import ops
+
+B, H, W, V = 16, 64, 64, 16384
+REJECT_RATE = 0.05
+M = int(round(REJECT_RATE * B * H * W))
+
+
+def _grid_inputs(device):
+    g = torch.Generator().manual_seed(0)
+    reject = torch.rand(B, H, W, generator=g) < REJECT_RATE
+    # rule="threshold" with tau = 0.5: rejected exactly where `reject` is set.
+    pooled = torch.where(reject, 0.5 * torch.rand(B, H, W, generator=g), 0.5 + 0.5 * torch.rand(B, H, W, generator=g))
+    # rule="ratio": q = p / 2 always accepts (u * q < p); p = 0 always rejects.
+    p = torch.rand(B, H, W, generator=g).clamp(min=1e-3)
+    q = p * 0.5
+    p = torch.where(reject, torch.zeros_like(p), p)
+    u = torch.rand(B, H, W, generator=g)
+    return pooled.to(device), p.to(device), q.to(device), u.to(device)
+
+
+def _row_inputs(device):
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(M, V, generator=g) * 3, 1)
+    q = torch.softmax(torch.randn(M, V, generator=g) * 3, 1)
+    u = torch.rand(M, generator=g)
+    return p.to(device), q.to(device), u.to(device)
+
+
+def _record(benchmark, group, backend, device, nbytes):
+    benchmark.group = group
+    benchmark.extra_info["backend"] = backend
+    benchmark.extra_info["device"] = device
+    benchmark.extra_info["bytes"] = nbytes
+
+
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_verify_grid_mulo_local(benchmark, device, backend):
+    pooled, _, _, _ = _grid_inputs(device)
+
+    def run():
+        out = ops.verify_grid(pooled, tau=0.5, mode="local", radius=1, backend=backend)
+        synchronize(device)
+        return out
+
+    _record(benchmark, f"verify_grid threshold/local r=1 B{B} {H}x{W} 5% rejected", backend, device,
+            B * H * W * (4 + 1 + 1 + 4))
+    out = benchmark.pedantic(run, rounds=10, warmup_rounds=1, iterations=1)
+    assert out.resample.any()
+
+
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_verify_grid_ssd_independent(benchmark, device, backend):
+    _, p, q, u = _grid_inputs(device)
+
+    def run():
+        out = ops.verify_grid(p, q, rule="ratio", uniforms=u, mode="independent", backend=backend)
+        synchronize(device)
+        return out
+
+    _record(benchmark, f"verify_grid ratio/independent B{B} {H}x{W} 5% rejected", backend, device,
+            B * H * W * (4 * 3 + 1 + 1 + 4))
+    benchmark.pedantic(run, rounds=10, warmup_rounds=1, iterations=1)
+
+
+@pytest.mark.parametrize("with_q", [False, True], ids=["from-p", "residual"])
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_sample_residual(benchmark, device, backend, with_q):
+    p, q, u = _row_inputs(device)
+    q = q if with_q else None
+
+    def run():
+        out = ops.sample_residual(p, q, uniforms=u, backend=backend)
+        synchronize(device)
+        return out
+
+    what = "residual" if with_q else "from p"
+    _record(benchmark, f"sample_residual {what} M{M} V{V}", backend, device, M * V * 4 * (2 if with_q else 1))
+    benchmark.pedantic(run, rounds=3, warmup_rounds=1, iterations=1)

@@ -1,0 +1,426 @@
+// Kernel 3 on the CPU: tree-masked attention over a raster-slot KV cache (DESIGN.md "Kernel 3").
+//
+// FlashAttention-style blocking: one work item is (batch, query head, tile of kQueryTile
+// queries), spread over threads with at::parallel_for. An item walks the keys in tiles of
+// kKeyTile with an online softmax (running max and sum per query, in base 2), so the largest
+// score buffer is kQueryTile x kKeyTile and memory stays linear in the key length. Key tiles
+// that no query of the item can see (all invalid, or all later in raster order) are skipped
+// from positions and validity alone; tiles every query fully sees skip the per-pair rule.
+//
+// Inner loops use GCC/Clang vector extensions (16 floats) and are compiled for AVX-512, AVX2
+// and baseline x86-64 with target_clones, picked once at load time; fp16/bf16 are converted to
+// float tile by tile (float32 accumulation everywhere).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "specdec/attention_math.h"
+#include "specdec_ops.h"
+
+// The build compiles with -ffp-contract=off so kernel 1 rounds like its reference; attention is
+// checked against tolerances instead, and fused multiply-adds halve its inner-loop instructions.
+#pragma GCC optimize("fp-contract=fast")
+// The 64-byte vector type is passed between always-inlined helpers only; no ABI is involved.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// Helpers are force-inlined so each target clone of attend_query_tile gets its own vector code.
+#define SPECDEC_INLINE inline __attribute__((always_inline))
+
+
+namespace specdec {
+namespace {
+
+constexpr int kVec = 16;                 // floats per vector register (one zmm, two ymm)
+constexpr int kQueryTile = 32;           // queries per work item
+constexpr int kKeyTile = 64;             // keys per inner tile
+constexpr int kKeyVecs = kKeyTile / kVec;
+constexpr int kRowBlock = 4;             // query rows per register block
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+typedef float vfloat __attribute__((vector_size(kVec * sizeof(float))));
+
+SPECDEC_INLINE vfloat vload(const float* p) {
+  vfloat r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+SPECDEC_INLINE void vstore(float* p, vfloat x) { std::memcpy(p, &x, sizeof(x)); }
+
+// Everything a work item needs, in raw pointers and element strides.
+struct Problem {
+  at::ScalarType dtype;
+  const void* q;
+  const void* k;
+  const void* v;
+  int64_t q_sb, q_sh, q_sn;     // strides of q over (B, H, N); stride over D is 1
+  int64_t k_sb, k_sh, k_sn;
+  int64_t v_sb, v_sh, v_sn;
+  int64_t hq, group, nq, nk, d, dp;  // dp: D rounded up to kVec
+  const int64_t* q_pos;         // [B, Nq]
+  const int64_t* kv_pos;        // [B, Nk]
+  const bool* kv_valid;         // [B, Nk] or nullptr
+  const int32_t* tree;          // [B, Nq, words] or nullptr
+  int64_t words;
+  float scale_log2;             // scale * log2(e): scores are kept in base 2
+  void* out;                    // [B, Hq, Nq, D] contiguous, dtype of q
+  float* lse;                   // [B, Hq, Nq]
+};
+
+// Per-thread buffers, 64-byte aligned.
+struct Scratch {
+  std::vector<float> storage;
+  float *qs, *kt, *vs, *s, *o, *m, *l;
+  explicit Scratch(int64_t dp) {
+    const int64_t sizes[] = {kQueryTile * dp, dp * kKeyTile, kKeyTile * dp, kQueryTile * kKeyTile,
+                             kQueryTile * dp, kQueryTile, kQueryTile};
+    int64_t total = 0;
+    for (int64_t s_ : sizes) total += (s_ + kVec - 1) / kVec * kVec;
+    storage.assign(total + kVec, 0.0f);
+    float* p = storage.data();
+    p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+    float** slots[] = {&qs, &kt, &vs, &s, &o, &m, &l};
+    for (int i = 0; i < 7; ++i) {
+      *slots[i] = p;
+      p += (sizes[i] + kVec - 1) / kVec * kVec;
+    }
+  }
+};
+
+// Reads n elements of the input dtype as float, times `mul`.
+SPECDEC_INLINE void load_row(const void* base, int64_t offset, at::ScalarType dtype, int64_t n, float mul,
+                     float* dst) {
+  switch (dtype) {
+    case at::kHalf: {
+      const c10::Half* p = static_cast<const c10::Half*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]) * mul;
+      break;
+    }
+    case at::kBFloat16: {
+      const c10::BFloat16* p = static_cast<const c10::BFloat16*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]) * mul;
+      break;
+    }
+    default: {
+      const float* p = static_cast<const float*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) dst[i] = p[i] * mul;
+    }
+  }
+}
+
+SPECDEC_INLINE void store_row(void* base, int64_t offset, at::ScalarType dtype, int64_t n, const float* src) {
+  switch (dtype) {
+    case at::kHalf: {
+      c10::Half* p = static_cast<c10::Half*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<c10::Half>(src[i]);
+      break;
+    }
+    case at::kBFloat16: {
+      c10::BFloat16* p = static_cast<c10::BFloat16*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<c10::BFloat16>(src[i]);
+      break;
+    }
+    default: {
+      float* p = static_cast<float*>(base) + offset;
+      for (int64_t i = 0; i < n; ++i) p[i] = src[i];
+    }
+  }
+}
+
+// 2^t for t <= 0 on a whole key tile, vectorisable (no libm call): round-to-nearest split
+// t = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f (relative error ~1e-7), 2^n built in
+// the exponent bits. Arguments below -126 give 2^-126 (a masked score is zeroed by the caller).
+SPECDEC_INLINE void exp2_tile(const float* t, float* out) {
+  alignas(64) float frac[kKeyTile];
+  alignas(64) int32_t expo[kKeyTile];
+  for (int j = 0; j < kKeyTile; ++j) {
+    const float x = std::max(t[j], -126.0f);
+    const float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest integer (1.5 * 2^23 trick)
+    const float f = (x - n) * kLn2;
+    float p = 1.0f / 720.0f;
+    p = p * f + 1.0f / 120.0f;
+    p = p * f + 1.0f / 24.0f;
+    p = p * f + 1.0f / 6.0f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    frac[j] = p;
+    expo[j] = (static_cast<int32_t>(n) + 127) << 23;
+  }
+  alignas(64) float scale[kKeyTile];
+  std::memcpy(scale, expo, sizeof(scale));
+  for (int j = 0; j < kKeyTile; ++j) out[j] = frac[j] * scale[j];
+}
+
+// S[rows, kKeyTile] = Qs[rows, D] . Kt[D, kKeyTile]; rows is a multiple of kRowBlock.
+SPECDEC_INLINE void scores_tile(const float* qs, const float* kt, float* s, int rows, int64_t d, int64_t dp) {
+  for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
+    vfloat acc[kRowBlock][kKeyVecs] = {};
+    for (int64_t c = 0; c < d; ++c) {
+      vfloat kv[kKeyVecs];
+#pragma GCC unroll 4
+      for (int u = 0; u < kKeyVecs; ++u) kv[u] = vload(kt + c * kKeyTile + u * kVec);
+#pragma GCC unroll 4
+      for (int r = 0; r < kRowBlock; ++r) {
+        const float qv = qs[(i0 + r) * dp + c];
+#pragma GCC unroll 4
+        for (int u = 0; u < kKeyVecs; ++u) acc[r][u] += kv[u] * qv;
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < kRowBlock; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < kKeyVecs; ++u) vstore(s + (i0 + r) * kKeyTile + u * kVec, acc[r][u]);
+  }
+}
+
+// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]
+template <int NV>
+SPECDEC_INLINE void pv_block(const float* p, const float* vs, float* o, int rows, int keys, int64_t dp, int64_t c0) {
+  for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
+    vfloat acc[kRowBlock][NV];
+#pragma GCC unroll 4
+    for (int r = 0; r < kRowBlock; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) acc[r][u] = vload(o + (i0 + r) * dp + c0 + u * kVec);
+    for (int j = 0; j < keys; ++j) {
+      vfloat vv[NV];
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) vv[u] = vload(vs + j * dp + c0 + u * kVec);
+#pragma GCC unroll 4
+      for (int r = 0; r < kRowBlock; ++r) {
+        const float pr = p[(i0 + r) * kKeyTile + j];
+#pragma GCC unroll 4
+        for (int u = 0; u < NV; ++u) acc[r][u] += vv[u] * pr;
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < kRowBlock; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) vstore(o + (i0 + r) * dp + c0 + u * kVec, acc[r][u]);
+  }
+}
+
+SPECDEC_INLINE void pv_tile(const float* p, const float* vs, float* o, int rows, int keys, int64_t dp) {
+  for (int64_t c0 = 0; c0 < dp; c0 += 4 * kVec) {
+    switch (std::min<int64_t>(4, (dp - c0) / kVec)) {
+      case 4: pv_block<4>(p, vs, o, rows, keys, dp, c0); break;
+      case 3: pv_block<3>(p, vs, o, rows, keys, dp, c0); break;
+      case 2: pv_block<2>(p, vs, o, rows, keys, dp, c0); break;
+      default: pv_block<1>(p, vs, o, rows, keys, dp, c0); break;
+    }
+  }
+}
+
+// One work item: queries [q0, q0 + nrows) of head h in batch b against every visible key tile.
+// Inlined into one wrapper per instruction set below.
+SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
+  const int rows = static_cast<int>((nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
+  const int64_t d = pb.d, dp = pb.dp;
+  const int64_t hk = h / pb.group;
+  const int64_t* qpos = pb.q_pos + b * pb.nq + q0;
+  const int64_t* kpos = pb.kv_pos + b * pb.nk;
+  const bool* kvalid = pb.kv_valid ? pb.kv_valid + b * pb.nk : nullptr;
+  const int32_t* tree = pb.tree ? pb.tree + (b * pb.nq + q0) * pb.words : nullptr;
+  const int64_t block_start = pb.nk - pb.nq;  // first key slot of the draft block
+
+  // Queries, pre-scaled so exp2(s - m) is the softmax numerator; padding rows/columns are 0.
+  std::fill(sc.qs, sc.qs + rows * dp, 0.0f);
+  for (int64_t i = 0; i < nrows; ++i) {
+    load_row(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, pb.scale_log2, sc.qs + i * dp);
+  }
+  std::fill(sc.o, sc.o + rows * dp, 0.0f);
+  std::fill(sc.m, sc.m + kQueryTile, kNegInf);
+  std::fill(sc.l, sc.l + kQueryTile, 0.0f);
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int64_t i = 0; i < nrows; ++i) {
+    qmin = std::min(qmin, qpos[i]);
+    qmax = std::max(qmax, qpos[i]);
+  }
+
+  alignas(64) float p_row[kKeyTile];
+  for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
+    const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
+    // Tile skipping from positions and validity: nothing visible -> no work at all.
+    int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = std::numeric_limits<int64_t>::min();
+    bool all_valid = true;
+    for (int j = 0; j < keys; ++j) {
+      const bool ok = kvalid == nullptr || kvalid[k0 + j];
+      all_valid &= ok;
+      if (ok) {
+        kmin = std::min(kmin, kpos[k0 + j]);
+        kmax = std::max(kmax, kpos[k0 + j]);
+      }
+    }
+    if (kmin > qmax) continue;  // also covers a tile with no valid key
+    const bool touches_tree = tree != nullptr && k0 + keys > block_start;
+    const bool all_visible = all_valid && kmax <= qmin && !touches_tree && keys == kKeyTile;
+
+    // K transposed to [D, kKeyTile] and V as [kKeyTile, Dp]; slots past the tile and invalid
+    // slots are zero so that garbage in empty cache slots (even NaN) cannot reach the output.
+    // (Columns d..dp of V stay zero from the scratch allocation; rows d..dp of Kt are never read.)
+    alignas(64) float krow[128];
+    for (int j = 0; j < kKeyTile; ++j) {
+      const bool load = j < keys && (kvalid == nullptr || kvalid[k0 + j]);
+      if (load) {
+        load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f, krow);
+        load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
+      } else {
+        std::fill(krow, krow + d, 0.0f);
+        std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
+      }
+      for (int64_t c = 0; c < d; ++c) sc.kt[c * kKeyTile + j] = krow[c];
+    }
+
+    scores_tile(sc.qs, sc.kt, sc.s, rows, d, dp);
+
+    for (int64_t i = 0; i < nrows; ++i) {
+      float* s = sc.s + i * kKeyTile;
+      if (!all_visible) {
+        const int32_t* tree_row = tree ? tree + i * pb.words : nullptr;
+        for (int j = 0; j < keys; ++j) {
+          const bool ok = kvalid == nullptr || kvalid[k0 + j];
+          if (!key_visible(ok, kpos[k0 + j], qpos[i], tree_row, k0 + j - block_start)) s[j] = kNegInf;
+        }
+        for (int j = keys; j < kKeyTile; ++j) s[j] = kNegInf;
+      }
+      float mx = kNegInf;
+      for (int j = 0; j < kKeyTile; ++j) mx = std::max(mx, s[j]);
+      const float m_old = sc.m[i];
+      const float m_new = std::max(m_old, mx);
+      if (m_new == kNegInf) {  // nothing visible to this query yet: p = 0 for the tile
+        std::fill(s, s + kKeyTile, 0.0f);
+        continue;
+      }
+      for (int j = 0; j < kKeyTile; ++j) p_row[j] = s[j] - m_new;
+      exp2_tile(p_row, p_row);
+      float sum = 0.0f;
+      for (int j = 0; j < kKeyTile; ++j) {
+        const float p = s[j] == kNegInf ? 0.0f : p_row[j];
+        s[j] = p;  // S now holds P for the P.V product
+        sum += p;
+      }
+      const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
+      sc.l[i] = sc.l[i] * alpha + sum;
+      sc.m[i] = m_new;
+      if (alpha != 1.0f) {
+        float* o = sc.o + i * dp;
+        for (int64_t c = 0; c < dp; ++c) o[c] *= alpha;
+      }
+    }
+    for (int64_t i = nrows; i < rows; ++i) std::fill(sc.s + i * kKeyTile, sc.s + (i + 1) * kKeyTile, 0.0f);
+    pv_tile(sc.s, sc.vs, sc.o, rows, keys, dp);
+  }
+
+  // Normalise; a query that saw nothing keeps O = 0 and gets lse = -inf.
+  const int64_t out_row0 = ((b * pb.hq + h) * pb.nq + q0);
+  for (int64_t i = 0; i < nrows; ++i) {
+    const float l = sc.l[i];
+    float* o = sc.o + i * dp;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
+    store_row(pb.out, (out_row0 + i) * d, pb.dtype, d, o);
+    pb.lse[out_row0 + i] = l > 0.0f ? (sc.m[i] + std::log2(l)) * kLn2 : kNegInf;
+  }
+}
+
+using AttendFn = void (*)(const Problem&, int64_t, int64_t, int64_t, Scratch&);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Same code compiled three times; the widest instruction set the CPU has is picked at run time
+// (features, not CPU models, so new CPUs get the AVX-512 path).
+__attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2")))
+void attend_avx512(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  attend_query_tile_body(pb, b, h, q0, sc);
+}
+__attribute__((target("avx2,fma,bmi2")))
+void attend_avx2(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  attend_query_tile_body(pb, b, h, q0, sc);
+}
+#endif
+void attend_generic(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  attend_query_tile_body(pb, b, h, q0, sc);
+}
+
+AttendFn pick_attend() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")) {
+    return attend_avx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return attend_avx2;
+#endif
+  return attend_generic;
+}
+
+}  // namespace
+
+AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& q_pos, const at::Tensor& kv_pos,
+                                const std::optional<at::Tensor>& kv_valid,
+                                const std::optional<at::Tensor>& tree_mask, std::optional<double> scale) {
+  check_tree_attention_args(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale);
+  TORCH_CHECK_VALUE(q.device().is_cpu(), "tree_attention_cpu needs CPU tensors, got ", q.device());
+  const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), d = q.size(3);
+  const int64_t hkv = k.size(1), nk = k.size(2);
+  at::Tensor out = at::empty({b, hq, nq, d}, q.options());
+  at::Tensor lse = at::empty({b, hq, nq}, q.options().dtype(at::kFloat));
+  if (out.numel() == 0) return {out, lse};
+
+  // Positions are widened to int64 (lossless) so the kernel has one index type.
+  const at::Tensor qp = q_pos.to(at::kLong).contiguous();
+  const at::Tensor kp = kv_pos.to(at::kLong).contiguous();
+  const at::Tensor valid = kv_valid.has_value() ? kv_valid->contiguous() : at::Tensor();
+  const at::Tensor tree = tree_mask.has_value() ? tree_mask->contiguous() : at::Tensor();
+
+  Problem pb;
+  pb.dtype = q.scalar_type();
+  pb.q = q.data_ptr();
+  pb.k = k.data_ptr();
+  pb.v = v.data_ptr();
+  pb.q_sb = q.stride(0), pb.q_sh = q.stride(1), pb.q_sn = q.stride(2);
+  pb.k_sb = k.stride(0), pb.k_sh = k.stride(1), pb.k_sn = k.stride(2);
+  pb.v_sb = v.stride(0), pb.v_sh = v.stride(1), pb.v_sn = v.stride(2);
+  pb.hq = hq;
+  pb.group = hq / hkv;
+  pb.nq = nq;
+  pb.nk = nk;
+  pb.d = d;
+  pb.dp = (d + kVec - 1) / kVec * kVec;
+  pb.q_pos = qp.data_ptr<int64_t>();
+  pb.kv_pos = kp.data_ptr<int64_t>();
+  pb.kv_valid = valid.defined() ? valid.data_ptr<bool>() : nullptr;
+  pb.tree = tree.defined() ? tree.data_ptr<int32_t>() : nullptr;
+  pb.words = (nq + 31) / 32;
+  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
+  pb.scale_log2 = static_cast<float>(sc * 1.4426950408889634);
+  pb.out = out.data_ptr();
+  pb.lse = lse.data_ptr<float>();
+
+  const int64_t q_tiles = (nq + kQueryTile - 1) / kQueryTile;
+  const int64_t items = b * hq * q_tiles;
+  static const AttendFn attend_query_tile = pick_attend();
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(pb.dp);
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t t = it % q_tiles;
+      const int64_t bh = it / q_tiles;
+      attend_query_tile(pb, bh / hq, bh % hq, t * kQueryTile, scratch);
+    }
+  });
+  return {out, lse};
+}
+
+}  // namespace specdec

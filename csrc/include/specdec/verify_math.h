@@ -1,0 +1,58 @@
+// Scalar math of kernel 2 (verify_grid, sample_residual), shared by the C++ CPU and the CUDA
+// kernels; specdec/reference/verification.py is the definition these functions mirror.
+//
+// Sampling works in exact fixed point: a residual mass x becomes trunc(clamp(x, 0, 1) * 2^30)
+// (an int32), row sums are int64, and the inverse-CDF threshold is floor(u * total) computed
+// in double (exact while V * 2^30 < 2^53). Integer sums do not depend on the summation order,
+// so a sequential CPU loop and a CUDA block scan pick the same token for the same uniform.
+#pragma once
+
+#include <cstdint>
+
+#include "specdec/pool_math.h"  // SPECDEC_HD
+
+namespace specdec {
+
+constexpr int kMassFractionBits = 30;
+constexpr float kMassScale = 1073741824.0f;  // 2^30
+
+enum class VerifyRule : int { kThreshold = 0, kRatio = 1 };
+enum class VerifyMode : int { kRaster = 0, kIndependent = 1, kLocal = 2 };
+
+// rule="threshold": rejected iff not (p >= tau). Written this way round so that a NaN score
+// (refused by the Python API) rejects rather than accepts.
+SPECDEC_HD bool rejected_by_threshold(float p, float tau) { return !(p >= tau); }
+
+// rule="ratio": accepted iff u < min(1, p / q), evaluated as u * q < p with no division, so
+// q = 0 < p accepts and p = 0 rejects.
+SPECDEC_HD bool rejected_by_ratio(float p, float q, float u) { return !(u * q < p); }
+
+// Fixed-point mass: trunc(clamp(x, 0, 1) * 2^30); NaN counts as 0. The comparisons are
+// written so that compilers map them to vector max/min instructions (NaN > 0 is false).
+SPECDEC_HD int32_t mass_units(float x) {
+  x = x > 0.0f ? x : 0.0f;
+  x = x < 1.0f ? x : 1.0f;
+  return static_cast<int32_t>(x * kMassScale);
+}
+
+// Residual mass of one entry: max(0, p - q) in fixed point (p - q rounded as float32 first).
+SPECDEC_HD int32_t residual_units(float p, float q) { return mass_units(p - q); }
+
+// Inverse-CDF threshold: the token is the smallest v with cumsum(units)[v] > this value.
+SPECDEC_HD int64_t cdf_threshold(float u, int64_t total) {
+  return static_cast<int64_t>(static_cast<double>(u) * static_cast<double>(total));
+}
+
+}  // namespace specdec
+
+namespace specdec {
+
+// Parsed scalar arguments of verify_grid (see check_verify_args).
+struct VerifyConfig {
+  VerifyRule rule;
+  VerifyMode mode;
+  float tau;       // rule="threshold" only
+  int32_t radius;  // clamped to max(H, W): a wider window changes nothing
+};
+
+}  // namespace specdec

@@ -1,0 +1,142 @@
+"""Argument checks and randomness for kernel 2 (verify_grid, sample_residual), shared by every
+backend of the public API. Each failure is a ValueError naming the argument.
+
+Data checks (NaN scores, uniforms in [0, 1), probabilities in [0, 1]) cost one reduction per
+tensor; they keep the kernels free of undefined cases.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from specdec._validation import check_finite_scalar, check_same_device, check_tensor, fail
+from specdec.reference.verification import MASS_UNIT, MODES, RULES
+
+#: Inverse-CDF sums are exact in float64 only while V * 2**30 < 2**53.
+MAX_VOCAB = 2 ** 23
+
+
+def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
+    if not t.is_floating_point():
+        fail(f"{name} must be a floating-point tensor, got {t.dtype}")
+    return t.to(torch.float32).contiguous()
+
+
+def _no_nan(t: torch.Tensor, name: str):
+    if t.numel() and bool(torch.isnan(t).any()):
+        fail(f"{name} holds NaN; scores must be numbers")
+
+
+def _check_generator(generator, device: torch.device):
+    if not isinstance(generator, torch.Generator):
+        fail(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != device.type:
+        fail(f"generator must be a {device.type} generator like the inputs, got one on {generator.device}")
+
+
+def uniforms_arg(uniforms, shape, device, generator, name: str = "uniforms") -> torch.Tensor:
+    """Caller uniforms checked to lie in [0, 1), or fresh ones drawn from `generator`."""
+    if uniforms is None:
+        if generator is not None:
+            _check_generator(generator, device)
+        return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+    if generator is not None:
+        fail(f"pass either {name} or generator, not both")
+    check_tensor(uniforms, name)
+    if tuple(uniforms.shape) != tuple(shape):
+        fail(f"{name} must have shape {list(shape)}, got {tuple(uniforms.shape)}")
+    check_same_device(uniforms, torch.empty(0, device=device), name, "p")
+    if uniforms.dtype != torch.float32:
+        fail(f"{name} must be float32, got {uniforms.dtype}")
+    if uniforms.numel():
+        lo, hi = torch.aminmax(uniforms)
+        if not (float(lo) >= 0.0 and float(hi) < 1.0):  # also false for NaN
+            fail(f"{name} must lie in [0, 1), found values in [{float(lo)}, {float(hi)}]")
+    return uniforms.contiguous()
+
+
+def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
+    """Returns normalised (p, q, tau, uniforms, radius, valid); q/uniforms None when unused."""
+    check_tensor(p, "p")
+    if p.dim() != 3:
+        fail(f"p must be 3-D [B, H, W], got shape {tuple(p.shape)}")
+    b, h, w = p.shape
+    if h < 1 or w < 1:
+        fail(f"p: grids must be at least 1x1, got H={h}, W={w}")
+    if h * w >= 2 ** 31:
+        fail(f"p: H * W must fit in int32, got {h * w}")
+    p = _float32(p, "p")
+    _no_nan(p, "p")
+    if rule not in RULES:
+        fail(f"rule must be one of {RULES}, got {rule!r}")
+    if mode not in MODES:
+        fail(f"mode must be one of {MODES}, got {mode!r}")
+    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+        fail(f"radius must be an int >= 0, got {radius!r}")
+    if q is not None:
+        check_tensor(q, "q")
+        if q.shape != p.shape:
+            fail(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
+        check_same_device(q, p, "q", "p")
+    if valid is not None:
+        check_tensor(valid, "valid")
+        if valid.shape != p.shape:
+            fail(f"valid must have the shape of p {tuple(p.shape)}, got {tuple(valid.shape)}")
+        if valid.dtype != torch.bool:
+            fail(f"valid must be bool, got {valid.dtype}")
+        check_same_device(valid, p, "valid", "p")
+        valid = valid.contiguous()
+    if rule == "threshold":
+        if tau is None:
+            fail("tau is required for rule='threshold' (accept iff p >= tau)")
+        tau = check_finite_scalar(tau, "tau")
+        # The threshold rule uses neither the draft probabilities nor randomness.
+        return p, None, tau, None, radius, valid
+    if tau is not None:
+        fail("tau is only used by rule='threshold'; pass tau=None with rule='ratio'")
+    if q is None:
+        fail("q (the draft probabilities) is required for rule='ratio'")
+    q = _float32(q, "q")
+    _no_nan(q, "q")
+    uniforms = uniforms_arg(uniforms, (b, h, w), p.device, generator)
+    return p, q, 0.0, uniforms, radius, valid
+
+
+def _check_probabilities(t: torch.Tensor, name: str):
+    if t.numel() == 0:
+        return
+    lo, hi = torch.aminmax(t)
+    lo, hi = float(lo), float(hi)
+    if math.isnan(lo) or math.isnan(hi):
+        fail(f"{name} holds NaN; rows must be probabilities")
+    if lo < 0.0 or hi > 1.0:
+        fail(f"{name} must hold probabilities in [0, 1], found values in [{lo}, {hi}]")
+
+
+def sample_residual_args(p, q, uniforms, generator):
+    """Returns normalised (p, q, uniforms) for sample_residual."""
+    check_tensor(p, "p")
+    if p.dim() != 2:
+        fail(f"p must be 2-D [M, V], got shape {tuple(p.shape)}")
+    m, v = p.shape
+    if not 1 <= v < MAX_VOCAB:
+        fail(f"p must have 1 <= V < {MAX_VOCAB} columns, got {v}")
+    p = _float32(p, "p")
+    if m:
+        # One pass for every check on p: per-row extremes.
+        row_min, row_max = torch.aminmax(p, dim=1)
+        _check_probabilities(torch.stack([row_min, row_max]), "p")
+        empty = row_max < MASS_UNIT
+        if bool(empty.any()):
+            fail(f"p: row {int(empty.nonzero()[0, 0])} has no probability mass (every entry < 2**-30)")
+    if q is not None:
+        check_tensor(q, "q")
+        if q.shape != p.shape:
+            fail(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
+        check_same_device(q, p, "q", "p")
+        q = _float32(q, "q")
+        _check_probabilities(q, "q")
+    uniforms = uniforms_arg(uniforms, (m,), p.device, generator)
+    return p, q, uniforms

@@ -1,0 +1,269 @@
+"""`specdec`: generate images with one decoding method, or compare them all.
+
+    specdec generate --method mulo --class 7 --num 8 --seed 0 --out sneakers.png
+    specdec compare --methods ar,sd,lantern,sjd,zipar,mulo,ssd --num-images 40 --seed 0 --json out/compare.json
+
+Both run on the embedded default family (`specdec.models.default()`), on CPU unless --device says
+otherwise. `--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
+option (see `specdec.decoding.DEFAULT_OPTIONS`).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+# ---------------------------------------------------------------------------------------------
+
+class Progress:
+    """tqdm when installed, else a one-line bar on stderr."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True):
+        self.total, self.desc, self.enabled, self.done = total, desc, enabled, 0
+        self.start = time.perf_counter()
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=desc, unit="img", leave=False, file=sys.stderr)
+            except ImportError:
+                self._bar = None
+
+    def __call__(self, done: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(done - self.done)
+        else:
+            width = 30
+            filled = int(width * done / max(1, self.total))
+            rate = (time.perf_counter() - self.start) / max(1, done)
+            sys.stderr.write(f"\r{self.desc:<8} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
+                             f"{rate:.2f} s/img")
+            sys.stderr.flush()
+        self.done = done
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\r" + " " * 70 + "\r")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments
+# ---------------------------------------------------------------------------------------------
+
+def _value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_sets(items: List[str], per_method: bool) -> Dict:
+    out: Dict = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        if per_method:
+            if "." not in key:
+                raise ValueError(f"compare --set expects METHOD.KEY=VALUE, got {item!r}")
+            method, key = key.split(".", 1)
+            out.setdefault(method, {})[key] = _value(value)
+        else:
+            out[key] = _value(value)
+    return out
+
+
+def _sampling(args):
+    from specdec.decoding import DEFAULT_SAMPLING, Sampling
+
+    return Sampling(cfg_scale=DEFAULT_SAMPLING.cfg_scale if args.cfg_scale is None else args.cfg_scale,
+                    temperature=args.temperature, top_k=args.top_k)
+
+
+def _family(args):
+    from specdec.models.default import default
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    return default(device=args.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# generate
+# ---------------------------------------------------------------------------------------------
+
+def cmd_generate(args) -> int:
+    from specdec import decoding, images
+
+    decoding.check_method(args.method)
+    options = parse_sets(args.set, per_method=False)
+    fam = _family(args)
+    n_classes = fam.target.num_classes
+    if not 0 <= args.class_id < n_classes:
+        raise ValueError(f"--class must lie in [0, {n_classes}), got {args.class_id}")
+    if args.num < 1:
+        raise ValueError(f"--num must be >= 1, got {args.num}")
+    classes = torch.full((args.num,), args.class_id, dtype=torch.long)
+    bar = Progress(args.num, args.method, enabled=not args.quiet)
+    out = decoding.decode(args.method, fam, classes, seed=args.seed, sampling=_sampling(args), progress=bar,
+                          **options)
+    bar.close()
+    images.save_grid(out.images, args.out, nrow=min(args.num, 8))
+    s = out.stats
+    name = fam.class_names[args.class_id] if hasattr(fam, "class_names") else str(args.class_id)
+    print(f"{args.method}: {args.num} x {name!r} -> {args.out}  ({s.target_forwards_per_image:.1f} target passes/image, "
+          f"{s.wall_s / s.images:.3f} s/image)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# compare
+# ---------------------------------------------------------------------------------------------
+
+COLUMNS = ("method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd")
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def format_table(rows: List[dict], fd_real: Optional[float] = None) -> str:
+    head = (f"{'method':<9} {'target fwd/img':>14} {'step compr.':>11} {'wall s/img':>10} {'speed-up':>9} "
+            f"{'class acc':>9} {'FD-classifier':>13}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['method']:<9} {_fmt(r['target_forwards'], '14.1f')} {_fmt(r['step_compression'], '10.2f')}x "
+                     f"{_fmt(r['wall_s'], '10.3f')} {_fmt(r['speedup'], '8.2f')}x {_fmt(r['class_accuracy'], '9.3f')} "
+                     f"{_fmt(r['fd'], '13.2f')}")
+    if fd_real is not None:
+        lines.append(f"(FD-classifier of as many real held-out images: {fd_real:.2f}; it is not FID)")
+    return "\n".join(lines)
+
+
+def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, options: Dict[str, dict], *,
+                out_dir: Optional[str] = None, warmup: bool = True, show_progress: bool = True, log=print):
+    from specdec import decoding, images, quality
+
+    for m in methods:
+        decoding.check_method(m)
+    for m in options:
+        decoding.check_method(m)
+    if num_images < 2:
+        raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
+    n_classes = fam.target.num_classes
+    classes = torch.arange(num_images) % n_classes
+    results, rows = {}, []
+    fd_real = None
+    for m in methods:
+        if warmup:   # first-call costs (allocator, kernel caches) are not the method's
+            decoding.decode(m, fam, classes[:1], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
+        bar = Progress(num_images, m, enabled=show_progress)
+        out = decoding.decode(m, fam, classes, seed=seed, sampling=sampling, progress=bar, **options.get(m, {}))
+        bar.close()
+        q = quality.evaluate(getattr(fam, "evaluator", None), out.images, classes)
+        fd_real = q["fd_real"] if q["fd_real"] is not None else fd_real
+        s = out.stats
+        results[m] = out
+        rows.append({"method": m, "target_forwards": s.target_forwards_per_image, "step_compression": None,
+                     "wall_s": s.wall_s / s.images, "speedup": None, "class_accuracy": q["class_accuracy"],
+                     "fd": q["fd"], "draft_forwards": s.draft_forwards / s.images,
+                     "tokens_per_target_pass": s.tokens_per_target_pass})
+        if out_dir and out.images is not None:
+            images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
+        if out_dir and m == "mulo" and out.images is not None:
+            images.save_mulo_maps(out.images, s.acceptance_maps, s.extra["islands"],
+                                  os.path.join(out_dir, "mulo_maps.png"))
+    base = next((r for r in rows if r["method"] == "ar"), None)
+    if base is not None:
+        for r in rows:
+            r["step_compression"] = base["target_forwards"] / r["target_forwards"]
+            r["speedup"] = base["wall_s"] / r["wall_s"]
+    return rows, results, fd_real
+
+
+def cmd_compare(args) -> int:
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    options = parse_sets(args.set, per_method=True)
+    fam = _family(args)
+    sampling = _sampling(args)
+    t0 = time.perf_counter()
+    rows, _, fd_real = run_compare(fam, methods, args.num_images, args.seed, sampling, options,
+                                   out_dir=args.out_dir, warmup=not args.no_warmup, show_progress=not args.quiet)
+    print(f"{args.num_images} images (classes 0..{fam.target.num_classes - 1} in turn), seed {args.seed}, "
+          f"CFG {sampling.cfg_scale}, one image at a time, {torch.get_num_threads()} CPU thread(s) "
+          f"on {args.device}; speed-ups against ar in this run")
+    print(format_table(rows, fd_real))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+        print(f"wrote {args.json}")
+    if args.out_dir:
+        print(f"image grids in {args.out_dir}/<method>.png" + (", MuLo-SD maps in "
+              f"{args.out_dir}/mulo_maps.png" if "mulo" in methods else ""))
+    print(f"total {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specdec.decoding import METHODS
+
+    p = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--device", default="cpu")
+        sp.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only add synchronisation)")
+        sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
+        sp.add_argument("--temperature", type=float, default=1.0)
+        sp.add_argument("--top-k", type=int, default=0)
+        sp.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    g = sub.add_parser("generate", help="generate images of one class with one method")
+    g.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
+    g.add_argument("--class", dest="class_id", type=int, required=True, help="class id")
+    g.add_argument("--num", type=int, default=8)
+    g.add_argument("--out", required=True, help="PNG file for the image grid")
+    g.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
+    common(g)
+
+    c = sub.add_parser("compare", help="run several methods on the same classes and seeds, print one table")
+    c.add_argument("--methods", default=",".join(METHODS))
+    c.add_argument("--num-images", type=int, default=20)
+    c.add_argument("--json", default=None, help="write the table as JSON here")
+    c.add_argument("--out-dir", default="out", help="image grids and MuLo-SD maps (PNG) go here")
+    c.add_argument("--set", action="append", metavar="METHOD.KEY=VALUE", help="method option, e.g. mulo.tau=0.1")
+    c.add_argument("--no-warmup", action="store_true", help="skip the one-image warm-up run per method")
+    common(c)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_generate(args) if args.command == "generate" else cmd_compare(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specdec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

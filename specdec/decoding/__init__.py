@@ -1,0 +1,100 @@
+"""Decoders on the ARImageModel protocol and the specdec kernels (DESIGN.md "Decoders").
+
+    import specdec.decoding as dec
+    from specdec.models import default
+    fam = default()
+    out = dec.decode("mulo", fam, classes=[0, 1, 2], seed=0)
+    out.tokens, out.images, out.stats          # grids, decoded images, DecodeStats
+
+Each method also has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`) whose
+`decode(target, classes, ...)` takes the models explicitly; `decode(method, family, ...)` picks the
+pieces a method needs from a model family (the embedded default or anything with the same fields:
+target, drafter, tokenizer, ssd_heads, codebook).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Dict, Optional
+
+import torch
+
+from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, zipar
+from specdec.decoding.common import DecodeResult, DecodeStats, Sampling
+
+METHODS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
+_MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, "mulo": mulo, "ssd": ssd}
+
+#: Sampling used with the embedded default family (CFG as the models were trained for it).
+DEFAULT_SAMPLING = Sampling(cfg_scale=2.0, temperature=1.0, top_k=0)
+
+#: Per-method settings used on the embedded default family, within each method's published rule
+#: (tuned on the default family; see the README's comparison table).
+DEFAULT_OPTIONS: Dict[str, dict] = {
+    "ar": {},
+    "sd": dict(chunk=4),
+    "lantern": dict(chunk=4, k=1000, delta=0.1),
+    "sjd": dict(window=16),
+    "zipar": dict(window=4),
+    "mulo": dict(tau=0.05, radius=1, k=1000, delta=0.4, upsample="learned", drafting="serial", resample="islands"),
+    "ssd": dict(rounds=2, chunk=5),
+}
+
+
+def method_options(method: str):
+    """Names of the options `method` accepts."""
+    fn = _MODULES[check_method(method)].decode
+    skip = {"target", "classes", "seed", "sampling", "backend", "progress", "tokenizer"}
+    return [p for p in inspect.signature(fn).parameters if p not in skip]
+
+
+def check_method(method: str) -> str:
+    if method not in _MODULES:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return method
+
+
+def _family_resources(method: str, family, options: dict) -> dict:
+    get = (lambda k: family.get(k)) if isinstance(family, dict) else (lambda k: getattr(family, k, None))
+    res = {"tokenizer": get("tokenizer")}
+    if method in ("sd", "lantern") and options.get("drafter") is None:
+        res["heads"] = get("ssd_heads")           # the default family has no same-grid drafter
+    if method == "lantern" and options.get("neighbors") is None:
+        res["codebook"] = get("codebook")
+    if method == "mulo":
+        res["drafter"] = get("drafter")
+        if options.get("neighbors") is None:
+            res["codebook"] = get("codebook")
+        if options.get("upsample") == "learned" and options.get("upsampler") is None:
+            from specdec.decoding.upsample import load_upsampler
+
+            res["upsampler"] = get("upsampler") or load_upsampler(device=next(get("target").parameters()).device)
+    if method == "ssd":
+        res["heads"] = get("ssd_heads")
+    return res
+
+
+def decode(method: str, family, classes, *, seed: int = 0, sampling: Optional[Sampling] = None,
+           backend: Optional[str] = None, progress: Optional[Callable[[int], None]] = None,
+           **options) -> DecodeResult:
+    """Run `method` on the family's target for `classes` (one image per entry).
+
+    Options default to DEFAULT_OPTIONS[method]; anything passed overrides them. Unknown options
+    raise a ValueError listing the accepted ones."""
+    check_method(method)
+    target = family["target"] if isinstance(family, dict) else family.target
+    allowed = method_options(method)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}; it accepts: {', '.join(allowed)}")
+    opts = dict(DEFAULT_OPTIONS[method])
+    opts.update(options)
+    for key, value in _family_resources(method, family, opts).items():
+        if opts.get(key) is None and key in allowed + ["tokenizer"]:
+            opts[key] = value
+    classes = torch.as_tensor(classes)
+    return _MODULES[method].decode(target, classes, seed=seed, sampling=sampling or DEFAULT_SAMPLING,
+                                   backend=backend, progress=progress, **opts)
+
+
+__all__ = ["METHODS", "DEFAULT_OPTIONS", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Sampling",
+           "decode", "method_options", "check_method"]

@@ -1,0 +1,298 @@
+"""What every decoder shares: sampling settings, statistics, results, and a thin view of a model
+with its KV cache that counts forward passes and turns logits into the numbers the kernels need.
+
+All randomness goes through caller-supplied uniforms drawn from one `torch.Generator`, so a
+decode is a pure function of (model, classes, settings, seed) and identical on every kernel
+backend (the ops are bit-exact against their reference given the uniforms).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+
+from specdec import ops
+from specdec.models.protocol import split_cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# settings, results, statistics
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the target's distribution p is formed from its logits (and the draft's q alike)."""
+
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
+            raise ValueError(f"cfg_scale must be a finite number, got {self.cfg_scale!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+@dataclass
+class DecodeStats:
+    """Cost and behaviour of one decode (summed over the images of the call)."""
+
+    method: str
+    images: int = 0
+    tokens: int = 0                     #: tokens committed (images * H * W)
+    target_forwards: int = 0            #: target passes, the prefill included
+    draft_forwards: int = 0             #: drafter passes (drafter model, heads, or 0)
+    wall_s: float = 0.0
+    #: per verification iteration, bool [H, W] (or [1, n] for raster chunks): drafted positions kept
+    acceptance_maps: List[torch.Tensor] = field(default_factory=list)
+    extra: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return self.tokens / max(1, self.target_forwards)
+
+    @property
+    def target_forwards_per_image(self) -> float:
+        return self.target_forwards / max(1, self.images)
+
+    def merge(self, other: "DecodeStats") -> None:
+        self.images += other.images
+        self.tokens += other.tokens
+        self.target_forwards += other.target_forwards
+        self.draft_forwards += other.draft_forwards
+        self.wall_s += other.wall_s
+        self.acceptance_maps.extend(other.acceptance_maps)
+        # extra holds per-image lists (island maps, pass counts ...): concatenate them.
+        for k, v in other.extra.items():
+            self.extra.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+
+    def summary(self) -> str:
+        return (f"{self.method}: {self.images} image(s), {self.target_forwards_per_image:.1f} target passes/image, "
+                f"{self.tokens_per_target_pass:.2f} tokens/pass, {self.draft_forwards} draft passes, "
+                f"{self.wall_s:.2f} s")
+
+
+class DecodeResult(NamedTuple):
+    tokens: torch.Tensor             #: int64 [B, H, W] token grids
+    images: Optional[torch.Tensor]   #: [B, C, h, w] in [-1, 1] (None without a tokenizer)
+    stats: DecodeStats
+
+
+# ----------------------------------------------------------------------------------------------
+# randomness and kernel dispatch
+# ----------------------------------------------------------------------------------------------
+
+def image_generator(seed: int, index: int = 0) -> torch.Generator:
+    """The generator of image `index` of a run seeded `seed`: images are reproducible one by one."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    mixed = (seed * 1_000_003 + index * 7_919 + 12_345) % (2 ** 62)
+    return torch.Generator().manual_seed(mixed)
+
+
+def uniforms(gen: torch.Generator, shape, device) -> torch.Tensor:
+    """float32 uniforms in [0, 1) from the CPU generator, moved to `device` (same numbers anywhere)."""
+    return torch.rand(shape, generator=gen, dtype=torch.float32).to(device)
+
+
+def op_backend(name: str, backend: Optional[str], device: torch.device) -> Optional[str]:
+    """`backend`, except that an extension built before op `name` existed falls back to the reference."""
+    if backend is None and device.type == "cpu" and not hasattr(torch.ops.specdec, name):
+        return "reference"
+    return backend
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator, backend=None) -> torch.Tensor:
+    """One token per row of probs [M, V] (inverse CDF with generator uniforms) -> int64 [M]."""
+    if probs.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=probs.device)
+    u = uniforms(gen, (probs.shape[0],), probs.device)
+    out = ops.sample_residual(probs, None, uniforms=u, backend=op_backend("sample_residual", backend, probs.device))
+    return out.tokens.long()
+
+
+def draw_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator, backend=None):
+    """One token per row from norm(max(0, p - q)) (p where that is zero) -> (int64 [M], residual [M, V]).
+
+    The residual distribution is returned too: SSD's later rounds use it as the q of the token."""
+    u = uniforms(gen, (p.shape[0],), p.device)
+    out = ops.sample_residual(p, q, uniforms=u, backend=op_backend("sample_residual", backend, p.device))
+    resid = (p - q).clamp_min(0)
+    resid = torch.where(out.fallback[:, None], p, resid)
+    resid = resid / resid.sum(-1, keepdim=True).clamp_min(1e-30)
+    return out.tokens.long(), resid
+
+
+def verify(p, q=None, *, gen: Optional[torch.Generator] = None, backend=None, **kw):
+    """ops.verify_grid with generator-drawn uniforms for rule="ratio"."""
+    if kw.get("rule") == "ratio":
+        kw["uniforms"] = uniforms(gen, tuple(p.shape), p.device)
+    return ops.verify_grid(p, q, backend=op_backend("verify_grid", backend, p.device), **kw)
+
+
+# ----------------------------------------------------------------------------------------------
+# a model with its cache
+# ----------------------------------------------------------------------------------------------
+
+class Outputs(NamedTuple):
+    """Outputs of a forward at N positions: guidance halves and pre-norm hidden states."""
+
+    cond: torch.Tensor               #: [B, N, V] conditional logits
+    uncond: Optional[torch.Tensor]   #: [B, N, V] unconditional logits (None without CFG)
+    hidden: torch.Tensor             #: [rows, N, dim] (rows = 2B with CFG)
+
+    def select(self, index) -> "Outputs":
+        """Outputs at the positions `index` (anything that indexes dim 1)."""
+        return Outputs(self.cond[:, index], None if self.uncond is None else self.uncond[:, index],
+                       self.hidden[:, index])
+
+    @staticmethod
+    def cat(parts) -> "Outputs":
+        parts = list(parts)
+        return Outputs(torch.cat([o.cond for o in parts], 1),
+                       None if parts[0].uncond is None else torch.cat([o.uncond for o in parts], 1),
+                       torch.cat([o.hidden for o in parts], 1))
+
+
+class ModelRunner:
+    """A model, its slot KV cache and a pass counter; all decoders talk to models through it."""
+
+    def __init__(self, model, sampling: Sampling, *, batch: int = 1, backend: Optional[str] = None):
+        self.model = model
+        self.sampling = sampling
+        self.backend = backend
+        self.batch = batch
+        if sampling.guided and getattr(model, "null_class", None) is None:
+            raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
+        self.cache = model.new_cache(batch, cfg=sampling.guided)
+        self.forwards = 0
+        H, W = model.grid
+        self.H, self.W = H, W
+        self.device = self.cache.device
+
+    def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
+        """Outputs from raw [rows, N, V] logits (e.g. the LM head on predicted hidden states)."""
+        if self.sampling.guided:
+            cond, uncond = split_cfg(logits)
+            return Outputs(cond, uncond, hidden)
+        return Outputs(logits, None, hidden)
+
+    def _split(self, out) -> Outputs:
+        return self.outputs(out.logits, out.hidden)
+
+    def prefill(self, classes: torch.Tensor) -> Outputs:
+        """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
+        self.forwards += 1
+        return self._split(self.model.prefill(self.cache, classes.to(self.device), backend=self.backend))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
+        """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
+        token that follows position i in raster order."""
+        self.forwards += 1
+        out = self.model.forward_tokens(self.cache, tokens.to(self.device), positions.to(self.device),
+                                        tree_mask=tree_mask, write=write, backend=self.backend)
+        return self._split(out)
+
+    def invalidate(self, positions: torch.Tensor) -> None:
+        """Forget the cache entries of raster positions [N] or [B, N]."""
+        if positions.numel():
+            self.cache.invalidate(positions.to(self.device).long() + self.model.prefix_len)
+
+    def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per row)."""
+        b, n = mask.nonzero(as_tuple=True)
+        slots = positions[b, n].to(self.device).long() + self.model.prefix_len
+        for half in range(self.cache.rows // self.batch):
+            self.cache.valid[b + half * self.batch, slots] = False
+
+    # ---- distributions through the kernels ----
+    def _kw(self, o: Outputs):
+        s = self.sampling
+        return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k)
+
+    def probs(self, o: Outputs) -> torch.Tensor:
+        """The sampling distribution [B, N, V] (CFG, temperature, top-k) of every output."""
+        B, N, V = o.cond.shape
+        p = ops.sampling_probs(o.cond.reshape(-1, V),
+                               uncond_logits=None if o.uncond is None else o.uncond.reshape(-1, V),
+                               backend=op_backend("sampling_probs", self.backend, o.cond.device), **self._kw(o))
+        return p.view(B, N, V)
+
+    def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
+        """PooledProbs over [B, N]: p(x) of each token x and its neighbour-pooled version."""
+        B, N, V = o.cond.shape
+        out = ops.pool_probs(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
+                             uncond_logits=None if o.uncond is None else o.uncond.reshape(-1, V), delta=delta,
+                             backend=op_backend("pool_probs", self.backend, o.cond.device), **self._kw(o))
+        return type(out)(*(t.view(B, N) for t in out))
+
+
+def check_grid_model(model, name: str = "model") -> None:
+    for attr in ("grid", "vocab_size", "prefix_len", "new_cache", "prefill", "forward_tokens"):
+        if not hasattr(model, attr):
+            raise ValueError(f"{name} does not implement the ARImageModel protocol (no `{attr}`)")
+
+
+def check_classes(model, classes) -> torch.Tensor:
+    if not isinstance(classes, torch.Tensor):
+        classes = torch.as_tensor(classes)
+    if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64) or classes.numel() == 0:
+        raise ValueError(f"classes must be a non-empty 1-D int tensor, got {tuple(classes.shape)} {classes.dtype}")
+    n = getattr(model, "num_classes", None)
+    if n is not None and (int(classes.min()) < 0 or int(classes.max()) >= n):
+        raise ValueError(f"classes must lie in [0, {n}), got [{int(classes.min())}, {int(classes.max())}]")
+    return classes.long()
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+
+
+def check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    return batch_size
+
+
+def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_size: int = 1, tokenizer=None,
+                progress=None) -> DecodeResult:
+    """Decode `classes` in batches: `decode_batch(classes[i:i+b], image_generator(seed, i), stats)
+    -> tokens [b, H*W]`. batch_size=1 (the default everywhere) is the latency setting speculative
+    decoding is for, and makes image i depend only on (seed, i). Each batch is timed; the statistics
+    are summed; the grids are decoded to images with `tokenizer` (not timed)."""
+    check_grid_model(model, "target")
+    classes = check_classes(model, classes)
+    batch_size = check_batch_size(batch_size)
+    H, W = model.grid
+    total = DecodeStats(method)
+    grids = []
+    for i in range(0, classes.shape[0], batch_size):
+        cls = classes[i:i + batch_size]
+        stats = DecodeStats(method, images=cls.shape[0], tokens=cls.shape[0] * H * W)
+        with Timer() as t:
+            grids.append(decode_batch(cls, image_generator(seed, i), stats).view(-1, H, W).cpu())
+        stats.wall_s = t.seconds
+        total.merge(stats)
+        if progress is not None:
+            progress(min(i + batch_size, classes.shape[0]))
+    tokens = torch.cat(grids)
+    images = None
+    if tokenizer is not None:
+        with torch.no_grad():
+            images = tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
+    return DecodeResult(tokens, images, total)

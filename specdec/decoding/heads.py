@@ -1,0 +1,50 @@
+"""SSD's spatial heads: predict the target's pre-norm hidden state of a neighbouring token.
+
+Each head maps `[h ; e]` -> a predicted hidden state, where `h` is the target's last-layer hidden
+state (before the final RMSNorm) whose distribution produced token `x` at raster index `t`, and `e`
+the input embedding of `x`. Horizontal head `k` (k = 1..5) predicts the hidden state giving the
+distribution of token `t + k`, vertical head `k` (k = 1..2) that of token `t + k * W`. The draft
+distribution is the target's own final norm + LM head on the prediction (METHODS.md "ssd"):
+
+    f(z) = W0 z + SwiGLU(RMSNorm(W0 z)),   z = [h ; e]
+
+The heads themselves live in `specdec.models.ssd_heads` (`SSDHeads`); any module with
+`horizontal` and `vertical` sequences of heads taking `[h ; e]` (or `(h, e)`) works here.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _heads(heads, kind: str):
+    found = getattr(heads, kind, None)
+    if found is None or len(found) == 0:
+        raise ValueError(f"ssd heads: `{kind}` heads missing (expected a sequence of head modules)")
+    return found
+
+
+def num_heads(heads, kind: str) -> int:
+    return len(_heads(heads, kind))
+
+
+def _call(head, h, e):
+    # Accept heads written as f(z) with z = [h ; e] as well as f(h, e).
+    params = [p for p in inspect.signature(head.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) >= 2:
+        return head(h, e)
+    return head(torch.cat([h, e.to(h.dtype)], dim=-1))
+
+
+def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """Predicted hidden states [..., len(offsets), dim] of heads `kind` number `offsets` (1-based)
+    applied to the same inputs h, e [..., dim]."""
+    seq = _heads(heads, kind)
+    outs = []
+    for k in offsets:
+        if not 1 <= k <= len(seq):
+            raise ValueError(f"ssd heads: {kind} offset {k} asked, {len(seq)} heads available")
+        outs.append(_call(seq[k - 1], h, e))
+    return torch.stack(outs, dim=-2)

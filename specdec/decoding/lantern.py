@@ -1,0 +1,45 @@
+"""`lantern`: raster speculative decoding with relaxed acceptance (LANTERN, ICLR 2025).
+
+`sd` with p(x) replaced, in the acceptance ratio only, by the delta-pooled target probability of
+kernel 1: the target mass of x's nearest codebook neighbours (by latent distance) is moved onto x
+while the moved mass stays <= delta, so each token's distribution moves by at most delta in
+total variation. Reading (METHODS.md): on rejection the residual is that of the unpooled p.
+Defaults are LANTERN's code: k = 1000 neighbours (capped at V - 1), delta = 0.1.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdec.decoding.common import Sampling
+from specdec.decoding.sd import speculative_decode
+from specdec.neighbors import knn_table
+
+
+def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
+    """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    return knn_table(codebook, min(k, codebook.shape[0] - 1))
+
+
+def check_delta(delta) -> float:
+    if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not (delta >= 0 and math.isfinite(delta)):
+        raise ValueError(f"delta must be a finite number >= 0, got {delta!r}")
+    return float(delta)
+
+
+def decode(target, classes, *, codebook=None, neighbors=None, k: int = 1000, delta: float = 0.1, drafter=None,
+           heads=None, chunk: int = 4, seed: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
+           backend=None, progress=None, batch_size: int = 1):
+    delta = check_delta(delta)
+    if neighbors is None:
+        if codebook is None:
+            raise ValueError("lantern needs the codebook (or a precomputed neighbors table)")
+        if codebook.shape[0] != target.vocab_size:
+            raise ValueError(f"codebook has {codebook.shape[0]} entries, the target's vocabulary {target.vocab_size}")
+        neighbors = neighbor_table(codebook, k)
+    return speculative_decode("lantern", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
+                              sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
+                              batch_size=batch_size, neighbors=neighbors, delta=delta)

@@ -1,0 +1,189 @@
+"""Every decoder on tiny random models: determinism, the documented limits of MuLo-SD's tau, SSD's
+pass count, exact equivalences between methods, and clear errors for bad arguments."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
+from specdec.decoding.common import ModelRunner, Sampling, image_generator
+from specdec.decoding.upsample import TokenUpsampler
+
+SAMPLING = Sampling(cfg_scale=2.0)
+CLASSES = torch.tensor([0, 1, 2])
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+@pytest.mark.parametrize("method", decoding.METHODS)
+def test_every_method_is_deterministic_under_a_seed(fam, method):
+    a = decoding.decode(method, fam, CLASSES, seed=5, sampling=SAMPLING)
+    b = decoding.decode(method, fam, CLASSES, seed=5, sampling=SAMPLING)
+    c = decoding.decode(method, fam, CLASSES, seed=6, sampling=SAMPLING)
+    H, W = fam.target.grid
+    assert a.tokens.shape == (3, H, W) and a.tokens.dtype == torch.int64
+    assert int(a.tokens.min()) >= 0 and int(a.tokens.max()) < fam.target.vocab_size
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.images, b.images)
+    assert not torch.equal(a.tokens, c.tokens)
+    s = a.stats
+    assert s.images == 3 and s.tokens == 3 * H * W and s.target_forwards >= 3 and s.wall_s > 0
+
+
+def test_mulo_tau_zero_accepts_the_whole_draft_in_one_verification_pass(fam):
+    out = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, tau=0.0)
+    assert out.stats.target_forwards_per_image == 2                  # prefill + one verification pass
+    assert all(bool(m.all()) for m in out.stats.acceptance_maps)
+    assert out.stats.extra["resampled"] == [0, 0, 0]
+
+
+def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
+    """tau > 1 rejects every draft: the grid is one island resampled in raster order by the target,
+    exactly plain AR from the generator state the drafter left behind."""
+    h, w = fam.drafter.grid
+    H, W = fam.target.grid
+    for resample in ("islands", "raster"):
+        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=1.5,
+                          resample=resample, seed=3, sampling=SAMPLING)
+        assert out.stats.extra["resampled"] == [H * W]
+        assert not bool(out.stats.acceptance_maps[0].any())
+        gen = image_generator(3, 0)
+        for _ in range(h * w):                                        # the drafter's uniforms
+            torch.rand((1,), generator=gen)
+        expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
+        assert torch.equal(out.tokens.view(1, -1), expected)
+        assert out.stats.target_forwards_per_image == 2 + H * W - 1
+
+
+@pytest.mark.parametrize("rounds", [0, 1, 2])
+def test_ssd_target_passes_follow_its_schedule(fam, rounds):
+    out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds)
+    H = fam.target.grid[0]
+    for c0 in out.stats.extra["row0_passes"]:
+        assert c0 >= 1
+    expected = sum(1 + c0 + (H - 1) * (rounds + 1) for c0 in out.stats.extra["row0_passes"])
+    assert out.stats.target_forwards == expected
+
+
+def test_ssd_batched_rows_follow_the_same_schedule(fam):
+    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=2, seed=2, sampling=SAMPLING, batch_size=3)
+    c0, = out.stats.extra["row0_passes"]
+    assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
+
+
+def test_zipar_with_a_full_row_window_is_plain_ar(fam):
+    W = fam.target.grid[1]
+    a = zipar.decode(fam.target, CLASSES, window=W, seed=4, sampling=SAMPLING)
+    b = ar.decode(fam.target, CLASSES, seed=4, sampling=SAMPLING)
+    assert torch.equal(a.tokens, b.tokens)
+    narrow = zipar.decode(fam.target, CLASSES, window=1, seed=4, sampling=SAMPLING)
+    H = fam.target.grid[0]
+    assert narrow.stats.target_forwards_per_image == (H - 1) * 1 + W
+
+
+def test_lantern_with_zero_budget_is_sd(fam):
+    """delta = 0 moves no mass: the acceptance ratio, hence every token, equals raster SD's."""
+    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, delta=0.0, heads=fam.ssd_heads, seed=8,
+                       sampling=SAMPLING)
+    b = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=8, sampling=SAMPLING)
+    assert torch.equal(a.tokens, b.tokens)
+    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, delta=1.0, heads=fam.ssd_heads, seed=8,
+                          sampling=SAMPLING)
+    assert more.stats.target_forwards <= b.stats.target_forwards * 1.5
+
+
+def test_batched_sd_matches_its_per_image_statistics_shape(fam):
+    d = tiny_gpt(4, 16, seed=9)
+    out = sd.decode(fam.target, CLASSES, drafter=d, seed=1, sampling=SAMPLING, batch_size=3)
+    assert out.tokens.shape == (3, 4, 4)
+    assert sum(out.stats.extra["accepted"]) <= sum(out.stats.extra["drafted"])
+
+
+# ---- bad arguments --------------------------------------------------------------------------
+
+def test_unknown_method_is_a_clear_error(fam):
+    with pytest.raises(ValueError, match="unknown method 'medusa'"):
+        decoding.decode("medusa", fam, CLASSES)
+
+
+def test_unknown_option_lists_the_accepted_ones(fam):
+    with pytest.raises(ValueError, match="mulo does not take option.*taux.*accepts.*tau"):
+        decoding.decode("mulo", fam, CLASSES, taux=0.1)
+
+
+@pytest.mark.parametrize("tau", [-0.1, float("nan"), float("inf"), "high"])
+def test_tau_out_of_range(fam, tau):
+    with pytest.raises(ValueError, match="tau"):
+        decoding.decode("mulo", fam, CLASSES, tau=tau)
+
+
+def test_grid_mismatch_between_drafter_and_target(fam):
+    with pytest.raises(ValueError, match=r"drafter grid \(2, 2\) does not match the target grid \(4, 4\)"):
+        sd.decode(fam.target, CLASSES, drafter=fam.drafter)
+    odd = tiny_gpt(3, 16, seed=1)
+    with pytest.raises(ValueError, match="drafter grid .* must divide the target grid"):
+        mulo.decode(fam.target, CLASSES, drafter=odd, tokenizer=fam.tokenizer)
+    with pytest.raises(ValueError, match="vocabulary"):
+        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(radius=-1), "radius"), (dict(delta=-0.5), "delta"), (dict(upsample="bilinear"), "upsample"),
+    (dict(drafting="tree"), "drafting"), (dict(resample="all"), "resample"),
+    (dict(drafting="zipar", window=0), "window"), (dict(upsample="learned"), "up-sampler"),
+    (dict(upsample="learned", upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
+])
+def test_mulo_bad_options(fam, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, **kwargs)
+
+
+def test_other_bad_arguments(fam):
+    with pytest.raises(ValueError, match="rounds"):
+        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=-1)
+    with pytest.raises(ValueError, match="heads"):
+        ssd.decode(fam.target, CLASSES, heads=None)
+    with pytest.raises(ValueError, match="grid width"):
+        ssd.decode(fam.target, CLASSES, heads=tiny_heads(32, width=8))
+    with pytest.raises(ValueError, match="window"):
+        zipar.decode(fam.target, CLASSES, window=5)
+    with pytest.raises(ValueError, match="chunk"):
+        sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, chunk=0)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        sd.decode(fam.target, CLASSES)
+    with pytest.raises(ValueError, match="classes must lie in"):
+        ar.decode(fam.target, torch.tensor([0, 7]))
+    with pytest.raises(ValueError, match="batch_size"):
+        ar.decode(fam.target, CLASSES, batch_size=0)
+    with pytest.raises(ValueError, match="temperature"):
+        Sampling(temperature=0.0)
+    with pytest.raises(ValueError, match="codebook"):
+        lantern.decode(fam.target, CLASSES, heads=fam.ssd_heads)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "learned"])
+def test_mulo_other_upsamplers_and_zipar_drafting(fam, mode):
+    torch.manual_seed(0)
+    net = TokenUpsampler(16, fam.codebook.shape[1], factor=2, channels=8)
+    net.codebook.copy_(fam.codebook)
+    kw = dict(upsample=mode, upsampler=net.eval()) if mode == "learned" else dict(upsample=mode)
+    a = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, drafting="zipar", window=1, **kw)
+    b = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, drafting="zipar", window=1, **kw)
+    assert torch.equal(a.tokens, b.tokens)
+    h = fam.drafter.grid[0]
+    assert a.stats.draft_forwards == 3 * ((h - 1) * 1 + h)            # zipar steps on the 2x2 drafter grid
+
+
+def test_upsample_shapes_and_errors(fam):
+    from specdec.decoding.upsample import downsample, upsample
+
+    low = torch.randint(0, 16, (2, 2, 2))
+    assert torch.equal(upsample(low, 2, "nearest")[:, ::2, ::2], low)
+    assert upsample(low, 2, "pixel", tokenizer=fam.tokenizer).shape == (2, 4, 4)
+    assert downsample(upsample(low, 2, "pixel", tokenizer=fam.tokenizer), 2, tokenizer=fam.tokenizer).shape == (2, 2, 2)
+    with pytest.raises(ValueError, match="tokenizer"):
+        upsample(low, 2, "pixel")
+    with pytest.raises(ValueError, match="factor"):
+        upsample(low, 0, "nearest")

@@ -1,0 +1,85 @@
+"""`sd` is lossless: on a 2x2 grid with a 3-token vocabulary the empirical distribution of its grids
+matches the exactly enumerated AR distribution (chi-square at a fixed significance)."""
+import itertools
+import math
+
+import pytest
+import torch
+
+from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
+from specdec import ops
+from specdec.decoding import sd
+from specdec.decoding.common import Sampling
+
+VOCAB = 3
+SAMPLING = Sampling(cfg_scale=1.5, temperature=1.0)
+CLASS = 1
+
+
+def exact_grid_distribution(model, sampling, cls):
+    """P(grid) for all V^4 grids: product of the target's (guided) conditionals, by teacher forcing."""
+    grids = torch.tensor(list(itertools.product(range(VOCAB), repeat=4)))
+    n = grids.shape[0]
+    with torch.no_grad():
+        cond = model.teacher_forward(grids, torch.full((n,), cls)).logits[:, model.prefix_len - 1:-1]
+        unc = model.teacher_forward(grids, torch.full((n,), model.null_class)).logits[:, model.prefix_len - 1:-1]
+    p = ops.sampling_probs(cond.reshape(-1, VOCAB), uncond_logits=unc.reshape(-1, VOCAB), backend="reference",
+                           cfg_scale=sampling.cfg_scale, temperature=sampling.temperature).view(n, 4, VOCAB)
+    probs = p.gather(2, grids[..., None])[..., 0].double().prod(1)
+    return grids, probs
+
+
+def chi_square_pvalue(counts, probs):
+    """Pearson chi-square p-value (Wilson-Hilferty normal approximation of the chi-square tail).
+    Cells expected fewer than 5 times are pooled into one, as the test requires."""
+    total = counts.sum()
+    expected = probs * total
+    small = expected < 5
+    if bool(small.any()):
+        counts = torch.cat([counts[~small], counts[small].sum()[None]])
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    k = counts.numel() - 1
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def grid_counts(tokens):
+    idx = (tokens.view(-1, 4) * torch.tensor([27, 9, 3, 1])).sum(1)
+    return torch.bincount(idx, minlength=VOCAB ** 4).double()
+
+
+N_SAMPLES = 100_000
+
+
+def tiny_target():
+    return tiny_gpt(2, VOCAB, seed=3, dim=16, layers=1, scale=0.6)
+
+
+@pytest.fixture(scope="module", params=["model", "heads"])
+def sd_counts(request):
+    target = tiny_target()
+    if request.param == "model":
+        kw = dict(drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6))
+    else:
+        kw = dict(heads=tiny_heads(16, seed=5))
+    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), chunk=3, seed=11, sampling=SAMPLING,
+                    batch_size=N_SAMPLES, **kw)
+    return target, out
+
+
+def test_sd_reproduces_the_target_distribution(sd_counts):
+    target, out = sd_counts
+    _, probs = exact_grid_distribution(target, SAMPLING, CLASS)
+    # The drafter really disagrees with the target (else the test would be vacuous) ...
+    assert 0 < sum(out.stats.extra["accepted"]) < sum(out.stats.extra["drafted"])
+    # ... and the grids still follow the target's distribution.
+    assert chi_square_pvalue(grid_counts(out.tokens), probs) > 1e-3
+
+
+def test_chi_square_detects_a_wrong_distribution(sd_counts):
+    """The same samples against the exact distribution of another CFG scale are rejected: the
+    test has the power to fail."""
+    target, out = sd_counts
+    _, other = exact_grid_distribution(target, Sampling(cfg_scale=2.5), CLASS)
+    assert chi_square_pvalue(grid_counts(out.tokens), other) < 1e-3

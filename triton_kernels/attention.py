@@ -1,0 +1,174 @@
+"""Kernel 3 in Triton: tree-masked attention over a raster-slot KV cache (DESIGN.md "Kernel 3").
+
+FlashAttention-2 forward: one program per (tile of BLOCK_M queries, batch x query head). It
+walks the keys in BLOCK_N tiles with an online softmax in base 2 (running max `m`, sum `l`,
+unnormalised output `acc`, all float32). Before touching K or V, a tile's positions and validity
+are read: if no valid key of the tile is at or before the latest query of the program, the tile
+is skipped (causal prefill, holes in the cache and draft blocks far ahead all skip work this way).
+Invalid slots load as zeros, so garbage (even NaN) in empty cache slots never reaches the output.
+
+fp16/bf16 dots run on tensor cores (mma/wgmma) on a GPU; fp32 dots use IEEE precision (no TF32).
+Under TRITON_INTERPRET=1 every dot is done in fp32 (bf16 dots are broken in the interpreter).
+
+Arguments are validated by `specdec.ops`; these wrappers assume valid, unit-stride-along-D input.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_POS_FAR = tl.constexpr(2**62)  # a position later than every real one (int64)
+_LN2 = 0.6931471805599453
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q_ptr, k_ptr, v_ptr, q_pos_ptr, kv_pos_ptr, valid_ptr, tree_ptr, out_ptr, lse_ptr,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
+    Hq, group, Nq, Nk, D, words, scale_log2,
+    HAS_VALID: tl.constexpr, HAS_TREE: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // group
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < Nq
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    q = tl.load(q_ptr + b.to(tl.int64) * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    q_pos = tl.load(q_pos_ptr + b * Nq + offs_m, mask=m_mask, other=-_POS_FAR).to(tl.int64)
+    q_last = tl.max(q_pos, axis=0)
+    block_start = Nk - Nq  # first key slot of the draft block
+
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_base = k_ptr + b.to(tl.int64) * sk_b + hk * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + hk * sv_h
+    for start_n in range(0, Nk, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        ok = offs_n < Nk
+        kv_pos = tl.load(kv_pos_ptr + b * Nk + offs_n, mask=ok, other=_POS_FAR).to(tl.int64)
+        if HAS_VALID:
+            ok = ok & (tl.load(valid_ptr + b * Nk + offs_n, mask=ok, other=0) != 0)
+        first_key = tl.min(tl.where(ok, kv_pos, _POS_FAR), axis=0)
+        if first_key <= q_last:  # otherwise no query of this program sees any key of the tile
+            kv_mask = ok[:, None] & d_mask[None, :]
+            k = tl.load(k_base + offs_n[:, None] * sk_n + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=kv_mask, other=0.0)
+            if DOT_FP32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale_log2
+            visible = ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+            if HAS_TREE:
+                col = offs_n - block_start
+                in_block = col >= 0
+                safe = tl.where(in_block, col, 0)
+                word = tl.load(tree_ptr + (b * Nq + offs_m[:, None]) * words + safe[None, :] // 32,
+                               mask=m_mask[:, None] & (in_block & (offs_n < Nk))[None, :], other=0)
+                bit = ((word >> (safe % 32).to(tl.int32)[None, :]) & 1) != 0
+                visible = visible & (bit | (col < 0)[None, :])
+            s = tl.where(visible, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # A query that has seen nothing yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+            m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_sub)
+            p = tl.exp2(s - m_sub[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None]
+            if DOT_FP32:
+                acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+    seen = l_i > 0.0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+    row = pid_bh.to(tl.int64) * Nq + offs_m
+    tl.store(out_ptr + row[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(lse_ptr + row, lse, mask=m_mask)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _block_sizes(nq: int, d: int):
+    block_d = max(16, triton.next_power_of_2(d))
+    block_m = min(64, max(16, triton.next_power_of_2(nq)))
+    block_n = 64 if block_d <= 64 else 32  # keeps K, V and the score tile within registers at D=128
+    return block_m, block_n, block_d
+
+
+def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
+    """Returns (out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] float32)."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    out = torch.empty((b, hq, nq, d), device=q.device, dtype=q.dtype)
+    lse = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    q_pos = q_pos.contiguous()
+    kv_pos = kv_pos.contiguous()
+    valid = kv_valid.contiguous().view(torch.uint8) if kv_valid is not None else kv_pos
+    tree = tree_mask.contiguous() if tree_mask is not None else kv_pos
+    block_m, block_n, block_d = _block_sizes(nq, d)
+    grid = (triton.cdiv(nq, block_m), b * hq)
+    _tree_attention_kernel[grid](
+        q, k, v, q_pos, kv_pos, valid, tree, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        hq, hq // hkv, nq, nk, d, (nq + 31) // 32, float(scale) * _LOG2E,
+        HAS_VALID=kv_valid is not None, HAS_TREE=tree_mask is not None,
+        DOT_FP32=_interpreting() or q.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4, num_stages=2,
+    )
+    return out, lse
+
+
+_LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 2}
+
+
+def _lowering_specs():
+    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a."""
+    specs = []
+    for dtype in ("fp16", "bf16", "fp32"):
+        for block_d in (64, 128):
+            block_m, block_n, _ = _block_sizes(1024, block_d)
+            specs.append((
+                _tree_attention_kernel,
+                {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "q_pos_ptr": "*i64",
+                 "kv_pos_ptr": "*i64", "valid_ptr": "*u8", "tree_ptr": "*i32", "out_ptr": f"*{dtype}",
+                 "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", "sq_n": "i32", "sk_b": "i32",
+                 "sk_h": "i32", "sk_n": "i32", "sv_b": "i32", "sv_h": "i32", "sv_n": "i32",
+                 "Hq": "i32", "group": "i32", "Nq": "i32", "Nk": "i32", "D": "i32", "words": "i32",
+                 "scale_log2": "fp32", "HAS_VALID": "constexpr", "HAS_TREE": "constexpr",
+                 "DOT_FP32": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                 "BLOCK_D": "constexpr"},
+                {"HAS_VALID": True, "HAS_TREE": True, "DOT_FP32": dtype == "fp32",
+                 "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d},
+                _LAUNCH_OPTIONS,
+            ))
+    return specs
+
+
+LOWERING_SPECS = _lowering_specs()
