@@ -75,14 +75,38 @@ def render_run(data, name):
     return lines
 
 
+COMPARE_COLUMNS = [("method", "method", "{}"), ("target_forwards", "target passes / image", "{:.1f}"),
+                   ("step_compression", "step compression", "{:.2f}x"), ("wall_s", "wall s / image", "{:.3f}"),
+                   ("speedup", "wall speed-up", "{:.2f}x"), ("class_accuracy", "class accuracy", "{:.3f}"),
+                   ("fd", "FD-classifier", "{:.1f}")]
+
+
+def render_compare(data, name):
+    """An end-to-end `specdec compare` table (benchmarks/record_compare.py)."""
+    date = data["datetime"][:19].replace("T", " ")
+    lines = [f"## End to end: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `{data['command']}`, {data['num_images']} images per method, "
+             "same classes and seeds for every method; speed-ups against `ar` in the same run. "
+             "FD-classifier is a Frechet distance on the embedded evaluator's features, not FID.", "",
+             "| " + " | ".join(c[1] for c in COMPARE_COLUMNS) + " |",
+             "|" + "---|" * len(COMPARE_COLUMNS)]
+    for row in data["rows"]:
+        lines.append("| " + " | ".join(fmt.format(row[key]) for key, _, fmt in COMPARE_COLUMNS) + " |")
+    return lines + [""]
+
+
 def main():
-    files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")))
+    files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=os.path.getmtime)
     out = [HEADER]
     if not files:
         out.append("No results yet: run `make bench`.\n")
     # Newest first: the table a reader wants is the latest one.
     for path in reversed(files):
-        out += render_run(_load(path), os.path.basename(path))
+        data = _load(path)
+        if isinstance(data, dict) and data.get("kind") == "specdec-compare":
+            out += render_compare(data, os.path.basename(path))
+        else:
+            out += render_run(data, os.path.basename(path))
     extra = os.path.join(HERE, "results", "NOTES.md")
     if os.path.exists(extra):
         out += ["## Notes", "", open(extra).read()]

@@ -1,5 +1,7 @@
-"""Run every benchmarks/bench_*.py with pytest-benchmark, keep the JSON under
-benchmarks/results/, and regenerate benchmarks/RESULTS.md from all kept JSON files.
+"""Run every benchmarks/bench_*.py with pytest-benchmark, then the end-to-end `specdec compare`
+(benchmarks/record_compare.py; SPECDEC_BENCH_E2E=0 skips it, SPECDEC_BENCH_IMAGES sets its
+image count), keep the JSON under benchmarks/results/, and regenerate benchmarks/RESULTS.md
+from all kept JSON files.
 
     python benchmarks/run.py                 # all benchmarks
     python benchmarks/run.py -k pool_probs   # extra arguments go to pytest
@@ -33,6 +35,10 @@ def main(argv):
     rc = subprocess.call(cmd, cwd=HERE)
     if rc != 0:
         return rc
+    if os.environ.get("SPECDEC_BENCH_E2E", "1") == "1":  # the end-to-end `specdec compare` table
+        rc = subprocess.call([sys.executable, os.path.join(HERE, "record_compare.py")])
+        if rc != 0:
+            return rc
     return subprocess.call([sys.executable, os.path.join(HERE, "make_results.py")])
 
 

@@ -24,7 +24,9 @@ TORCH_LIBRARY(specdec, m) {
       "verify_grid(Tensor p, Tensor? q, Tensor? uniforms, Tensor? valid, str rule, float tau, "
       "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "
       "Tensor islands, Tensor num_islands)");
-  m.def("sample_residual(Tensor p, Tensor? q, Tensor uniforms) -> (Tensor tokens, Tensor fallback)");
+  m.def(
+      "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset) "
+      "-> (Tensor tokens, Tensor fallback)");
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");

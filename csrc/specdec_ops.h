@@ -35,13 +35,15 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
                                const std::optional<at::Tensor>& valid, std::string_view rule,
                                double tau, std::string_view mode, int64_t radius);
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                       const at::Tensor& uniforms);
+                       const std::optional<at::Tensor>& uniforms, int64_t offset);
 VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
                           const std::optional<at::Tensor>& uniforms,
                           const std::optional<at::Tensor>& valid, std::string_view rule,
                           double tau, std::string_view mode, int64_t radius);
+// uniforms None: row r draws its uniform from Philox (seed, r, offset), see verify_math.h.
 SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                              const at::Tensor& uniforms);
+                              const std::optional<at::Tensor>& uniforms, int64_t seed,
+                              int64_t offset);
 
 using AttentionOut = std::tuple<at::Tensor, at::Tensor>;
 
@@ -68,7 +70,8 @@ VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>&
                            const std::optional<at::Tensor>& valid, std::string_view rule,
                            double tau, std::string_view mode, int64_t radius);
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                               const at::Tensor& uniforms);
+                               const std::optional<at::Tensor>& uniforms, int64_t seed,
+                               int64_t offset);
 AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& q_pos, const at::Tensor& kv_pos,
                                  const std::optional<at::Tensor>& kv_valid,

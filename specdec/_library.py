@@ -37,7 +37,7 @@ def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
             p.new_empty((b,), dtype=torch.int32))
 
 
-def _fake_sample_residual(p, q, uniforms):
+def _fake_sample_residual(p, q, uniforms, seed, offset):
     m = p.shape[0]
     return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
 

@@ -115,8 +115,19 @@ def _check_probabilities(t: torch.Tensor, name: str):
         fail(f"{name} must hold probabilities in [0, 1], found values in [{lo}, {hi}]")
 
 
+def philox_seed(generator: Optional[torch.Generator], device: torch.device) -> int:
+    """A Philox key for a kernel that draws its own randomness: one torch.randint from
+    `generator` (or the default generator of `device`), so the same generator state gives the
+    same key. A CUDA generator lives on the device: the draw is a tiny kernel and `.item()` a
+    host sync (one per call)."""
+    where = generator.device if generator is not None else device
+    return int(torch.randint(2 ** 63 - 1, (1,), dtype=torch.int64, device=where, generator=generator).item())
+
+
 def sample_residual_args(p, q, uniforms, generator):
-    """Returns normalised (p, q, uniforms) for sample_residual."""
+    """Returns normalised (p, q, uniforms) for sample_residual; uniforms stays None when the
+    caller gave none (the generator, if any, is checked): randomness is drawn by the caller of
+    this function (`philox_seed` for the kernels, `uniforms_arg` for the reference)."""
     check_tensor(p, "p")
     if p.dim() != 2:
         fail(f"p must be 2-D [M, V], got shape {tuple(p.shape)}")
@@ -138,5 +149,9 @@ def sample_residual_args(p, q, uniforms, generator):
         check_same_device(q, p, "q", "p")
         q = _float32(q, "q")
         _check_probabilities(q, "q")
+    if uniforms is None:
+        if generator is not None:
+            _check_generator(generator, p.device)
+        return p, q, None
     uniforms = uniforms_arg(uniforms, (m,), p.device, generator)
     return p, q, uniforms

@@ -168,8 +168,14 @@ def sample_residual(
     Args:
         p: [M, V] target probabilities in [0, 1] (float; used as float32), V < 2**23.
         q: [M, V] draft probabilities in [0, 1], or None to sample from p.
-        uniforms: [M] float32 in [0, 1), one per row; else drawn from `generator` (or torch's
-            default generator) on p's device: same generator state, same tokens.
+        uniforms: [M] float32 in [0, 1), one per row (bit-exact on every backend). Else the
+            kernel draws row r's uniform from counter-based Philox keyed by (seed, r, 0), with
+            the seed drawn by one torch.randint from `generator` (or torch's default generator
+            of p's device; for a CUDA generator that is a host sync): same generator state, same
+            tokens on one device. The C++ CPU and CUDA kernels (and Triton) use the same Philox
+            stream. The reference backend cannot reproduce that in-kernel stream: it draws the
+            uniforms with torch.rand(generator=...) instead (other tokens for the same seed,
+            the same distribution).
 
     Returns:
         SampleResult(tokens int32 [M] in [0, V), fallback bool [M]).
@@ -177,11 +183,14 @@ def sample_residual(
     p, q, uniforms = _verify_args.sample_residual_args(p, q, uniforms, generator)
     chosen = _backends.resolve(backend, p.device)
     if chosen == "reference":
+        if uniforms is None:  # the reference cannot run the kernels' Philox stream: torch.rand
+            uniforms = _verify_args.uniforms_arg(None, (p.shape[0],), p.device, generator)
         return _ref_verification.sample_residual(p, q, uniforms)
+    seed = 0 if uniforms is not None else _verify_args.philox_seed(generator, p.device)
     if chosen == "triton":
-        out = _triton("verification").sample_residual(p, q, uniforms)
+        out = _triton("verification").sample_residual(p, q, uniforms, seed, 0)
     else:
-        out = _compiled_op("sample_residual")(p, q, uniforms)
+        out = _compiled_op("sample_residual")(p, q, uniforms, seed, 0)
     return SampleResult(*out)
 
 

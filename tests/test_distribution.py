@@ -2,7 +2,8 @@
 
 Pearson chi-square goodness-of-fit over >= 1e5 samples at a fixed significance ALPHA, with fixed
 seeds (so a run is reproducible; a wrong sampler fails by many orders of magnitude in p-value):
-- the generator path of sample_residual draws from norm(max(0, p - q));
+- the generator path of sample_residual draws from norm(max(0, p - q)) (on the C++/CUDA/Triton
+  backends that is in-kernel Philox; the compiled op's own Philox path is also tested directly);
 - raster speculative sampling through our ops (accept with min(1, p/q) via verify_grid, resample
   the first rejection with sample_residual) emits its first token with the target distribution p:
   the lossless property of speculative decoding.
@@ -13,7 +14,7 @@ a GPU.
 import pytest
 import torch
 
-from helpers import device_backend_pairs
+from helpers import DEVICES, backends_for, device_backend_pairs
 from specdec import ops
 
 ALPHA = 1e-3
@@ -68,6 +69,24 @@ def test_sample_residual_generator_follows_residual(device, backend):
     assert not out.fallback.any()
     counts = torch.bincount(out.tokens.long().cpu(), minlength=v)
     assert chi_square_p_value(counts, residual) > ALPHA
+
+
+@pytest.mark.skipif(not any(b == "cpu" for _, b in [p.values for p in PAIRS]), reason="no C++ extension")
+@pytest.mark.parametrize("device", [d for d in DEVICES if "cpu" in backends_for(d) or "cuda" in backends_for(d)])
+def test_sample_residual_in_kernel_philox_follows_residual(device):
+    # The compiled op with uniforms=None: row r's uniform from Philox (seed, r, offset).
+    v = 12
+    p, q = _distributions(v, 4)
+    residual = torch.clamp(p - q, min=0)
+    residual = residual / residual.sum()
+    rows_p = p.to(device).expand(SAMPLES, v).contiguous()
+    rows_q = q.to(device).expand(SAMPLES, v).contiguous()
+    tokens, fallback = torch.ops.specdec.sample_residual(rows_p, rows_q, None, 987654321, 5)
+    assert not fallback.any()
+    assert chi_square_p_value(torch.bincount(tokens.long().cpu(), minlength=v), residual) > ALPHA
+    # q=None samples p itself.
+    tokens, _ = torch.ops.specdec.sample_residual(rows_p, None, None, 42, 0)
+    assert chi_square_p_value(torch.bincount(tokens.long().cpu(), minlength=v), p) > ALPHA
 
 
 @pytest.mark.parametrize("device,backend", PAIRS)

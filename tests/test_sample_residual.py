@@ -12,6 +12,7 @@ from specdec import ops
 PAIRS = device_backend_pairs()
 ALL_PAIRS = [pytest.param("cpu", "reference", id="cpu-reference")] + PAIRS
 UNIT = 2 ** 30
+HAS_CPU_OP = any(b == "cpu" for _, b in [p.values for p in PAIRS])
 
 
 def random_rows(seed, m, v, sparsity, device="cpu", fallback_rows=True):
@@ -107,10 +108,57 @@ def test_empty_batch(device, backend):
 
 @pytest.mark.parametrize("device,backend", ALL_PAIRS)
 def test_generator_same_seed_same_tokens(device, backend):
-    p, q, _ = random_rows(5, 4, 300, 0.3, device)
-    runs = [ops.sample_residual(p, q, generator=torch.Generator(device=device).manual_seed(9), backend=backend)
-            for _ in range(2)]
-    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    # The kernels draw in-kernel Philox keyed by a seed taken from the generator; the reference
+    # draws torch.rand from it. Either way: same seed, same tokens; another seed, other tokens.
+    m, v = 16, 300
+    p, q, _ = random_rows(5, m, v, 0.3, device)
+
+    def run(seed):
+        return ops.sample_residual(p, q, generator=torch.Generator(device=device).manual_seed(seed),
+                                   backend=backend)
+
+    a, b, c = run(9), run(9), run(10)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.fallback, b.fallback)
+    assert not torch.equal(a.tokens, c.tokens)
+    # Fallback flags do not depend on the randomness: those of the reference, for any uniforms.
+    want_fallback = ops.sample_residual(p.cpu(), q.cpu(), uniforms=torch.zeros(m), backend="reference").fallback
+    assert want_fallback[0] and want_fallback[-1]
+    mass = torch.where(want_fallback[:, None], p.cpu(), (p - q).clamp(min=0).cpu())
+    for out in (a, c):
+        assert out.tokens.dtype == torch.int32 and out.fallback.dtype == torch.bool
+        tokens = out.tokens.long().cpu()
+        assert bool(((tokens >= 0) & (tokens < v)).all())
+        assert torch.equal(out.fallback.cpu(), want_fallback)
+        assert bool((mass.gather(1, tokens[:, None]) > 0).all())  # never a token without mass
+    # The default generator (generator=None) follows torch.manual_seed the same way.
+    torch.manual_seed(3)
+    d = ops.sample_residual(p, q, backend=backend)
+    torch.manual_seed(3)
+    assert torch.equal(d.tokens, ops.sample_residual(p, q, backend=backend).tokens)
+
+
+def _in_kernel_philox(backend, p, q, seed, offset):
+    """A kernel's own sampling path (uniforms=None) with an explicit Philox key and offset."""
+    if backend == "triton":
+        from specdec.triton_kernels import verification
+        return verification.sample_residual(p, q, None, seed, offset)
+    return torch.ops.specdec.sample_residual(p, q, None, seed, offset)
+
+
+@pytest.mark.skipif(not HAS_CPU_OP, reason="no C++ extension")
+@pytest.mark.parametrize("device,backend", PAIRS)
+def test_in_kernel_philox_is_one_stream_on_every_kernel_backend(device, backend):
+    # Row r's uniform is the first output of Philox4x32-10 with key seed and counter
+    # (offset, r) on the C++ CPU, CUDA and Triton kernels alike: same key, same tokens.
+    p, q, _ = random_rows(6, 24, 500, 0.3)
+    for seed, offset in ((0, 0), (12345, 0), (2 ** 62 + 7, 3), (-5, 2 ** 33)):
+        want = torch.ops.specdec.sample_residual(p, q, None, seed, offset)
+        got = _in_kernel_philox(backend, p.to(device), q.to(device), seed, offset)
+        assert torch.equal(got[0].cpu(), want[0]), (seed, offset)
+        assert torch.equal(got[1].cpu(), want[1])
+    one = _in_kernel_philox(backend, p.to(device), q.to(device), 1, 0)[0]
+    assert not torch.equal(one, _in_kernel_philox(backend, p.to(device), q.to(device), 2, 0)[0])
+    assert not torch.equal(one, _in_kernel_philox(backend, p.to(device), q.to(device), 1, 1)[0])
 
 
 def _bad_calls():
@@ -141,13 +189,16 @@ def test_bad_arguments_raise_naming_them(case):
         fn()
 
 
-@pytest.mark.skipif(not any(b == "cpu" for _, b in [p.values for p in PAIRS]), reason="no C++ extension")
+@pytest.mark.skipif(not HAS_CPU_OP, reason="no C++ extension")
 def test_compiled_op_checks_arguments_and_passes_opcheck():
     p, q, u = random_rows(1, 4, 37, 0.2)
     op = torch.ops.specdec.sample_residual
-    torch.library.opcheck(op, (p, q, u))
-    torch.library.opcheck(op, (p, None, u))
+    torch.library.opcheck(op, (p, q, u, 0, 0))
+    torch.library.opcheck(op, (p, None, u, 0, 0))
+    torch.library.opcheck(op, (p, q, None, 123, 4))  # in-kernel Philox
     with pytest.raises(ValueError, match="uniforms"):
-        op(p, q, u[:2])
+        op(p, q, u[:2], 0, 0)
     with pytest.raises(ValueError, match="q"):
-        op(p, q.double(), u)
+        op(p, q.double(), u, 0, 0)
+    with pytest.raises(ValueError, match="offset"):
+        op(p, q, None, 1, -1)

@@ -9,7 +9,9 @@ decrease, so the fixed point labels each component by its smallest raster index;
 rounds is logarithmic in practice (3 on a 64x64 serpentine), not one per pixel of a path.
 
 sample_residual: one program per row; exact fixed-point inverse-CDF sampling, the same
-arithmetic as specdec/reference/verification.py and csrc/include/specdec/verify_math.h.
+arithmetic as specdec/reference/verification.py and csrc/include/specdec/verify_math.h. Without
+caller uniforms, row r draws its uniform from Philox4x32-10 keyed by (seed, r, offset) with
+tl.philox: the same numbers as philox_row_uniform in verify_math.h (the C++ and CUDA kernels).
 
 Arguments are validated by `specdec.ops`; these wrappers assume valid, contiguous input.
 """
@@ -158,8 +160,24 @@ def _verify_grid_kernel(
 
 
 @triton.jit
-def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V,
-                            HAS_Q: tl.constexpr, BLOCK_V: tl.constexpr):
+def _philox_row_uniform(seed, row, offset):
+    """Uniform in [0, 1) of row `row`: the first 32-bit output of Philox4x32-10 with key `seed`
+    and counter (offset lo, offset hi, row lo, row hi), top 24 bits times 2**-24. This is
+    at::Philox4_32(seed, row, offset) of philox_row_uniform (csrc/include/specdec/verify_math.h)."""
+    seed = seed + tl.zeros([], tl.int64)  # int64 whatever the arguments were specialised to
+    offset = offset + tl.zeros([], tl.int64)
+    row = row + tl.zeros([], tl.int64)
+    c0 = (offset & 0xFFFFFFFF).to(tl.uint32)
+    c1 = (offset >> 32).to(tl.uint32)  # offset >= 0
+    c2 = (row & 0xFFFFFFFF).to(tl.uint32)
+    c3 = (row >> 32).to(tl.uint32)
+    bits, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
+    return (bits >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24, exact
+
+
+@triton.jit
+def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V, seed, offset,
+                            HAS_Q: tl.constexpr, HAS_U: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_V)
     total_p = tl.zeros([], tl.int64)
@@ -177,7 +195,10 @@ def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V,
     else:
         from_p = total_p >= 0  # always
     total = tl.where(from_p, total_p, total_r)
-    u = tl.load(u_ptr + row)
+    if HAS_U:
+        u = tl.load(u_ptr + row)
+    else:
+        u = _philox_row_uniform(seed, row, offset)
     threshold = (u.to(tl.float64) * total.to(tl.float64)).to(tl.int64)  # floor: both >= 0
     # The token is the first entry whose cumulative sum exceeds the threshold, i.e. the number
     # of entries at or below it (cumulative sums never decrease).
@@ -228,15 +249,17 @@ def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
     return accept, resample, first, islands, count
 
 
-def sample_residual(p, q, uniforms):
+def sample_residual(p, q, uniforms, seed, offset):
+    """uniforms None: row r's uniform comes from in-kernel Philox (seed, r, offset)."""
     m, v = p.shape
     tokens = torch.empty(m, dtype=torch.int32, device=p.device)
     fallback = torch.empty(m, dtype=torch.bool, device=p.device)
     if m == 0:
         return tokens, fallback
     block_v = min(triton.next_power_of_2(v), 65536 if _interpreting() else 2048)
-    _sample_residual_kernel[(m,)](p, q if q is not None else p, uniforms, tokens, fallback, v,
-                                  HAS_Q=q is not None, BLOCK_V=block_v, num_warps=8)
+    _sample_residual_kernel[(m,)](p, q if q is not None else p, uniforms if uniforms is not None else p,
+                                  tokens, fallback, v, int(seed), int(offset), HAS_Q=q is not None,
+                                  HAS_U=uniforms is not None, BLOCK_V=block_v, num_warps=8)
     return tokens, fallback
 
 
@@ -259,13 +282,15 @@ def _lowering_specs():
                 _LAUNCH_OPTIONS,
             ))
     for has_q in (False, True):
-        specs.append((
-            _sample_residual_kernel,
-            {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "tokens_ptr": "*i32",
-             "fallback_ptr": "*i1", "V": "i32", "HAS_Q": "constexpr", "BLOCK_V": "constexpr"},
-            {"HAS_Q": has_q, "BLOCK_V": 2048},
-            {"num_warps": 8, "enable_fp_fusion": False},
-        ))
+        for has_u in (False, True):
+            specs.append((
+                _sample_residual_kernel,
+                {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "tokens_ptr": "*i32",
+                 "fallback_ptr": "*i1", "V": "i32", "seed": "i64", "offset": "i64",
+                 "HAS_Q": "constexpr", "HAS_U": "constexpr", "BLOCK_V": "constexpr"},
+                {"HAS_Q": has_q, "HAS_U": has_u, "BLOCK_V": 2048},
+                {"num_warps": 8, "enable_fp_fusion": False},
+            ))
     return specs
 
 

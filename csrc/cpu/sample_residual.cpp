@@ -4,6 +4,8 @@
 // Rows are split across threads with at::parallel_for. Each row is read twice at most: one
 // pass sums the residual units (falling back to p when they are all zero), a second pass
 // accumulates until the sum exceeds floor(u * total) and stops there. No [M, V] buffer.
+// Without uniforms, row r's u comes from Philox (seed, r, offset) (philox_row_uniform), the
+// same numbers the CUDA kernel draws.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -86,15 +88,16 @@ int32_t first_above(const float* p, const float* q, int64_t v, int64_t threshold
 }  // namespace
 
 SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                              const at::Tensor& uniforms) {
-  check_sample_args(p, q, uniforms);
+                              const std::optional<at::Tensor>& uniforms, int64_t seed,
+                              int64_t offset) {
+  check_sample_args(p, q, uniforms, offset);
   TORCH_CHECK_VALUE(p.device().is_cpu(), "p must be a CPU tensor for the cpu backend");
   const int64_t m = p.size(0), v = p.size(1);
   at::Tensor tokens = at::empty({m}, p.options().dtype(at::kInt));
   at::Tensor fallback = at::empty({m}, p.options().dtype(at::kBool));
   const float* p_base = p.data_ptr<float>();
   const float* q_base = q.has_value() ? q->data_ptr<float>() : nullptr;
-  const float* u = uniforms.data_ptr<float>();
+  const float* u = uniforms.has_value() ? uniforms->data_ptr<float>() : nullptr;
   int32_t* tok = tokens.data_ptr<int32_t>();
   bool* fb = fallback.data_ptr<bool>();
 
@@ -107,7 +110,8 @@ SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tenso
       fb[r] = qr != nullptr && residual_total == 0;
       const float* q_used = from_p ? nullptr : qr;
       const int64_t total = from_p ? sum_units(pr, nullptr, v) : residual_total;
-      tok[r] = first_above(pr, q_used, v, cdf_threshold(u[r], total));
+      const float ur = u ? u[r] : philox_row_uniform(seed, r, offset);
+      tok[r] = first_above(pr, q_used, v, cdf_threshold(ur, total));
     }
   });
   return {tokens, fallback};

@@ -69,7 +69,7 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
 }
 
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                       const at::Tensor& uniforms) {
+                       const std::optional<at::Tensor>& uniforms, int64_t offset) {
   TORCH_CHECK_VALUE(p.dim() == 2, "p must be 2-D [M, V], got ", p.dim(), "-D");
   TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat, "p must be float32, got ", p.scalar_type());
   TORCH_CHECK_VALUE(p.size(1) >= 1 && p.size(1) < (int64_t{1} << 23),
@@ -82,13 +82,15 @@ void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
     TORCH_CHECK_VALUE(q->device() == p.device(), "q must be on ", p.device(), ", got ", q->device());
     TORCH_CHECK_VALUE(q->is_contiguous(), "q must be contiguous");
   }
-  TORCH_CHECK_VALUE(uniforms.dim() == 1 && uniforms.size(0) == p.size(0),
-                    "uniforms must have shape [M] = [", p.size(0), "], got ", uniforms.sizes());
-  TORCH_CHECK_VALUE(uniforms.scalar_type() == at::kFloat, "uniforms must be float32, got ",
-                    uniforms.scalar_type());
-  TORCH_CHECK_VALUE(uniforms.device() == p.device(), "uniforms must be on ", p.device(), ", got ",
-                    uniforms.device());
-  TORCH_CHECK_VALUE(uniforms.is_contiguous(), "uniforms must be contiguous");
+  TORCH_CHECK_VALUE(offset >= 0, "offset (of the Philox counter) must be >= 0, got ", offset);
+  if (!uniforms.has_value()) return;  // drawn in the kernel from Philox (seed, row, offset)
+  TORCH_CHECK_VALUE(uniforms->dim() == 1 && uniforms->size(0) == p.size(0),
+                    "uniforms must have shape [M] = [", p.size(0), "], got ", uniforms->sizes());
+  TORCH_CHECK_VALUE(uniforms->scalar_type() == at::kFloat, "uniforms must be float32, got ",
+                    uniforms->scalar_type());
+  TORCH_CHECK_VALUE(uniforms->device() == p.device(), "uniforms must be on ", p.device(), ", got ",
+                    uniforms->device());
+  TORCH_CHECK_VALUE(uniforms->is_contiguous(), "uniforms must be contiguous");
 }
 
 }  // namespace specdec

@@ -5,6 +5,8 @@
 // blockDim entries: an int64 block scan gives each entry's cumulative sum, the first entry above
 // floor(u * total) is found with a block min, and the walk stops at the chunk holding it. The
 // sums are integers, so the token is the one the sequential CPU loop and the reference pick.
+// Without uniforms, row r's u comes from Philox (seed, r, offset) (philox_row_uniform in
+// verify_math.h), the same numbers the CPU op draws.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -61,8 +63,8 @@ __device__ __forceinline__ int32_t units_at(const float* p, const float* q, bool
 
 __global__ void __launch_bounds__(kThreads) sample_residual_kernel(
     const float* __restrict__ p_base, const float* __restrict__ q_base,
-    const float* __restrict__ uniforms, int64_t v, int32_t* __restrict__ tokens,
-    bool* __restrict__ fallback) {
+    const float* __restrict__ uniforms, int64_t seed, int64_t offset, int64_t v,
+    int32_t* __restrict__ tokens, bool* __restrict__ fallback) {
   const int64_t r = blockIdx.x;
   const float* p = p_base + r * v;
   const float* q = q_base ? q_base + r * v : nullptr;
@@ -77,7 +79,8 @@ __global__ void __launch_bounds__(kThreads) sample_residual_kernel(
     for (int64_t i = threadIdx.x; i < v; i += blockDim.x) total += mass_units(p[i]);
     total = cuda::block_reduce(total, SumOp(), int64_t{0});
   }
-  const int64_t threshold = cdf_threshold(uniforms[r], total);
+  const float u = uniforms != nullptr ? uniforms[r] : philox_row_uniform(seed, r, offset);
+  const int64_t threshold = cdf_threshold(u, total);
   int64_t carry = 0, token = v - 1;  // v - 1 only when the row has no mass at all
   for (int64_t start = 0; start < v; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
@@ -100,8 +103,9 @@ __global__ void __launch_bounds__(kThreads) sample_residual_kernel(
 }  // namespace
 
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                               const at::Tensor& uniforms) {
-  check_sample_args(p, q, uniforms);
+                               const std::optional<at::Tensor>& uniforms, int64_t seed,
+                               int64_t offset) {
+  check_sample_args(p, q, uniforms, offset);
   TORCH_CHECK_VALUE(p.is_cuda(), "p must be a CUDA tensor for the cuda backend");
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t m = p.size(0), v = p.size(1);
@@ -110,7 +114,8 @@ SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tens
   if (m == 0) return {tokens, fallback};
   sample_residual_kernel<<<m, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       p.data_ptr<float>(), q.has_value() ? q->data_ptr<float>() : nullptr,
-      uniforms.data_ptr<float>(), v, tokens.data_ptr<int32_t>(), fallback.data_ptr<bool>());
+      uniforms.has_value() ? uniforms->data_ptr<float>() : nullptr, seed, offset, v,
+      tokens.data_ptr<int32_t>(), fallback.data_ptr<bool>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {tokens, fallback};
 }

@@ -156,7 +156,12 @@ def inverse_cdf(units: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 
 
 def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor) -> SampleResult:
-    """Reference of `specdec.ops.sample_residual` with the per-row uniforms already drawn."""
+    """Reference of `specdec.ops.sample_residual` with the per-row uniforms already drawn.
+
+    Bit-exact against every backend for the same uniforms. Without caller uniforms the kernels
+    draw theirs from in-kernel Philox, which this reference does not reproduce:
+    `specdec.ops` then draws them with torch.rand(generator=...) for the reference backend.
+    """
     p_units = mass_units(p)
     if q is None:
         units = p_units

@@ -5,7 +5,14 @@
 // (an int32), row sums are int64, and the inverse-CDF threshold is floor(u * total) computed
 // in double (exact while V * 2^30 < 2^53). Integer sums do not depend on the summation order,
 // so a sequential CPU loop and a CUDA block scan pick the same token for the same uniform.
+//
+// Without caller uniforms, sample_residual draws row r's uniform itself from counter-based
+// Philox4x32-10 (header-only ATen engine, host and device): key = seed, counter = (offset, r).
+// CPU and CUDA share philox_row_uniform below, so they pick the same tokens for the same seed.
 #pragma once
+
+#include <c10/util/Exception.h>  // AT_ASSERT, used by a host-only member of the Philox engine
+#include <ATen/core/PhiloxRNGEngine.h>
 
 #include <cstdint>
 
@@ -41,6 +48,20 @@ SPECDEC_HD int32_t residual_units(float p, float q) { return mass_units(p - q); 
 // Inverse-CDF threshold: the token is the smallest v with cumsum(units)[v] > this value.
 SPECDEC_HD int64_t cdf_threshold(float u, int64_t total) {
   return static_cast<int64_t>(static_cast<double>(u) * static_cast<double>(total));
+}
+
+// Uniform float in [0, 1) from 32 random bits: the top 24 bits times 2^-24 (exact in float32).
+SPECDEC_HD float uniform_from_bits(uint32_t bits) {
+  return static_cast<float>(bits >> 8) * 5.9604644775390625e-08f;  // 2^-24
+}
+
+// Row r's uniform when sample_residual draws its own: the first 32-bit output of Philox4x32-10
+// with key `seed` and counter (offset, row), i.e. at::Philox4_32(seed, subsequence=row, offset).
+// (triton_kernels/verification.py computes the same with tl.philox.)
+SPECDEC_HD float philox_row_uniform(int64_t seed, int64_t row, int64_t offset) {
+  at::Philox4_32 engine(static_cast<uint64_t>(seed), static_cast<uint64_t>(row),
+                        static_cast<uint64_t>(offset));
+  return uniform_from_bits(engine());
 }
 
 }  // namespace specdec
