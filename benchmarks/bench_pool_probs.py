@@ -1,4 +1,5 @@
-"""Kernel 1 (pool_probs) per backend against the reference, at LlamaGen-like shapes."""
+"""Kernel 1 (pool_probs) per backend against the reference, at LlamaGen 512px, Tar 1024px and
+embedded-default shapes."""
 import pytest
 import torch
 
@@ -10,6 +11,10 @@ SHAPES = [
     # with and without CFG (the CFG halves double the logits read).
     ("llamagen N1024 V16384 K1000", 1024, 16384, 1000, False),
     ("llamagen+cfg N1024 V16384 K1000", 1024, 16384, 1000, True),
+    # Tar 1024px: a 64x64 grid verified in one pass, CFG halves.
+    ("tar+cfg N4096 V16384 K1000", 4096, 16384, 1000, True),
+    # The embedded default family: a 16x16 grid over 256 codes, CFG (k capped at V - 1).
+    ("default+cfg N256 V256 K255", 256, 256, 255, True),
 ]
 
 
