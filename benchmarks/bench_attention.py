@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from bench_helpers import backend_params, bench_devices, synchronize
+from bench_helpers import backend_params, bench_devices, record_device_time, synchronize
 from specdec import masks, ops
 
 SHAPES = [
@@ -69,6 +69,7 @@ def test_tree_attention(benchmark, shape, device, backend):
     benchmark.extra_info["device"] = device
     benchmark.extra_info["flops"] = _flops(shape)
     benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
+    record_device_time(benchmark, run, device)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
@@ -97,3 +98,4 @@ def test_tree_attention_flex_compiled(benchmark, shape, device):
     benchmark.extra_info["device"] = device
     benchmark.extra_info["flops"] = _flops(shape)
     benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
+    record_device_time(benchmark, run, device)

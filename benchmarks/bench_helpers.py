@@ -42,3 +42,34 @@ def backend_params():
 def synchronize(device: str):
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def record_device_time(benchmark, fn, device: str, graph_fn=None):
+    """On CUDA, add the kernel-side median to `benchmark.extra_info` (make_results.py prefers it
+    to pytest-benchmark's wall-clock median): `fn` timed with CUDA events by
+    triton.testing.do_bench (warm-up excluded), or, when `graph_fn` is given, one CUDA-graph
+    replay of `graph_fn` (for latency-bound kernels, whose launch gaps would otherwise dominate).
+    `graph_fn` must be capturable: no host syncs, e.g. the raw torch.ops.specdec.* call.
+    Does nothing on the CPU.
+    """
+    if device != "cuda":
+        return
+    from triton.testing import do_bench
+
+    timer, target = "cuda-events", fn
+    if graph_fn is not None:
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the capture, as torch recommends
+                for _ in range(3):
+                    graph_fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                graph_fn()
+            timer, target = "cuda-graph", graph.replay
+        except Exception as exc:  # keep the event timing rather than lose the figure
+            timer = f"cuda-events (graph capture failed: {type(exc).__name__})"
+    benchmark.extra_info["device_median_s"] = do_bench(target, warmup=25, rep=200, return_mode="median") * 1e-3
+    benchmark.extra_info["timer"] = timer

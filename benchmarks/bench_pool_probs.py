@@ -3,7 +3,7 @@ embedded-default shapes."""
 import pytest
 import torch
 
-from bench_helpers import backend_params, synchronize
+from bench_helpers import backend_params, record_device_time, synchronize
 from specdec import ops
 
 SHAPES = [
@@ -49,3 +49,4 @@ def test_pool_probs(benchmark, shape, device, backend):
     itemsize = logits.element_size()
     benchmark.extra_info["bytes"] = n * v * itemsize * (2 if cfg else 1) + n * k * 4 + n * 8 + 4 * n * 4
     benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
+    record_device_time(benchmark, run, device)

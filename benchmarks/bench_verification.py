@@ -7,7 +7,7 @@ Timings include the public API's argument checks, as a user calling specdec.ops 
 import pytest
 import torch
 
-from bench_helpers import backend_params, synchronize
+from bench_helpers import backend_params, record_device_time, synchronize
 from specdec import ops
 
 B, H, W, V = 16, 64, 64, 16384
@@ -56,6 +56,9 @@ def test_verify_grid_mulo_local(benchmark, device, backend):
             B * H * W * (4 + 1 + 1 + 4))
     out = benchmark.pedantic(run, rounds=10, warmup_rounds=1, iterations=1)
     assert out.resample.any()
+    raw = lambda: torch.ops.specdec.verify_grid(pooled, None, None, None, "threshold", 0.5, "local", 1)  # noqa: E731
+    record_device_time(benchmark, lambda: ops.verify_grid(pooled, tau=0.5, mode="local", radius=1, backend=backend),
+                       device, graph_fn=raw if backend == "cuda" else None)
 
 
 @pytest.mark.parametrize("device,backend", backend_params())
@@ -70,6 +73,10 @@ def test_verify_grid_ssd_independent(benchmark, device, backend):
     _record(benchmark, f"verify_grid ratio/independent B{B} {H}x{W} 5% rejected", backend, device,
             B * H * W * (4 * 3 + 1 + 1 + 4))
     benchmark.pedantic(run, rounds=10, warmup_rounds=1, iterations=1)
+    raw = lambda: torch.ops.specdec.verify_grid(p, q, u, None, "ratio", 0.0, "independent", 1)  # noqa: E731
+    record_device_time(benchmark, lambda: ops.verify_grid(p, q, rule="ratio", uniforms=u, mode="independent",
+                                                          backend=backend),
+                       device, graph_fn=raw if backend == "cuda" else None)
 
 
 @pytest.mark.parametrize("with_q", [False, True], ids=["from-p", "residual"])
@@ -86,3 +93,4 @@ def test_sample_residual(benchmark, device, backend, with_q):
     what = "residual" if with_q else "from p"
     _record(benchmark, f"sample_residual {what} M{M} V{V}", backend, device, M * V * 4 * (2 if with_q else 1))
     benchmark.pedantic(run, rounds=3, warmup_rounds=1, iterations=1)
+    record_device_time(benchmark, lambda: ops.sample_residual(p, q, uniforms=u, backend=backend), device)
