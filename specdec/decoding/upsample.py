@@ -56,17 +56,13 @@ class TokenUpsampler(nn.Module):
 
 def load_upsampler(path: Optional[str] = None, device="cpu") -> TokenUpsampler:
     """The trained learned up-sampler (default: specdec/weights/upsampler.safetensors)."""
-    from specdec.models.weights_io import load_weights
+    from specdec.models.weights_io import load_module
 
     if path is None:
         from specdec.models.default import WEIGHTS_DIR
 
         path = os.path.join(WEIGHTS_DIR, WEIGHTS_NAME)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing: train it with `python -m specdec.train upsampler`")
-    state, config, _ = load_weights(path)
-    net = TokenUpsampler(**config)
-    net.load_state_dict(state)
+    net, _ = load_module(path, lambda c: TokenUpsampler(**c), "train it with `python -m specdec.train upsampler`")
     return net.to(device).eval().requires_grad_(False)
 
 

@@ -19,7 +19,7 @@ from specdec.models.evaluator import FashionClassifier, QualityEvaluator
 from specdec.models.gpt import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.vq import VQConfig, VQTokenizer
-from specdec.models.weights_io import load_weights
+from specdec.models.weights_io import load_module, load_weights
 
 WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights")
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -52,27 +52,25 @@ class DefaultFamily:
 def _path(folder: str, name: str) -> str:
     path = os.path.join(folder, name)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} is missing; train the family with `python -m specdec.train all`")
+        raise FileNotFoundError(f"{path} is missing: {_HINT}")
     return path
 
 
+_HINT = "train the family with `python -m specdec.train all`"
+
+
 def _gpt(folder: str, name: str):
-    state, config, info = load_weights(_path(folder, name))
-    model = LlamaGenGPT(GPTConfig(**config))
-    model.load_state_dict(state)
-    return model.eval(), info
+    return load_module(os.path.join(folder, name), lambda c: LlamaGenGPT(GPTConfig(**c)), _HINT)
 
 
 def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
     info = {}
-    state, config, info["tokenizer"] = load_weights(_path(folder, "tokenizer.safetensors"))
-    tokenizer = VQTokenizer(VQConfig(**config))
-    tokenizer.load_state_dict(state)
+    tokenizer, info["tokenizer"] = load_module(os.path.join(folder, "tokenizer.safetensors"),
+                                               lambda c: VQTokenizer(VQConfig(**c)), _HINT)
     target, info["target"] = _gpt(folder, "target.safetensors")
     drafter, info["drafter"] = _gpt(folder, "drafter.safetensors")
-    state, config, info["ssd_heads"] = load_weights(_path(folder, "ssd_heads.safetensors"))
-    heads = SSDHeads(SSDHeadsConfig(**config))
-    heads.load_state_dict(state)
+    heads, info["ssd_heads"] = load_module(os.path.join(folder, "ssd_heads.safetensors"),
+                                           lambda c: SSDHeads(SSDHeadsConfig(**c)), _HINT)
     state, config, info["evaluator"] = load_weights(_path(folder, "evaluator.safetensors"))
     classifier = FashionClassifier(config.get("num_classes", 10))
     extras = {k: state.pop(k) for k in ("reference_features", "pool_features", "pool_labels")}

@@ -17,6 +17,20 @@ def save_weights(module: torch.nn.Module, path: str, config: dict, **info) -> No
     save_file(state, path, metadata=meta)
 
 
+def load_module(path: str, build, hint: str = "train it first"):
+    """(module in eval mode, other metadata) of a file written by save_weights.
+
+    `build(config)` constructs the module from the config stored in the file; `hint` says how
+    to produce a missing file.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing: {hint}")
+    state, config, info = load_weights(path)
+    module = build(config)
+    module.load_state_dict(state)
+    return module.eval(), info
+
+
 def load_weights(path: str):
     """(state_dict, config dict, other metadata dict) of a file written by save_weights."""
     from safetensors import safe_open

@@ -8,7 +8,7 @@ import torch
 
 from specdec.models.gpt import GPTConfig, LlamaGenGPT
 from specdec.models.vq import VQTokenizer
-from specdec.models.weights_io import load_weights, save_weights
+from specdec.models.weights_io import load_module, save_weights
 from specdec.train import common
 from specdec.train.data import NUM_CLASSES, load_split, to_model_images
 
@@ -16,13 +16,8 @@ from specdec.train.data import NUM_CLASSES, load_split, to_model_images
 def load_tokenizer(folder: str) -> VQTokenizer:
     from specdec.models.vq import VQConfig
 
-    path = os.path.join(folder, "tokenizer.safetensors")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} missing: run `python -m specdec.train vq` first")
-    state, config, _ = load_weights(path)
-    tok = VQTokenizer(VQConfig(**config))
-    tok.load_state_dict(state)
-    return tok.eval()
+    return load_module(os.path.join(folder, "tokenizer.safetensors"), lambda c: VQTokenizer(VQConfig(**c)),
+                       "run `python -m specdec.train vq` first")[0]
 
 
 @torch.no_grad()

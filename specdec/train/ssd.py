@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from specdec.models.gpt import GPTConfig, LlamaGenGPT
 from specdec.models.sampling import sample_ar
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
-from specdec.models.weights_io import load_weights, save_weights
+from specdec.models.weights_io import load_module, save_weights
 from specdec.train import common
 
 DEFAULT_STEPS = 800
@@ -28,12 +28,7 @@ HELD_OUT = 32
 
 
 def load_gpt(path: str) -> LlamaGenGPT:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} missing: train it first")
-    state, config, _ = load_weights(path)
-    model = LlamaGenGPT(GPTConfig(**config))
-    model.load_state_dict(state)
-    return model.eval()
+    return load_module(path, lambda c: LlamaGenGPT(GPTConfig(**c)))[0]
 
 
 @torch.no_grad()
