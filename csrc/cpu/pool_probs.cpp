@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "specdec/pool_math.h"
+#include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
 
 namespace specdec {
@@ -79,7 +80,7 @@ void pool_rows(const at::Tensor& logits, const at::Tensor& tokens, const Nb* nb,
   const int64_t tok_stride = tokens.stride(0);
   std::atomic<int64_t> bad_token{-1}, bad_neighbor{-1};
 
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, grain_for(v), [&](int64_t begin, int64_t end) {
     std::vector<float> l(v), scratch;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t x = tok64 ? static_cast<const int64_t*>(tok)[r * tok_stride]
@@ -172,7 +173,7 @@ at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::
     const scalar_t* uncond = uncond_logits.has_value() ? uncond_logits->data_ptr<scalar_t>() : nullptr;
     const int64_t stride = logits.stride(0);
     const int64_t ustride = uncond_logits.has_value() ? uncond_logits->stride(0) : 0;
-    at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, n, grain_for(v), [&](int64_t begin, int64_t end) {
       std::vector<float> l(v), scratch;
       for (int64_t r = begin; r < end; ++r) {
         RowSoftmax st = row_softmax(cond + r * stride, uncond ? uncond + r * ustride : nullptr, v,

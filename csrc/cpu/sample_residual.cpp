@@ -17,6 +17,7 @@
 #endif
 
 #include "specdec/verify_math.h"
+#include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
 
 namespace specdec {
@@ -101,7 +102,7 @@ SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tenso
   int32_t* tok = tokens.data_ptr<int32_t>();
   bool* fb = fallback.data_ptr<bool>();
 
-  at::parallel_for(0, m, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, m, grain_for(v), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* pr = p_base + r * v;
       const float* qr = q_base ? q_base + r * v : nullptr;

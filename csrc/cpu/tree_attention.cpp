@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "specdec/attention_math.h"
+#include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
 
 // The build compiles with -ffp-contract=off so kernel 1 rounds like its reference; attention is
@@ -412,7 +413,7 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t q_tiles = (nq + kQueryTile - 1) / kQueryTile;
   const int64_t items = b * hq * q_tiles;
   static const AttendFn attend_query_tile = pick_attend();
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, items, grain_for(int64_t{kQueryTile} * nk * d), [&](int64_t begin, int64_t end) {
     Scratch scratch(pb.dp);
     for (int64_t it = begin; it < end; ++it) {
       const int64_t t = it % q_tiles;

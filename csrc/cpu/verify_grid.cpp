@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "specdec/verify_math.h"
+#include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
 
 namespace specdec {
@@ -164,7 +165,7 @@ VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& 
   int32_t* first_ptr = first_reject.data_ptr<int32_t>();
   int32_t* count_ptr = num_islands.data_ptr<int32_t>();
 
-  at::parallel_for(0, b, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, b, grain_for(h * w), [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> rejected(n), row_dilated(n), window(n);
     std::vector<int32_t> scratch((h + 1) * w + w + 1);
     for (int64_t g = begin; g < end; ++g) {
