@@ -73,3 +73,17 @@ def record_device_time(benchmark, fn, device: str, graph_fn=None):
             timer = f"cuda-events (graph capture failed: {type(exc).__name__})"
     benchmark.extra_info["device_median_s"] = do_bench(target, warmup=25, rep=200, return_mode="median") * 1e-3
     benchmark.extra_info["timer"] = timer
+
+
+def pedantic_one_thread(benchmark, fn, *, rounds: int, warmup_rounds: int = 1):
+    """benchmark.pedantic(fn) with torch on one CPU thread, restored after. For batch-1 decoding,
+    a chain of tiny ops where a second thread only synchronises (measured several times slower
+    with 2 threads on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = benchmark.pedantic(fn, rounds=rounds, warmup_rounds=warmup_rounds)
+    finally:
+        torch.set_num_threads(threads)
+    benchmark.extra_info["threads"] = 1
+    return result

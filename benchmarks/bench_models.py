@@ -3,7 +3,7 @@ of 2, KV cache): the `ar` baseline's cost per image, per attention backend."""
 import pytest
 import torch
 
-from bench_helpers import synchronize
+from bench_helpers import pedantic_one_thread, synchronize
 from specdec.models import default, sample_ar
 
 BACKENDS = [b for b in ("reference", "cpu") if b in __import__("specdec").available_backends(torch.device("cpu"))]
@@ -21,13 +21,5 @@ def test_ar_one_image_default_target(benchmark, backend):
         synchronize("cpu")
         return out
 
-    # Batch-1 decoding is a chain of tiny ops: extra threads only synchronise (measured several
-    # times slower with 2 threads on a busy 2-core machine), so it runs on one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        grid = benchmark.pedantic(run, rounds=5, warmup_rounds=1)
-    finally:
-        torch.set_num_threads(threads)
-    benchmark.extra_info["threads"] = 1
+    grid = pedantic_one_thread(benchmark, run, rounds=5)
     assert grid.shape == (1, 16, 16)

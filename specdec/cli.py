@@ -187,7 +187,7 @@ def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, o
         if out_dir and out.images is not None:
             images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
         if out_dir and m == "mulo" and out.images is not None:
-            images.save_mulo_maps(out.images, s.acceptance_maps, s.extra["islands"],
+            images.save_mulo_maps(out.images, s.extra["accept_image"], s.extra["islands"],
                                   os.path.join(out_dir, "mulo_maps.png"))
     base = next((r for r in rows if r["method"] == "ar"), None)
     if base is not None:

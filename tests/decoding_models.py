@@ -50,7 +50,8 @@ class TinyTokenizer(torch.nn.Module):
 
 class TinyFamily:
     """The fields `specdec.decoding.decode` and the CLI use, on tiny random models: a 4x4 target,
-    a 2x2 low-resolution drafter (r = 2), SSD heads, a stand-in tokenizer and a random evaluator."""
+    a 2x2 low-resolution drafter (r = 2), a smaller same-grid drafter, SSD heads (two vertical), a
+    stand-in tokenizer and a random evaluator."""
 
     class_names = ("a", "b", "c")
 
@@ -59,7 +60,8 @@ class TinyFamily:
 
         self.target = tiny_gpt(4, vocab, seed=seed)
         self.drafter = tiny_gpt(2, vocab, seed=seed + 1)
-        self.ssd_heads = tiny_heads(32, width=4, seed=seed + 2)
+        self.sd_drafter = tiny_gpt(4, vocab, seed=seed + 3, dim=16, layers=1)
+        self.ssd_heads = tiny_heads(32, width=4, seed=seed + 2, vertical=2)
         self.tokenizer = TinyTokenizer(vocab)
         self.codebook = self.tokenizer.codebook
         from specdec.decoding.upsample import TokenUpsampler

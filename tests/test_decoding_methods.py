@@ -57,20 +57,153 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
 
 
+@pytest.mark.parametrize("vertical_heads", [1, 2])
 @pytest.mark.parametrize("rounds", [0, 1, 2])
-def test_ssd_target_passes_follow_its_schedule(fam, rounds):
-    out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds)
+def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads):
+    """1 + C0 + (H - 1)(r + 1) with one vertical head; row groups of two with the +2W head too."""
+    out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
+                          vertical_heads=vertical_heads)
     H = fam.target.grid[0]
+    groups = -(-(H - 1) // vertical_heads)
     for c0 in out.stats.extra["row0_passes"]:
         assert c0 >= 1
-    expected = sum(1 + c0 + (H - 1) * (rounds + 1) for c0 in out.stats.extra["row0_passes"])
+    expected = sum(1 + c0 + groups * (rounds + 1) for c0 in out.stats.extra["row0_passes"])
     assert out.stats.target_forwards == expected
+
+
+def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
+    """With H = 4 the groups are rows {1, 2} and {3}: the first verification of each group scores
+    two rows, then one (per image)."""
+    W = fam.target.grid[1]
+    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=1, vertical_heads=2, seed=3,
+                     sampling=SAMPLING)
+    row0 = out.stats.extra["row0_passes"][0]                         # row 0's raster rounds come first
+    assert out.stats.extra["drafted"][row0:] == [2 * W, W]
+    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=1, vertical_heads=1, seed=3,
+                     sampling=SAMPLING)
+    assert one.stats.extra["drafted"][one.stats.extra["row0_passes"][0]:] == [W, W, W]
 
 
 def test_ssd_batched_rows_follow_the_same_schedule(fam):
     out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=2, seed=2, sampling=SAMPLING, batch_size=3)
     c0, = out.stats.extra["row0_passes"]
     assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
+
+
+def _spy_on_mulo_cycles(monkeypatch):
+    """Record every down-sampled prefix and what the drafter's sampling starts from."""
+    calls = {"downsample": [], "drafter_prefix": []}
+    real_down, real_sample = mulo._up.downsample, mulo.sample_grid
+
+    def downsample(high, factor, *, tokenizer, pad_to=None):
+        low = real_down(high, factor, tokenizer=tokenizer, pad_to=pad_to)
+        calls["downsample"].append((high.clone(), low.clone()))
+        return low
+
+    def sample_grid(runner, classes, gen, *, x=None, start=0, **kw):
+        calls["drafter_prefix"].append(x[:, :start].clone())
+        return real_sample(runner, classes, gen, x=x, start=start, **kw)
+
+    monkeypatch.setattr(mulo._up, "downsample", downsample)
+    monkeypatch.setattr(mulo, "sample_grid", sample_grid)
+    return calls
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.3, 1.5])
+def test_mulo_cycles_continue_the_drafter_from_the_downsampled_accepted_rows(fam, monkeypatch, tau):
+    """cycle_rows=1 on the 2x2 drafter: two cycles of two target rows. The second cycle's drafter
+    prefix is the first two committed target rows of the final image, down-sampled."""
+    calls = _spy_on_mulo_cycles(monkeypatch)
+    H, W = fam.target.grid
+    out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=tau,
+                      cycle_rows=1, seed=4, sampling=SAMPLING)
+    assert out.stats.extra["cycles"] == [2]
+    (high, low), = calls["downsample"]
+    assert torch.equal(high, out.tokens[:, :2])                         # the accepted rows, as committed
+    assert torch.equal(low, mulo._up.downsample(out.tokens[:, :2], 2, tokenizer=fam.tokenizer, pad_to=H))
+    first, second = calls["drafter_prefix"]
+    assert first.numel() == 0 and torch.equal(second, low.view(1, -1))
+    resampled, = out.stats.extra["resampled"]
+    if tau == 0.0:
+        assert resampled == 0 and out.stats.target_forwards == 1 + 2   # prefill + a verification per cycle
+    if tau > 1:
+        # Everything rejected: each cycle's block is resampled token by token after its
+        # verification, whose output already gives the block's first token.
+        assert resampled == H * W and out.stats.target_forwards == 1 + 2 * (1 + (H * W // 2 - 1))
+    assert len(out.stats.acceptance_maps) == 2
+    assert not bool(out.stats.acceptance_maps[0][2:].any()) and not bool(out.stats.acceptance_maps[1][:2].any())
+
+
+@pytest.mark.parametrize("resample", ["islands", "raster"])
+def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resample):
+    """A cycle's last resampling pass samples tokens without writing their keys and values; the
+    next cycle's verification pass must write them, or the target would verify the next rows
+    with holes in its context. The verdict is forced to reject only the second slot of each
+    block (radius 0), which the first cycle resolves last; after the second (last) cycle of a
+    4x4 grid every slot of the first cycle's rows must be valid."""
+    runners, unfed = [], []
+    real_runner, real_verify = mulo.ModelRunner, mulo.verify
+    real_resample = getattr(mulo, f"resample_{resample}")
+
+    def runner(model, *a, **kw):
+        r = real_runner(model, *a, **kw)
+        if model is fam.target:
+            runners.append(r)
+        return r
+
+    def verify_rejecting_slot_1(pooled, *a, **kw):
+        forced = torch.ones_like(pooled)
+        forced.view(-1)[1] = 0.0
+        return real_verify(forced, *a, **kw)
+
+    def resample_fn(*a, **kw):
+        last = real_resample(*a, **kw)
+        unfed.append(last.tolist())
+        return last
+
+    monkeypatch.setattr(mulo, "ModelRunner", runner)
+    monkeypatch.setattr(mulo, "verify", verify_rejecting_slot_1)
+    monkeypatch.setattr(mulo, f"resample_{resample}", resample_fn)
+    H, W = fam.target.grid
+    out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=0.5, radius=0,
+                      cycle_rows=1, resample=resample, seed=0, sampling=SAMPLING)
+    assert unfed == [[1], [H * W // 2 + 1]] and out.stats.extra["resampled"] == [2]
+    cache = runners[-1].cache
+    P = fam.target.prefix_len
+    assert bool(cache.valid[:, P:P + H * W // 2].all())
+
+
+def test_mulo_one_cycle_per_row_of_the_whole_image_is_the_default_reading(fam):
+    h = fam.drafter.grid[0]
+    whole = mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, seed=2, sampling=SAMPLING)
+    same = mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, seed=2, sampling=SAMPLING,
+                       cycle_rows=h)
+    assert torch.equal(whole.tokens, same.tokens) and whole.stats.extra["cycles"] == [1, 1, 1]
+
+
+def test_learned_upsampler_is_row_causal():
+    """Target rows r*i .. r*i + r - 1 depend on low-resolution rows <= i only (what lets a partly
+    drafted image up-sample like the same rows of a whole one), and do depend on row i."""
+    torch.manual_seed(0)
+    net = TokenUpsampler(16, 4, factor=2, channels=8)
+    net.codebook.normal_()
+    low = torch.randint(0, 16, (2, 6, 5))
+    full = net(low)
+    for i in range(6):
+        changed = low.clone()
+        changed[:, i:] = (changed[:, i:] + 1 + torch.randint(0, 15, changed[:, i:].shape)) % 16
+        out = net(changed)
+        assert torch.equal(out[:, :, :2 * i], full[:, :, :2 * i])
+        assert not torch.equal(out[:, :, 2 * i:2 * i + 2], full[:, :, 2 * i:2 * i + 2])
+
+
+def test_sd_from_a_family_drafts_with_its_same_grid_drafter(fam):
+    a = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING)
+    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, seed=3, sampling=SAMPLING, chunk=4)
+    assert torch.equal(a.tokens, b.tokens) and a.stats.draft_forwards == b.stats.draft_forwards > 0
+    c = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING, heads=fam.ssd_heads)
+    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=3, sampling=SAMPLING, chunk=4)
+    assert torch.equal(c.tokens, d.tokens)
 
 
 def test_zipar_with_a_full_row_window_is_plain_ar(fam):
@@ -134,10 +267,14 @@ def test_grid_mismatch_between_drafter_and_target(fam):
     (dict(drafting="tree"), "drafting"), (dict(resample="all"), "resample"),
     (dict(drafting="zipar", window=0), "window"), (dict(upsample="learned"), "up-sampler"),
     (dict(upsample="learned", upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
+    (dict(cycle_rows=0), "cycle_rows"), (dict(cycle_rows=3), "cycle_rows"), (dict(cycle_rows=True), "cycle_rows"),
+    (dict(cycle_rows=1, drafting="zipar"), "zipar"), (dict(cycle_rows=1, upsample="nearest", tokenizer=None), "tokenizer"),
 ])
 def test_mulo_bad_options(fam, kwargs, match):
+    kw = dict(drafter=fam.drafter, tokenizer=fam.tokenizer)
+    kw.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, **kwargs)
+        mulo.decode(fam.target, CLASSES, **kw)
 
 
 def test_other_bad_arguments(fam):
@@ -145,6 +282,9 @@ def test_other_bad_arguments(fam):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=-1)
     with pytest.raises(ValueError, match="heads"):
         ssd.decode(fam.target, CLASSES, heads=None)
+    for bad in (0, 3, True):
+        with pytest.raises(ValueError, match="vertical_heads"):
+            ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)
     with pytest.raises(ValueError, match="grid width"):
         ssd.decode(fam.target, CLASSES, heads=tiny_heads(32, width=8))
     with pytest.raises(ValueError, match="window"):
@@ -183,6 +323,11 @@ def test_upsample_shapes_and_errors(fam):
     assert torch.equal(upsample(low, 2, "nearest")[:, ::2, ::2], low)
     assert upsample(low, 2, "pixel", tokenizer=fam.tokenizer).shape == (2, 4, 4)
     assert downsample(upsample(low, 2, "pixel", tokenizer=fam.tokenizer), 2, tokenizer=fam.tokenizer).shape == (2, 2, 2)
+    # A partial grid is edge-padded to the full height (last token row repeated), then cropped.
+    high = torch.randint(0, 16, (2, 2, 4))
+    padded = torch.cat([high, high[:, 1:2], high[:, 1:2]], 1)
+    part = downsample(high, 2, tokenizer=fam.tokenizer, pad_to=4)
+    assert part.shape == (2, 1, 2) and torch.equal(part, downsample(padded, 2, tokenizer=fam.tokenizer)[:, :1])
     with pytest.raises(ValueError, match="tokenizer"):
         upsample(low, 2, "pixel")
     with pytest.raises(ValueError, match="factor"):

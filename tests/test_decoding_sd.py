@@ -83,3 +83,67 @@ def test_chi_square_detects_a_wrong_distribution(sd_counts):
     target, out = sd_counts
     _, other = exact_grid_distribution(target, Sampling(cfg_scale=2.5), CLASS)
     assert chi_square_pvalue(grid_counts(out.tokens), other) < 1e-3
+
+
+# ---- many rounds: a 4x4 grid -----------------------------------------------------------------
+
+def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Chi-square test that two count vectors come from one distribution (2 x k contingency table;
+    categories empty in both are dropped)."""
+    table = torch.stack([a, b]).double()
+    table = table[:, table.sum(0) > 0]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    df = table.shape[1] - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+GRID_4X4_SAMPLES = 20_000
+PAIRS = [(0, 15), (3, 4), (5, 10), (7, 8)]
+
+
+@pytest.fixture(scope="module")
+def ar_4x4():
+    target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
+    from specdec.decoding import ar
+
+    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), seed=1, sampling=SAMPLING,
+                    batch_size=GRID_4X4_SAMPLES)
+    return target, out.tokens.view(GRID_4X4_SAMPLES, 16)
+
+
+def _statistics(tokens):
+    """Counts of every position's token (16 x 4) and of a few pairs (4 x 16)."""
+    marg = [torch.bincount(tokens[:, i], minlength=4) for i in range(16)]
+    pairs = [torch.bincount(tokens[:, i] * 4 + tokens[:, j], minlength=16) for i, j in PAIRS]
+    return marg + pairs
+
+
+@pytest.mark.parametrize("drafter", ["model", "heads"])
+def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
+    """The 2x2 test above covers one drafting round. On a 4x4 grid with chunk 3 every image goes
+    through several rounds: rejections, corrections, bonus tokens, the drafter catching up, rows of
+    the batch at different progress. Every position's marginal and a few pairs' joints under sd
+    match plain AR's (two-sample chi-square, Bonferroni over the 20 statistics)."""
+    target, ar_tokens = ar_4x4
+    kw = (dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6)) if drafter == "model"
+          else dict(heads=tiny_heads(16, seed=5)))
+    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), chunk=3, seed=2, sampling=SAMPLING,
+                    batch_size=GRID_4X4_SAMPLES, **kw)
+    accepted, drafted = sum(out.stats.extra["accepted"]), sum(out.stats.extra["drafted"])
+    assert 0.05 < accepted / drafted < 0.95                     # real rejections and real acceptances
+    sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
+    pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(sd_tokens))]
+    assert min(pvalues) > 1e-3 / len(pvalues)
+
+
+def test_two_sample_test_has_power(ar_4x4):
+    """AR at another CFG scale is told apart by the same statistics."""
+    target, ar_tokens = ar_4x4
+    from specdec.decoding import ar
+
+    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), seed=3, sampling=Sampling(cfg_scale=3.0),
+                      batch_size=GRID_4X4_SAMPLES).tokens.view(GRID_4X4_SAMPLES, 16)
+    pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(other))]
+    assert min(pvalues) < 1e-3 / len(pvalues)

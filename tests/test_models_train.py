@@ -74,9 +74,15 @@ def test_every_script_trains_a_few_steps(tmp_path, keep_threads):
     train_main.main(["classifier", *common, "--batch-size", "8"])
     train_main.main(["target", *common, "--batch-size", "4"])
     train_main.main(["drafter", *common, "--batch-size", "4"])
+    train_main.main(["sd_drafter", *common, "--batch-size", "4"])
     train_main.main(["ssd", *common, "--batch-size", "8", "--samples", "4"])
+    train_main.main(["upsampler", *common, "--batch-size", "4"])
     family = load_family(out)
-    assert family.target.grid == (16, 16) and family.drafter.grid == (8, 8)
+    assert family.target.grid == (16, 16) and family.drafter.grid == (8, 8) and family.sd_drafter.grid == (16, 16)
+    assert family.sd_drafter.config.dim < family.target.config.dim
+    from specdec.decoding.upsample import load_upsampler
+
+    assert load_upsampler(os.path.join(out, "upsampler.safetensors")).factor == 2
     assert family.codebook.shape[0] == family.target.vocab_size == family.drafter.vocab_size
     assert family.ssd_heads.offsets == (1, 2, 3, 4, 5, 16, 32)
     tokens = sample_ar(family.target, torch.tensor([3, 7]), cfg_scale=2.0, generator=torch.Generator().manual_seed(0))

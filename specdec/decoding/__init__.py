@@ -9,7 +9,7 @@
 Each method also has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`) whose
 `decode(target, classes, ...)` takes the models explicitly; `decode(method, family, ...)` picks the
 pieces a method needs from a model family (the embedded default or anything with the same fields:
-target, drafter, tokenizer, ssd_heads, codebook).
+target, drafter, sd_drafter, tokenizer, ssd_heads, codebook, upsampler).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ DEFAULT_OPTIONS: Dict[str, dict] = {
     "sjd": dict(window=16),
     "zipar": dict(window=4),
     "mulo": dict(tau=0.05, radius=1, k=1000, delta=0.4, upsample="learned", drafting="serial", resample="islands"),
-    "ssd": dict(rounds=2, chunk=5),
+    "ssd": dict(rounds=2, chunk=5, vertical_heads=1),
 }
 
 
@@ -56,8 +56,11 @@ def check_method(method: str) -> str:
 def _family_resources(method: str, family, options: dict) -> dict:
     get = (lambda k: family.get(k)) if isinstance(family, dict) else (lambda k: getattr(family, k, None))
     res = {"tokenizer": get("tokenizer")}
-    if method in ("sd", "lantern") and options.get("drafter") is None:
-        res["heads"] = get("ssd_heads")           # the default family has no same-grid drafter
+    if method in ("sd", "lantern") and options.get("drafter") is None and options.get("heads") is None:
+        # The family's same-grid drafter model; without one, SSD's horizontal heads draft (Medusa-style).
+        res["drafter"] = get("sd_drafter")
+        if res["drafter"] is None:
+            res["heads"] = get("ssd_heads")
     if method == "lantern" and options.get("neighbors") is None:
         res["codebook"] = get("codebook")
     if method == "mulo":

@@ -12,17 +12,23 @@ from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches
 
 
 @torch.no_grad()
-def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=None) -> torch.Tensor:
-    """Raster AR over runner's grid for B classes -> int64 [B, H*W]. `start_out`: the prefill's output
-    when the caller already ran it."""
+def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=None, x=None, start: int = 0,
+                end=None) -> torch.Tensor:
+    """Raster AR over runner's grid for B classes -> int64 [B, H*W].
+
+    `start_out`: the output giving the distribution of token `start` when the caller already has
+    it (the prefill's, or the last output of a prefix pass); `x` [B, H*W] with positions before
+    `start` already committed (and in the cache): only [start, end) is sampled."""
     B = classes.shape[0]
     HW = runner.H * runner.W
+    end = HW if end is None else end
     out = start_out if start_out is not None else runner.prefill(classes)
-    x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
+    if x is None:
+        x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
     pos = torch.zeros(1, dtype=torch.long, device=runner.device)
-    for u in range(HW):
+    for u in range(start, end):
         x[:, u] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
-        if u + 1 < HW:
+        if u + 1 < end:
             pos.fill_(u)
             out = runner.forward(x[:, u:u + 1], pos)
     return x

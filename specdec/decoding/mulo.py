@@ -1,7 +1,8 @@
 """`mulo`: MuLo-SD, multi-scale local speculative decoding (METHODS.md "mulo"), lossy by design.
 
-1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the whole
-   low-resolution image, serially (`drafting="serial"`) or row-staggered (`drafting="zipar"`).
+1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the next
+   `cycle_rows` low-resolution rows (reading, the default `cycle_rows=None`: the whole image in one
+   cycle), serially (`drafting="serial"`) or row-staggered (`drafting="zipar"`, whole image only).
 2. Up-sample it to a high-resolution draft x~ (`upsample="pixel" | "learned" | "nearest"`).
 3. Verify: one target pass over x~ (a chunked causal prefill that keeps the keys and values).
 4. Accept x~_i iff the pooled target probability p(x~_i) + moved neighbour mass >= tau
@@ -15,9 +16,13 @@
    Reading: kept tokens' keys and values from the verification pass are reused; the first token
    of the first island is sampled from the verification logits (its context is all accepted).
 
-One cycle per image: after step 6 the grid is complete, so the drafter's prefix is the condition
-alone (the down-sampled-prefix path of multi-cycle MuLo-SD is not exercised; see `downsample`).
-Target passes per image: prefill + verification + the resampling passes.
+7. With `cycle_rows` set, the next cycle's drafter prefix is the accepted image so far, down-sampled
+   (VQ decode, area-resize by 1/r, VQ encode, the cut edge-padded; `upsample.downsample`) and fed to the drafter in one
+   pass, so its next rows continue what the target kept rather than its own rejected draft.
+   Each cycle verifies only its own r * cycle_rows high-resolution rows (the rows above are
+   committed); its islands and local windows live inside them.
+
+Target passes per image: prefill + one verification per cycle + the resampling passes.
 """
 from __future__ import annotations
 
@@ -55,10 +60,12 @@ def check_models(target, drafter):
 
 
 @torch.no_grad()
-def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: torch.Tensor, gen):
+def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: torch.Tensor, gen, base: int = 0):
     """v1: R_X positions (sorted) one per pass; each pass feeds the token resolved last and the
-    token just before the next position (re-encoding a kept token with the corrected context)."""
-    x[0, rpos[0]] = draw(runner.probs(ver.select(rpos[0:1]))[:, 0], gen, runner.backend)[0]
+    token just before the next position (re-encoding a kept token with the corrected context).
+    `ver` holds the verification outputs of positions base, base + 1, ... Returns the position
+    resolved last, whose keys and values are not written yet."""
+    x[0, rpos[0]] = draw(runner.probs(ver.select(rpos[0:1] - base))[:, 0], gen, runner.backend)[0]
     prev = int(rpos[0])
     for u in rpos[1:].tolist():
         block = sorted({prev, u - 1})
@@ -66,12 +73,15 @@ def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: to
         out = runner.forward(x[:, pos], pos)
         x[0, u] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)[0]
         prev = u
+    return torch.tensor([prev], device=x.device)
 
 
 @torch.no_grad()
 def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: torch.Tensor,
-                     islands: torch.Tensor, gen):
-    """v2: every island of R_X advances one token per pass, all islands in one pass."""
+                     islands: torch.Tensor, gen, base: int = 0):
+    """v2: every island of R_X advances one token per pass, all islands in one pass. `resample`
+    and `islands` cover the whole grid; `ver` holds the outputs of positions base, base + 1, ...
+    Returns the positions resolved in the last pass, whose keys and values are not written yet."""
     dev = x.device
     HW = x.shape[1]
     rpos = resample.nonzero()[:, 0]
@@ -89,7 +99,7 @@ def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resampl
         now = rpos[rank == m]                                     # one position per active island
         if m == 0 and bool((now == t0).any()):
             # The first island starts at the first rejection: its context is all accepted.
-            x[0, t0] = draw(runner.probs(ver.select(slice(t0, t0 + 1)))[:, 0], gen, runner.backend)[0]
+            x[0, t0] = draw(runner.probs(ver.select(slice(t0 - base, t0 - base + 1)))[:, 0], gen, runner.backend)[0]
             resolved[t0] = True
             now = now[now != t0]
             last = torch.tensor([t0], device=dev)
@@ -110,13 +120,26 @@ def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resampl
         x[0, now] = draw(runner.probs(out.select(src))[0], gen, runner.backend)
         resolved[now] = True
         last = now
+    return last
+
+
+def check_cycle_rows(cycle_rows, low_height: int, drafting: str):
+    if cycle_rows is None:
+        return low_height
+    if isinstance(cycle_rows, bool) or not isinstance(cycle_rows, int) or not 1 <= cycle_rows <= low_height:
+        raise ValueError(f"cycle_rows must be None (whole image) or an int in [1, {low_height}] "
+                         f"(the drafter's grid height), got {cycle_rows!r}")
+    if drafting == "zipar" and cycle_rows < low_height:
+        raise ValueError("drafting='zipar' drafts the whole low-resolution image; cycle_rows needs drafting='serial'")
+    return cycle_rows
 
 
 def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel", upsampler=None,
            codebook=None, neighbors=None, tau: float = 0.05, k: int = 1000, delta: float = 0.4, radius: int = 1,
-           drafting: str = "serial", window: int = 2, resample: str = "islands", seed: int = 0,
+           drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0,
            sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None):
-    """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`."""
+    """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
+    `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle)."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)
@@ -132,8 +155,13 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         raise ValueError(f"upsample must be one of {', '.join(_up.MODES)}, got {upsample!r}")
     if drafting == "zipar":
         check_window(window, drafter.grid[1])
+    h, w = drafter.grid
+    cycle_rows = check_cycle_rows(cycle_rows, h, drafting)
     if upsample == "pixel" and tokenizer is None:
         raise ValueError("upsample='pixel' needs the VQ tokenizer (tokenizer=...)")
+    if cycle_rows < h and tokenizer is None:
+        raise ValueError("cycle_rows < the drafter's grid height needs the VQ tokenizer (tokenizer=...) to "
+                         "down-sample the accepted rows into the drafter's next prefix")
     if upsample == "learned" and upsampler is None:
         raise ValueError("upsample='learned' needs the trained up-sampler (upsampler=...)")
     if upsample == "learned" and (upsampler.codebook.shape[0] != target.vocab_size or upsampler.factor != factor):
@@ -142,36 +170,76 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
     if neighbors is None and codebook is not None and k > 0:
         neighbors = neighbor_table(codebook, k)
     draft_sampling = draft_sampling or sampling
-    h, w = drafter.grid
 
     def run(cls, gen, stats):
         drunner = ModelRunner(drafter, draft_sampling, batch=1, backend=backend)
-        if drafting == "serial":
-            low = sample_grid(drunner, cls, gen)
-        else:
-            low = zipar_grid(drunner, cls, gen, window=window)
-        xt = _up.upsample(low.view(1, h, w), factor, upsample, tokenizer=tokenizer, net=upsampler)
         runner = ModelRunner(target, sampling, batch=1, backend=backend)
         H, W = runner.H, runner.W
-        x = xt.reshape(1, H * W).to(runner.device)
+        x = torch.zeros(1, H * W, dtype=torch.long, device=runner.device)
+        low = torch.zeros(1, h * w, dtype=torch.long, device=drunner.device)  # the drafter's view of the image
+        drafts = low.clone()                                                  # what it drafted, for the maps
+        accept_map = torch.zeros(H * W, dtype=torch.bool)
+        island_map = torch.full((H * W,), -1, dtype=torch.int32)
         first = runner.prefill(cls)
-        out = runner.forward(x[:, :-1], torch.arange(H * W - 1, device=runner.device))
-        ver = Outputs.cat([first, out])                                  # distribution of every token
-        pooled = runner.token_probs(ver, x, neighbors, delta if neighbors is not None else None).pooled
-        verdict = verify(pooled.view(1, H, W), rule="threshold", tau=tau, mode="local", radius=radius,
-                         backend=backend)
-        stats.acceptance_maps.append(verdict.accept.cpu())
-        stats.extra.setdefault("islands", []).append(verdict.islands[0].cpu())
-        stats.extra.setdefault("num_islands", []).append(int(verdict.num_islands[0]))
-        stats.extra.setdefault("resampled", []).append(int(verdict.resample.sum()))
-        stats.extra.setdefault("low_res", []).append(low.view(h, w).cpu())
-        R = verdict.resample.view(-1)
-        if bool(R.any()):
-            runner.invalidate(R.nonzero()[:, 0])
-            if resample == "raster":
-                resample_raster(runner, x, ver, R.nonzero()[:, 0], gen)
+        dstart = drunner.prefill(cls) if drafting == "serial" else None   # zipar_grid prefills itself
+        cycles = resampled = 0
+        for done in range(0, h, cycle_rows):                 # low-resolution rows committed so far
+            rows = min(cycle_rows, h - done)
+            lo, hi = done * w, (done + rows) * w
+            if done:
+                # 7. The drafter continues from the down-sampled accepted image (one prefix pass).
+                prefix = _up.downsample(x.view(1, H, W)[:, :done * factor].cpu(), factor, tokenizer=tokenizer, pad_to=H)
+                low[:, :lo] = prefix.reshape(1, lo).to(low.device)
+                dstart = drunner.forward(low[:, :lo], torch.arange(lo, device=low.device)).select(slice(-1, None))
+            if drafting == "serial":
+                sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi)
             else:
-                resample_islands(runner, x, ver, R, verdict.islands.view(-1), gen)
+                low.copy_(zipar_grid(drunner, cls, gen, window=window))
+            drafts[:, lo:hi] = low[:, lo:hi]
+            # 2. Up-sample (row-causal for `learned`: rows above the block come out as they would
+            # have; the block's rows are what is drafted).
+            up = _up.upsample(low[:, :hi].view(1, done + rows, w), factor, upsample, tokenizer=tokenizer, net=upsampler)
+            b0, b1 = done * factor * W, (done + rows) * factor * W       # the block of high-resolution slots
+            x[:, b0:b1] = up.reshape(1, -1)[:, b0:b1].to(x.device)
+            # 3. One target pass over the block: output i is the distribution of slot b0 + i. It
+            # also writes the tokens the previous cycle resolved in its last resampling pass
+            # (`unfed`), so the block's context has no holes.
+            if b0 == 0:
+                ver = Outputs.cat([first, runner.forward(x[:, :b1 - 1], torch.arange(b1 - 1, device=x.device))])
+            else:
+                pos = torch.unique(torch.cat([unfed, torch.arange(b0 - 1, b1 - 1, device=x.device)]))
+                ver = runner.forward(x[:, pos], pos).select(slice(pos.numel() - (b1 - b0), None))
+            # 4.-5. Pooled threshold, local rejection windows inside the block.
+            pooled = runner.token_probs(ver, x[:, b0:b1], neighbors, delta if neighbors is not None else None).pooled
+            verdict = verify(pooled.view(1, rows * factor, W), rule="threshold", tau=tau, mode="local",
+                             radius=radius, backend=backend)
+            accept = torch.zeros(H * W, dtype=torch.bool)
+            accept[b0:b1] = verdict.accept.view(-1).cpu()
+            stats.acceptance_maps.append(accept.view(H, W))
+            accept_map |= accept
+            R = torch.zeros(H * W, dtype=torch.bool, device=x.device)
+            R[b0:b1] = verdict.resample.view(-1)
+            isl = verdict.islands.view(-1).to(torch.int32)
+            islands = torch.full((H * W,), -1, dtype=torch.int32, device=x.device)
+            islands[b0:b1] = torch.where(isl >= 0, isl + b0, isl)
+            island_map[b0:b1] = islands[b0:b1].cpu()
+            cycles += 1
+            resampled += int(R.sum())
+            stats.extra.setdefault("num_islands", []).append(int(verdict.num_islands[0]))
+            if bool(R.any()):
+                # 6. Resample R_X with the target.
+                runner.invalidate(R.nonzero()[:, 0])
+                if resample == "raster":
+                    unfed = resample_raster(runner, x, ver, R.nonzero()[:, 0], gen, base=b0)
+                else:
+                    unfed = resample_islands(runner, x, ver, R, islands, gen, base=b0)
+            else:
+                unfed = torch.empty(0, dtype=torch.long, device=x.device)
+        stats.extra.setdefault("cycles", []).append(cycles)
+        stats.extra.setdefault("resampled", []).append(resampled)
+        stats.extra.setdefault("accept_image", []).append(accept_map.view(H, W))
+        stats.extra.setdefault("islands", []).append(island_map.view(H, W))
+        stats.extra.setdefault("low_res", []).append(drafts.view(h, w).cpu())
         stats.target_forwards = runner.forwards
         stats.draft_forwards = drunner.forwards
         return x

@@ -4,9 +4,11 @@
   so this is a poor draft, kept to show what the other two buy);
 - `pixel`: VQ-decode, resize the image by r (bicubic), VQ-encode at the high resolution (the
   paper's pipeline with plain interpolation in place of its super-resolution network);
-- `learned`: `TokenUpsampler`, a small conv + pixel-shuffle network from low-resolution code
-  vectors to high-resolution token logits, trained by `python -m specdec.train upsampler` with a
-  pixel-space loss after VQ decoding.
+- `learned`: `TokenUpsampler`, a small masked row-causal conv + pixel-shuffle network from
+  low-resolution code vectors to high-resolution token logits, trained by
+  `python -m specdec.train upsampler` with a pixel-space loss after VQ decoding. Row-causal: the
+  high-resolution rows r*i .. r*i + r - 1 depend on low-resolution rows <= i only, so a partly
+  drafted image (MuLo-SD with `cycle_rows`) up-samples exactly as the same rows of a whole one.
 
 `downsample` is the inverse path (decode, area-resize by 1/r, encode), which gives the drafter
 its low-resolution view of an accepted high-resolution image.
@@ -24,12 +26,26 @@ MODES = ("pixel", "learned", "nearest")
 WEIGHTS_NAME = "upsampler.safetensors"
 
 
+class RowCausalConv2d(nn.Conv2d):
+    """A k x k convolution (k odd, 'same' padding) whose kernel rows below the centre are zero:
+    output row y sees input rows <= y only (left and right neighbours on the same row are fine)."""
+
+    def __init__(self, cin: int, cout: int, kernel_size: int = 3):
+        super().__init__(cin, cout, kernel_size, padding=kernel_size // 2)
+        mask = torch.ones(1, 1, kernel_size, kernel_size)
+        mask[:, :, kernel_size // 2 + 1:] = 0
+        self.register_buffer("row_mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(x, self.weight * self.row_mask, self.bias)
+
+
 class TokenUpsampler(nn.Module):
     """Low-resolution codes [B, h, w] -> high-resolution token logits [B, V, r h, r w].
 
-    Input features are the (frozen) code vectors of the shared codebook; three 3x3 convolutions
-    mix a neighbourhood, a pixel shuffle lifts to r x r sub-positions, a 3x3 conv and a 1x1 conv give
-    logits over the codebook."""
+    Input features are the (frozen) code vectors of the shared codebook; three row-causal 3x3
+    convolutions mix a neighbourhood of the rows so far, a pixel shuffle lifts to r x r
+    sub-positions, a row-causal 3x3 conv and a 1x1 conv give logits over the codebook."""
 
     def __init__(self, codebook_size: int, embed_dim: int, *, factor: int = 2, channels: int = 96):
         super().__init__()
@@ -38,10 +54,11 @@ class TokenUpsampler(nn.Module):
         self.register_buffer("codebook", torch.zeros(codebook_size, embed_dim))
         c = channels
         self.body = nn.Sequential(
-            nn.Conv2d(embed_dim, c, 3, padding=1), nn.GELU(),
-            nn.Conv2d(c, c, 3, padding=1), nn.GELU(),
-            nn.Conv2d(c, c * factor * factor, 3, padding=1), nn.PixelShuffle(factor), nn.GELU(),
-            nn.Conv2d(c, c, 3, padding=1), nn.GELU(),
+            RowCausalConv2d(embed_dim, c), nn.GELU(),
+            RowCausalConv2d(c, c), nn.GELU(),
+            RowCausalConv2d(c, c * factor * factor), nn.PixelShuffle(factor), nn.GELU(),
+            # At high resolution row r*i + s sees rows r*i + s - 1 and r*i + s: still low rows <= i.
+            RowCausalConv2d(c, c), nn.GELU(),
             nn.Conv2d(c, codebook_size, 1),
         )
 
@@ -95,9 +112,17 @@ def upsample(low: torch.Tensor, factor: int, mode: str = "pixel", *, tokenizer=N
 
 
 @torch.no_grad()
-def downsample(high: torch.Tensor, factor: int, *, tokenizer) -> torch.Tensor:
-    """[B, H, W] codes -> [B, H / factor, W / factor] codes through pixel space."""
+def downsample(high: torch.Tensor, factor: int, *, tokenizer, pad_to: Optional[int] = None) -> torch.Tensor:
+    """[B, H, W] codes -> [B, H / factor, W / factor] codes through pixel space.
+
+    `pad_to`: the full grid height when `high` holds only its first rows (MuLo-SD's accepted rows
+    so far). The VQ decoder and encoder see zero padding at a cut, which corrupts the last
+    low-resolution rows (measured on the default family: 11% of the last row's codes survive);
+    replicating the last token row down to the full height first keeps most of them (61%)."""
     _check(high, factor)
+    rows = high.shape[1]
+    if pad_to is not None and pad_to > rows:
+        high = torch.cat([high, high[:, -1:].expand(-1, pad_to - rows, -1)], 1)
     img = tokenizer.decode(high)
     img = F.interpolate(img, scale_factor=1.0 / factor, mode="area")
-    return tokenizer.encode(img).long()
+    return tokenizer.encode(img).long()[:, :rows // factor]

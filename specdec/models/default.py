@@ -4,6 +4,7 @@ on Fashion-MNIST and shipped as safetensors in specdec/weights/ (no network, no 
 - tokenizer: VQ, factor 2 per side, one codebook for both resolutions;
 - target: LlamaGen-style GPT on the 16x16 grid of 32x32 images, 10 classes + null class (CFG);
 - drafter: the same family on the 8x8 grid of 16x16 images (MuLo-SD's low-resolution drafter, r = 2);
+- sd_drafter: a smaller GPT on the target's 16x16 grid (the independent drafter of `sd` and `lantern`);
 - ssd_heads: SSD's horizontal (+1..+5) and vertical (+W, +2W) heads on the target's hidden states;
 - evaluator: a CNN classifier for class accuracy and FD-classifier.
 """
@@ -34,6 +35,7 @@ class DefaultFamily:
     ssd_heads: SSDHeads
     evaluator: QualityEvaluator
     info: Dict[str, dict]                      # training metadata of each file
+    sd_drafter: Optional[LlamaGenGPT] = None   # same-grid drafter of sd / lantern
     class_names: Tuple[str, ...] = CLASS_NAMES
     target_image_size: int = 32
     drafter_image_size: int = 16
@@ -69,6 +71,7 @@ def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
                                                lambda c: VQTokenizer(VQConfig(**c)), _HINT)
     target, info["target"] = _gpt(folder, "target.safetensors")
     drafter, info["drafter"] = _gpt(folder, "drafter.safetensors")
+    sd_drafter, info["sd_drafter"] = _gpt(folder, "sd_drafter.safetensors")
     heads, info["ssd_heads"] = load_module(os.path.join(folder, "ssd_heads.safetensors"),
                                            lambda c: SSDHeads(SSDHeadsConfig(**c)), _HINT)
     state, config, info["evaluator"] = load_weights(_path(folder, "evaluator.safetensors"))
@@ -78,10 +81,10 @@ def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
     evaluator = QualityEvaluator(classifier.to(device), extras["reference_features"].float(),
                                  extras["pool_features"].float(), extras["pool_labels"].long(),
                                  test_accuracy=info["evaluator"].get("test_accuracy"))
-    for m in (tokenizer, target, drafter, heads):
+    for m in (tokenizer, target, drafter, sd_drafter, heads):
         m.to(device).eval().requires_grad_(False)
     classifier.requires_grad_(False)
-    return DefaultFamily(tokenizer, target, drafter, heads, evaluator, info)
+    return DefaultFamily(tokenizer, target, drafter, heads, evaluator, info, sd_drafter=sd_drafter)
 
 
 _CACHE: Dict[Tuple[str, str], DefaultFamily] = {}

@@ -1,4 +1,4 @@
-"""python -m specdec.train {vq,classifier,target,drafter,ssd,upsampler,all} [options]
+"""python -m specdec.train {vq,classifier,target,drafter,sd_drafter,ssd,upsampler,all} [options]
 
 Trains the embedded default family on Fashion-MNIST into specdec/weights/ (or --out).
 `all` runs every script in dependency order and prints each one's wall time.
@@ -9,8 +9,11 @@ import importlib
 import sys
 import time
 
-# Dependency order: the GPTs need the tokenizer, the SSD heads need the target.
-SCRIPTS = ("vq", "classifier", "target", "drafter", "ssd", "upsampler")  # upsampler: MuLo-SD, needs the tokenizer
+from specdec.train.gpt_training import RECIPES as GPT_RECIPES, train_recipe
+
+# Dependency order: the GPTs need the tokenizer, the SSD heads need the target. The GPTs' shapes and
+# schedules are gpt_training.RECIPES; the other scripts are modules of this package.
+SCRIPTS = ("vq", "classifier", "target", "drafter", "sd_drafter", "ssd", "upsampler")  # upsampler: MuLo-SD, needs the tokenizer
 
 
 def main(argv=None) -> None:
@@ -23,7 +26,10 @@ def main(argv=None) -> None:
     times = {}
     for n in names:
         t0 = time.perf_counter()
-        importlib.import_module(f"specdec.train.{n}").main(rest)
+        if n in GPT_RECIPES:
+            train_recipe(n, rest)
+        else:
+            importlib.import_module(f"specdec.train.{n}").main(rest)
         times[n] = time.perf_counter() - t0
     if len(names) > 1:
         for n, t in times.items():

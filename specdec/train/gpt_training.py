@@ -1,5 +1,11 @@
-"""Shared loop of the target and drafter trainings: next-token cross entropy on VQ codes of
-Fashion-MNIST, class-conditional with label dropout (the null class) for CFG."""
+"""The GPTs of the default family and their one training loop: next-token cross entropy on VQ
+codes of Fashion-MNIST, class-conditional with label dropout (the null class) for CFG.
+
+    python -m specdec.train target       # 16x16 tokens (32x32 images): the model being accelerated
+    python -m specdec.train drafter      # 8x8 tokens (16x16 images): MuLo-SD's low-resolution drafter (r = 2)
+    python -m specdec.train sd_drafter   # a smaller GPT on the target's 16x16 grid: the drafter of sd /
+                                         # lantern (MuLo-SD's cannot serve, being on the 8x8 grid)
+"""
 from __future__ import annotations
 
 import os
@@ -11,6 +17,22 @@ from specdec.models.vq import VQTokenizer
 from specdec.models.weights_io import load_module, save_weights
 from specdec.train import common
 from specdec.train.data import NUM_CLASSES, load_split, to_model_images
+
+
+#: name -> the model's shape and its training schedule.
+RECIPES = {
+    "target": dict(image_size=32, config=dict(dim=128, n_layer=3, n_head=4, multiple_of=32, grid_size=16),
+                   steps=600, batch=32, lr=2e-3),
+    "drafter": dict(image_size=16, config=dict(dim=128, n_layer=3, n_head=4, multiple_of=32, grid_size=8),
+                    steps=500, batch=64, lr=2e-3),
+    "sd_drafter": dict(image_size=32, config=dict(dim=64, n_layer=2, n_head=4, multiple_of=32, grid_size=16),
+                       steps=600, batch=32, lr=3e-3),
+}
+
+
+def train_recipe(name: str, argv=None) -> None:
+    recipe = dict(RECIPES[name])
+    train_gpt(name, argv, config=GPTConfig(**recipe.pop("config")), **recipe)
 
 
 def load_tokenizer(folder: str) -> VQTokenizer:

@@ -61,7 +61,7 @@ def main(argv=None) -> None:
             log(f"step {step}/{steps} pixel mse {loss_px.item():.4f} ce {loss_ce.item():.3f} token acc {acc:.3f}")
     net.eval()
     path = os.path.join(args.out, WEIGHTS_NAME)
-    save_weights(net, path, net.config, steps=steps, train_seconds=log.elapsed())
+    save_weights(net, path, net.config, steps=steps, train_seconds=log.elapsed(), train_cpu_seconds=log.cpu())
     log(f"saved {path}")
 
 

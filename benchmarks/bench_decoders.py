@@ -1,0 +1,31 @@
+"""Every decoder on the embedded default family, one image at a time (the latency setting
+speculative decoding is for), at the settings of `specdec.decoding.DEFAULT_OPTIONS`: the wall
+time per image of each method, with `ar` as the baseline of the group's speed-up column.
+
+The quality side (class accuracy, FD) needs hundreds of images and lives in `specdec compare`
+(benchmarks/record_compare.py); this file is the pytest-benchmark view of the speed side."""
+import pytest
+import torch
+
+import specdec.decoding as dec
+from bench_helpers import pedantic_one_thread, synchronize
+from specdec.models import default
+
+CLASSES = torch.tensor([3, 7])      # a pullover and a sneaker: a flat and a detailed class
+
+
+@pytest.mark.parametrize("method", dec.METHODS)
+def test_decode_two_images_default_family(benchmark, method):
+    family = default("cpu")
+    benchmark.group = "decode 2 images, one at a time, default family 16x16 cfg 2"
+    benchmark.extra_info["backend"] = method
+    benchmark.extra_info["baseline"] = method == "ar"
+
+    def run():
+        out = dec.decode(method, family, CLASSES, seed=0)
+        synchronize("cpu")
+        return out
+
+    out = pedantic_one_thread(benchmark, run, rounds=3)
+    benchmark.extra_info["target_passes_per_image"] = round(out.stats.target_forwards_per_image, 1)
+    assert out.tokens.shape == (2, 16, 16)
