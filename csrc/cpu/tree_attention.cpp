@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "specdec/attention_math.h"
+#include "specdec/attention_problem.h"
 #include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
 
@@ -59,23 +60,9 @@ SPECDEC_INLINE vfloat vload(const float* p) {
 SPECDEC_INLINE void vstore(float* p, vfloat x) { std::memcpy(p, &x, sizeof(x)); }
 
 // Everything a work item needs, in raw pointers and element strides.
-struct Problem {
+struct Problem : AttentionProblem {
   at::ScalarType dtype;
-  const void* q;
-  const void* k;
-  const void* v;
-  int64_t q_sb, q_sh, q_sn;     // strides of q over (B, H, N); stride over D is 1
-  int64_t k_sb, k_sh, k_sn;
-  int64_t v_sb, v_sh, v_sn;
-  int64_t hq, group, nq, nk, d, dp;  // dp: D rounded up to kVec
-  const int64_t* q_pos;         // [B, Nq]
-  const int64_t* kv_pos;        // [B, Nk]
-  const bool* kv_valid;         // [B, Nk] or nullptr
-  const int32_t* tree;          // [B, Nq, words] or nullptr
-  int64_t words;
-  float scale_log2;             // scale * log2(e): scores are kept in base 2
-  void* out;                    // [B, Hq, Nq, D] contiguous, dtype of q
-  float* lse;                   // [B, Hq, Nq]
+  int64_t dp;                   // D rounded up to kVec
 };
 
 // Per-thread buffers, 64-byte aligned.
@@ -375,40 +362,13 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   check_tree_attention_args(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale);
   TORCH_CHECK_VALUE(q.device().is_cpu(), "tree_attention_cpu needs CPU tensors, got ", q.device());
   const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), d = q.size(3);
-  const int64_t hkv = k.size(1), nk = k.size(2);
-  at::Tensor out = at::empty({b, hq, nq, d}, q.options());
-  at::Tensor lse = at::empty({b, hq, nq}, q.options().dtype(at::kFloat));
-  if (out.numel() == 0) return {out, lse};
-
-  // Positions are widened to int64 (lossless) so the kernel has one index type.
-  const at::Tensor qp = q_pos.to(at::kLong).contiguous();
-  const at::Tensor kp = kv_pos.to(at::kLong).contiguous();
-  const at::Tensor valid = kv_valid.has_value() ? kv_valid->contiguous() : at::Tensor();
-  const at::Tensor tree = tree_mask.has_value() ? tree_mask->contiguous() : at::Tensor();
-
+  const int64_t nk = k.size(2);
+  AttentionSetup setup = setup_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale);
+  if (setup.out.numel() == 0) return {setup.out, setup.lse};
   Problem pb;
+  static_cast<AttentionProblem&>(pb) = setup.problem;
   pb.dtype = q.scalar_type();
-  pb.q = q.data_ptr();
-  pb.k = k.data_ptr();
-  pb.v = v.data_ptr();
-  pb.q_sb = q.stride(0), pb.q_sh = q.stride(1), pb.q_sn = q.stride(2);
-  pb.k_sb = k.stride(0), pb.k_sh = k.stride(1), pb.k_sn = k.stride(2);
-  pb.v_sb = v.stride(0), pb.v_sh = v.stride(1), pb.v_sn = v.stride(2);
-  pb.hq = hq;
-  pb.group = hq / hkv;
-  pb.nq = nq;
-  pb.nk = nk;
-  pb.d = d;
   pb.dp = (d + kVec - 1) / kVec * kVec;
-  pb.q_pos = qp.data_ptr<int64_t>();
-  pb.kv_pos = kp.data_ptr<int64_t>();
-  pb.kv_valid = valid.defined() ? valid.data_ptr<bool>() : nullptr;
-  pb.tree = tree.defined() ? tree.data_ptr<int32_t>() : nullptr;
-  pb.words = (nq + 31) / 32;
-  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
-  pb.scale_log2 = static_cast<float>(sc * 1.4426950408889634);
-  pb.out = out.data_ptr();
-  pb.lse = lse.data_ptr<float>();
 
   const int64_t q_tiles = (nq + kQueryTile - 1) / kQueryTile;
   const int64_t items = b * hq * q_tiles;
@@ -421,7 +381,7 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
       attend_query_tile(pb, bh / hq, bh % hq, t * kQueryTile, scratch);
     }
   });
-  return {out, lse};
+  return {setup.out, setup.lse};
 }
 
 }  // namespace specdec

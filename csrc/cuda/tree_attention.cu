@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "specdec/attention_math.h"
+#include "specdec/attention_problem.h"
 #include "specdec_ops.h"
 
 namespace specdec {
@@ -66,20 +67,7 @@ struct Elem<c10::BFloat16> {
   __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
-struct Params {
-  const void* q;
-  const void* k;
-  const void* v;
-  int64_t q_sb, q_sh, q_sn, k_sb, k_sh, k_sn, v_sb, v_sh, v_sn;
-  int64_t hq, group, nq, nk, d, words;
-  const int64_t* q_pos;
-  const int64_t* kv_pos;
-  const bool* kv_valid;  // nullptr: all valid
-  const int32_t* tree;   // nullptr: no tree mask
-  float scale_log2;
-  void* out;
-  float* lse;
-};
+using Params = AttentionProblem;   // passed to the kernel by value
 
 // Shared-memory layout (element counts), padded so that wmma pointers stay 32-byte aligned
 // and rows of consecutive fragments fall in different banks.
@@ -329,37 +317,10 @@ AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   check_tree_attention_args(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale);
   TORCH_CHECK_VALUE(q.is_cuda(), "tree_attention_cuda needs CUDA tensors, got ", q.device());
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), d = q.size(3);
-  at::Tensor out = at::empty({b, hq, nq, d}, q.options());
-  at::Tensor lse = at::empty({b, hq, nq}, q.options().dtype(at::kFloat));
-  if (out.numel() == 0) return {out, lse};
-  // Positions widened to int64 (lossless), so the kernel has one index type.
-  const at::Tensor qp = q_pos.to(at::kLong).contiguous();
-  const at::Tensor kp = kv_pos.to(at::kLong).contiguous();
-  const at::Tensor valid = kv_valid.has_value() ? kv_valid->contiguous() : at::Tensor();
-  const at::Tensor tree = tree_mask.has_value() ? tree_mask->contiguous() : at::Tensor();
-
-  Params p;
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_sn = q.stride(2);
-  p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_sn = k.stride(2);
-  p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sn = v.stride(2);
-  p.hq = hq;
-  p.group = hq / k.size(1);
-  p.nq = nq;
-  p.nk = k.size(2);
-  p.d = d;
-  p.words = (nq + 31) / 32;
-  p.q_pos = qp.data_ptr<int64_t>();
-  p.kv_pos = kp.data_ptr<int64_t>();
-  p.kv_valid = valid.defined() ? valid.data_ptr<bool>() : nullptr;
-  p.tree = tree.defined() ? tree.data_ptr<int32_t>() : nullptr;
-  const double sc = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(d));
-  p.scale_log2 = static_cast<float>(sc * 1.4426950408889634);
-  p.out = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
+  const int64_t b = q.size(0);
+  AttentionSetup setup = setup_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale);
+  if (setup.out.numel() == 0) return {setup.out, setup.lse};
+  const Params& p = setup.problem;
 
   auto stream = c10::cuda::getCurrentCUDAStream();
   switch (q.scalar_type()) {
@@ -368,7 +329,7 @@ AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     default: launch<float>(p, b, stream); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {out, lse};
+  return {setup.out, setup.lse};
 }
 
 }  // namespace specdec
