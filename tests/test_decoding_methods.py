@@ -90,6 +90,22 @@ def test_ssd_batched_rows_follow_the_same_schedule(fam):
     assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_ssd_previous_round_q_keeps_tokens_whose_context_did_not_change(fam, seed):
+    """round_q="previous": a token left of (or at) a row's first round-1 rejection has the same
+    context in round 2, so p did not change and it must be kept. (With the adopted "resampled"
+    reading, kept tokens are judged against the head's q again and can be rejected.)"""
+    H, W = fam.target.grid
+    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=2, round_q="previous", seed=seed,
+                     sampling=SAMPLING)
+    maps = out.stats.acceptance_maps[out.stats.extra["row0_passes"][0]:]      # the row rounds
+    assert len(maps) == 2 * (H - 1)
+    for i in range(1, H):
+        first, second = maps[2 * (i - 1)][0, i], maps[2 * (i - 1) + 1][0, i]
+        j0 = int((~first).nonzero()[0, 0]) if not bool(first.all()) else W - 1
+        assert bool(second[:j0 + 1].all()), (i, first, second)
+
+
 def _spy_on_mulo_cycles(monkeypatch):
     """Record every down-sampled prefix and what the drafter's sampling starts from."""
     calls = {"downsample": [], "drafter_prefix": []}
@@ -282,6 +298,8 @@ def test_other_bad_arguments(fam):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=-1)
     with pytest.raises(ValueError, match="heads"):
         ssd.decode(fam.target, CLASSES, heads=None)
+    with pytest.raises(ValueError, match="round_q"):
+        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, round_q="draft")
     for bad in (0, 3, True):
         with pytest.raises(ValueError, match="vertical_heads"):
             ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)

@@ -96,3 +96,48 @@ def test_unknown_script_prints_usage(capsys):
     with pytest.raises(SystemExit):
         train_main.main(["nope"])
     assert "vq" in capsys.readouterr().out
+
+
+class _FakeProc:
+    """A training script that finishes after `ticks` polls."""
+
+    log: list = []
+
+    def __init__(self, name, ticks, rc=0):
+        self.name, self.ticks, self.rc = name, ticks, rc
+
+    def poll(self):
+        self.ticks -= 1
+        if self.ticks > 0:
+            return None
+        _FakeProc.log.append(("end", self.name))
+        return self.rc
+
+    def terminate(self):
+        pass
+
+
+def test_train_all_schedules_two_jobs_after_their_inputs():
+    _FakeProc.log = []
+    ticks = {"vq": 2, "classifier": 1, "target": 5, "drafter": 2, "sd_drafter": 2, "ssd": 2, "upsampler": 3}
+
+    def start(name):
+        _FakeProc.log.append(("start", name))
+        return _FakeProc(name, ticks[name])
+
+    train_main.schedule(train_main.SCRIPTS, 2, start, poll_seconds=0)
+    ended, active, peak = set(), set(), 0
+    for event, name in _FakeProc.log:
+        if event == "start":
+            assert all(dep in ended for dep in train_main.NEEDS[name]), name
+            active.add(name)
+            peak = max(peak, len(active))
+        else:
+            active.discard(name)
+            ended.add(name)
+    assert ended == set(train_main.SCRIPTS) and peak == 2
+
+
+def test_train_all_stops_at_a_failing_script():
+    with pytest.raises(RuntimeError, match="'vq' failed"):
+        train_main.schedule(["vq", "target"], 2, lambda n: _FakeProc(n, 1, rc=3 if n == "vq" else 0), poll_seconds=0)

@@ -10,8 +10,11 @@ distribution q is the target's own final norm + LM head on the prediction.
   from the same row above. Then `rounds` rounds of verify-and-correct: one target pass over
   [last token of the row above ; rows] (causal; its keys are overwritten later), every position kept with
   u < min(1, p/q) independently (`verify_grid(rule="ratio", mode="independent")`), rejected ones
-  replaced by residual samples (`sample_residual`). Reading: in later rounds the q of a resampled
-  position is the distribution it was resampled from. Then one commit pass writes the row's keys,
+  replaced by residual samples (`sample_residual`). Reading (`round_q="resampled"`, the default): in
+  later rounds the q of a resampled position is the distribution it was resampled from, a kept
+  one keeps the head's q. Alternative (`round_q="previous"`, SJD's rule): every position is judged
+  against the previous round's p, the distribution it follows after that round's correction, so
+  a token whose left context did not change is kept for sure. Then one commit pass writes the row's keys,
   values and hidden states (which the next row's vertical drafts start from).
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
@@ -26,6 +29,9 @@ from specdec.decoding.common import ModelRunner, Sampling, check_grid_model, dra
 from specdec.decoding.speculative import HeadsDrafter, raster_speculate
 
 
+ROUND_Q = ("resampled", "previous")
+
+
 def check_rounds(rounds) -> int:
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
@@ -34,7 +40,7 @@ def check_rounds(rounds) -> int:
 
 @torch.no_grad()
 def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int, chunk: int,
-                vertical_heads: int = 1) -> torch.Tensor:
+                vertical_heads: int = 1, round_q: str = "resampled") -> torch.Tensor:
     B = classes.shape[0]
     H, W = runner.H, runner.W
     model = runner.model
@@ -75,28 +81,37 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
             stats.acceptance_maps.append(amap.view(B, H, W))
             stats.extra.setdefault("drafted", []).append(B * n * W)
             stats.extra.setdefault("accepted", []).append(int(verdict.accept.sum()))
-            if not bool(redo.any()):
-                continue
-            tok, resid = draw_residual(p[redo], q[redo], gen, runner.backend)
-            xr = xr.clone()
-            xr[redo] = tok
-            x[:, row] = xr
-            q = q.clone()
-            q[redo] = resid           # reading: later rounds judge a resampled token against its own q
+            if bool(redo.any()):
+                tok, resid = draw_residual(p[redo], q[redo], gen, runner.backend)
+                xr = xr.clone()
+                xr[redo] = tok
+                x[:, row] = xr
+                if round_q == "resampled":
+                    q = q.clone()
+                    q[redo] = resid   # reading: later rounds judge a resampled token against its own q
+            if round_q == "previous":
+                # After verify-and-correct every token of the row follows this round's p (kept ones
+                # by acceptance, replaced ones by the residual), so the next round judges it
+                # against p: a token whose left context did not change is kept for sure.
+                q = p
         out = runner.forward(x[:, pos], pos)                                         # commit pass
         hid[:, row] = out.hidden
     stats.draft_forwards = draft_calls * B
     return x
 
 
-def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1, seed: int = 0,
-           sampling: Sampling = Sampling(), tokenizer=None, backend=None, progress=None, batch_size: int = 1):
+def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1,
+           round_q: str = "resampled", seed: int = 0, sampling: Sampling = Sampling(), tokenizer=None, backend=None,
+           progress=None, batch_size: int = 1):
     """SSD with `rounds` verify-and-correct rounds per row group, `chunk` horizontal drafts per
-    row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row."""
+    row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row.
+    `round_q`: the q that rounds >= 2 judge a token against (ROUND_Q; module docstring)."""
     check_grid_model(target, "target")
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
     rounds = check_rounds(rounds)
+    if round_q not in ROUND_Q:
+        raise ValueError(f"round_q must be one of {', '.join(ROUND_Q)}, got {round_q!r}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
@@ -110,7 +125,8 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
 
     def run(cls, gen, stats):
         runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
-        x = decode_rows(runner, heads, cls, gen, stats, rounds=rounds, chunk=chunk, vertical_heads=vertical_heads)
+        x = decode_rows(runner, heads, cls, gen, stats, rounds=rounds, chunk=chunk, vertical_heads=vertical_heads,
+                        round_q=round_q)
         stats.target_forwards = runner.forwards * cls.shape[0]
         return x
 
