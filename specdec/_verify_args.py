@@ -29,6 +29,14 @@ def _no_nan(t: torch.Tensor, name: str):
         fail(f"{name} holds NaN; scores must be numbers")
 
 
+def _check_like_p(q: torch.Tensor, p: torch.Tensor):
+    """q is a tensor of p's shape on p's device."""
+    check_tensor(q, "q")
+    if q.shape != p.shape:
+        fail(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
+    check_same_device(q, p, "q", "p")
+
+
 def _check_generator(generator, device: torch.device):
     if not isinstance(generator, torch.Generator):
         fail(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
@@ -76,10 +84,7 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
     if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
         fail(f"radius must be an int >= 0, got {radius!r}")
     if q is not None:
-        check_tensor(q, "q")
-        if q.shape != p.shape:
-            fail(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
-        check_same_device(q, p, "q", "p")
+        _check_like_p(q, p)
     if valid is not None:
         check_tensor(valid, "valid")
         if valid.shape != p.shape:
@@ -143,10 +148,7 @@ def sample_residual_args(p, q, uniforms, generator):
         if bool(empty.any()):
             fail(f"p: row {int(empty.nonzero()[0, 0])} has no probability mass (every entry < 2**-30)")
     if q is not None:
-        check_tensor(q, "q")
-        if q.shape != p.shape:
-            fail(f"q must have the shape of p {tuple(p.shape)}, got {tuple(q.shape)}")
-        check_same_device(q, p, "q", "p")
+        _check_like_p(q, p)
         q = _float32(q, "q")
         _check_probabilities(q, "q")
     if uniforms is None:

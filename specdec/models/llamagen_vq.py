@@ -101,6 +101,15 @@ def _level(res: List[nn.Module], attn: List[nn.Module]) -> nn.Module:
     return block
 
 
+def _run_level(block: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The resnet blocks of one level, each followed by its attention block where the level has them."""
+    for j, res in enumerate(block.res):
+        h = res(h)
+        if len(block.attn):
+            h = block.attn[j](h)
+    return h
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: LlamaGenVQConfig):
         super().__init__()
@@ -127,10 +136,7 @@ class Encoder(nn.Module):
     def forward(self, x):
         h = self.conv_in(x)
         for block in self.conv_blocks:
-            for j, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[j](h)
+            h = _run_level(block, h)
             if hasattr(block, "downsample"):
                 h = block.downsample(h)
         for m in self.mid:
@@ -166,10 +172,7 @@ class Decoder(nn.Module):
         for m in self.mid:
             h = m(h)
         for block in self.conv_blocks:
-            for j, res in enumerate(block.res):
-                h = res(h)
-                if len(block.attn):
-                    h = block.attn[j](h)
+            h = _run_level(block, h)
             if hasattr(block, "upsample"):
                 h = block.upsample(h)
         return self.conv_out(F.silu(self.norm_out(h)))
