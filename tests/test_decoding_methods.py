@@ -6,7 +6,7 @@ import torch
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
-from specdec.decoding.common import ModelRunner, Sampling, image_generator
+from specdec.decoding.common import DecodeStats, ModelRunner, Sampling, image_generator
 from specdec.decoding.upsample import TokenUpsampler
 
 SAMPLING = Sampling(cfg_scale=2.0)
@@ -57,12 +57,14 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
 
 
+@pytest.mark.parametrize("commit", ssd.COMMIT)
 @pytest.mark.parametrize("vertical_heads", [1, 2])
 @pytest.mark.parametrize("rounds", [0, 1, 2])
-def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads):
-    """1 + C0 + (H - 1)(r + 1) with one vertical head; row groups of two with the +2W head too."""
+def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads, commit):
+    """1 + C0 + (H - 1)(r + 1) with one vertical head; row groups of two with the +2W head too.
+    commit="verify" judges with the commit pass it already makes: the same count."""
     out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
-                          vertical_heads=vertical_heads)
+                          vertical_heads=vertical_heads, commit=commit)
     H = fam.target.grid[0]
     groups = -(-(H - 1) // vertical_heads)
     for c0 in out.stats.extra["row0_passes"]:
@@ -104,6 +106,31 @@ def test_ssd_previous_round_q_keeps_tokens_whose_context_did_not_change(fam, see
         first, second = maps[2 * (i - 1)][0, i], maps[2 * (i - 1) + 1][0, i]
         j0 = int((~first).nonzero()[0, 0]) if not bool(first.all()) else W - 1
         assert bool(second[:j0 + 1].all()), (i, first, second)
+
+
+@pytest.mark.parametrize("rounds", [0, 1])
+def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, rounds):
+    """commit="verify": the commit pass judges the rows once more, but a token it corrects had its
+    key written from the old token, so the next group's passes must start at the first correction
+    and write it again. After the decode every slot before the last row must hold what one clean
+    pass over the final tokens writes (the last row's corrections are read by no later token)."""
+    H, W = fam.target.grid
+    P = fam.target.prefix_len
+    corrected = 0
+    for seed in range(3):
+        runner = ModelRunner(fam.target, SAMPLING)
+        stats = DecodeStats("ssd")
+        x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, rounds=rounds,
+                            chunk=2, commit="verify")
+        maps = stats.acceptance_maps[stats.extra["row0_passes"][0]:]        # per group: rounds, then commit
+        corrected += sum(int((~maps[g * (rounds + 1) + rounds][0, g + 1]).sum()) for g in range(H - 2))
+        clean = ModelRunner(fam.target, SAMPLING)
+        clean.prefill(CLASSES[:1])
+        clean.forward(x[:, :H * W - 1], torch.arange(H * W - 1))
+        end = P + (H - 1) * W
+        for got, want in zip(runner.cache.k + runner.cache.v, clean.cache.k + clean.cache.v):
+            torch.testing.assert_close(got[:, :, :end], want[:, :, :end], rtol=1e-4, atol=1e-4)
+    assert corrected > 0                                # the commit passes did correct tokens
 
 
 def _spy_on_mulo_cycles(monkeypatch):
@@ -300,6 +327,8 @@ def test_other_bad_arguments(fam):
         ssd.decode(fam.target, CLASSES, heads=None)
     with pytest.raises(ValueError, match="round_q"):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, round_q="draft")
+    with pytest.raises(ValueError, match="commit"):
+        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="skip")
     for bad in (0, 3, True):
         with pytest.raises(ValueError, match="vertical_heads"):
             ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)

@@ -36,7 +36,7 @@ DEFAULT_OPTIONS: Dict[str, dict] = {
     "sjd": dict(window=16),
     "zipar": dict(window=4),
     "mulo": dict(tau=0.05, radius=1, k=1000, delta=0.4, upsample="learned", drafting="serial", resample="islands"),
-    "ssd": dict(rounds=2, chunk=5, vertical_heads=1),
+    "ssd": dict(rounds=2, chunk=5, vertical_heads=1, commit="write"),
 }
 
 

@@ -121,12 +121,16 @@ def draw(probs: torch.Tensor, gen: torch.Generator, backend=None) -> torch.Tenso
     return out.tokens.long()
 
 
-def draw_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator, backend=None):
-    """One token per row from norm(max(0, p - q)) (p where that is zero) -> (int64 [M], residual [M, V]).
+def draw_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator, backend=None, *,
+                  with_distribution: bool = False):
+    """One token per row from norm(max(0, p - q)) (p where that is zero) -> int64 [M].
 
-    The residual distribution is returned too: SSD's later rounds use it as the q of the token."""
+    with_distribution=True also returns that residual distribution [M, V]: SSD's later rounds use
+    it as the q of the token (the others skip the [M, V] work)."""
     u = uniforms(gen, (p.shape[0],), p.device)
     out = ops.sample_residual(p, q, uniforms=u, backend=op_backend("sample_residual", backend, p.device))
+    if not with_distribution:
+        return out.tokens.long()
     resid = (p - q).clamp_min(0)
     resid = torch.where(out.fallback[:, None], p, resid)
     resid = resid / resid.sum(-1, keepdim=True).clamp_min(1e-30)

@@ -29,11 +29,17 @@ def num_heads(heads, kind: str) -> int:
     return len(_heads(heads, kind))
 
 
+_TAKES_H_AND_E = {}   # head class -> whether its forward is f(h, e); inspect is too slow per call
+
+
 def _call(head, h, e):
     # Accept heads written as f(z) with z = [h ; e] as well as f(h, e).
-    params = [p for p in inspect.signature(head.forward).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) >= 2:
+    kind = type(head)
+    if kind not in _TAKES_H_AND_E:
+        params = [p for p in inspect.signature(head.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        _TAKES_H_AND_E[kind] = len(params) >= 2
+    if _TAKES_H_AND_E[kind]:
         return head(h, e)
     return head(torch.cat([h, e.to(h.dtype)], dim=-1))
 

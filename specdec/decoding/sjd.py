@@ -49,7 +49,7 @@ def sjd_grid(runner: ModelRunner, classes, gen, stats, *, window: int) -> torch.
         stats.extra.setdefault("accepted", []).append(a)
         x[0, c:c + a] = y[:a]
         if a < n:
-            x[0, c + a] = draw_residual(p[a:a + 1], q[a:a + 1], gen, runner.backend)[0][0]
+            x[0, c + a] = draw_residual(p[a:a + 1], q[a:a + 1], gen, runner.backend)[0]
             runner.invalidate(torch.arange(c + a, c + n, device=dev))         # stale guesses
             new_c = c + a + 1
             # Jacobi step: the slots after the correction are redrawn from this pass's p.

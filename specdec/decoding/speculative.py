@@ -180,7 +180,7 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
         if bool(new.any()):
             p_new = target.probs(sel)[:, 0]                                   # [B, V]
             q_new = torch.where((a < nb)[:, None], q[ar_b, a.clamp(max=n - 1)], torch.zeros_like(p_new))
-            tok = draw_residual(p_new, q_new, gen, target.backend)[0]        # q = 0: a bonus draw from p
+            tok = draw_residual(p_new, q_new, gen, target.backend)        # q = 0: a bonus draw from p
             x[new, (c + a)[new]] = tok[new]
         upd = active[rows_b]
         hid_prev[upd] = sel.hidden[upd, 0]
