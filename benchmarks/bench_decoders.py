@@ -14,15 +14,20 @@ from specdec.models import default
 CLASSES = torch.tensor([3, 7])      # a pullover and a sneaker: a flat and a detailed class
 
 
-@pytest.mark.parametrize("method", dec.METHODS)
-def test_decode_two_images_default_family(benchmark, method):
+#: every method at its defaults, and options whose cost the README discusses
+CASES = [(m, {}) for m in dec.METHODS] + [("ssd", {"commit": "verify"})]
+
+
+@pytest.mark.parametrize("method,options", CASES,
+                         ids=[m + "".join(f"-{k}={v}" for k, v in o.items()) for m, o in CASES])
+def test_decode_two_images_default_family(benchmark, method, options):
     family = default("cpu")
     benchmark.group = "decode 2 images, one at a time, default family 16x16 cfg 2"
-    benchmark.extra_info["backend"] = method
+    benchmark.extra_info["backend"] = method + "".join(f" {k}={v}" for k, v in options.items())
     benchmark.extra_info["baseline"] = method == "ar"
 
     def run():
-        out = dec.decode(method, family, CLASSES, seed=0)
+        out = dec.decode(method, family, CLASSES, seed=0, **options)
         synchronize("cpu")
         return out
 
