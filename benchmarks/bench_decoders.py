@@ -18,12 +18,15 @@ CLASSES = torch.tensor([3, 7])      # a pullover and a sneaker: a flat and a det
 CASES = [(m, {}) for m in dec.METHODS] + [("ssd", {"commit": "verify"})]
 
 
-@pytest.mark.parametrize("method,options", CASES,
-                         ids=[m + "".join(f"-{k}={v}" for k, v in o.items()) for m, o in CASES])
+def label(method: str, options: dict, sep: str) -> str:
+    return sep.join([method] + [f"{k}={v}" for k, v in options.items()])
+
+
+@pytest.mark.parametrize("method,options", CASES, ids=[label(m, o, "-") for m, o in CASES])
 def test_decode_two_images_default_family(benchmark, method, options):
     family = default("cpu")
     benchmark.group = "decode 2 images, one at a time, default family 16x16 cfg 2"
-    benchmark.extra_info["backend"] = method + "".join(f" {k}={v}" for k, v in options.items())
+    benchmark.extra_info["backend"] = label(method, options, " ")
     benchmark.extra_info["baseline"] = method == "ar"
 
     def run():

@@ -6,7 +6,7 @@ import torch
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
-from specdec.decoding.common import DecodeStats, ModelRunner, Sampling, image_generator
+from specdec.decoding.common import DecodeStats, ModelRunner, Sampling, draw_residual, image_generator
 from specdec.decoding.upsample import TokenUpsampler
 
 SAMPLING = Sampling(cfg_scale=2.0)
@@ -106,6 +106,23 @@ def test_ssd_previous_round_q_keeps_tokens_whose_context_did_not_change(fam, see
         first, second = maps[2 * (i - 1)][0, i], maps[2 * (i - 1) + 1][0, i]
         j0 = int((~first).nonzero()[0, 0]) if not bool(first.all()) else W - 1
         assert bool(second[:j0 + 1].all()), (i, first, second)
+
+
+def test_draw_residual_returns_the_distribution_it_samples_from():
+    """SSD's adopted reading judges a resampled token against its residual in later rounds:
+    norm(max(0, p - q)), or p where that is empty (row 0 here, q = p)."""
+    g = torch.Generator().manual_seed(11)
+    p = torch.softmax(torch.randn(6, 16, generator=g) * 2, -1)
+    q = torch.softmax(torch.randn(6, 16, generator=g) * 2, -1)
+    q[0] = p[0]
+    tokens = draw_residual(p, q, image_generator(4))
+    same, resid = draw_residual(p, q, image_generator(4), with_distribution=True)
+    assert torch.equal(tokens, same)
+    want = (p - q).clamp_min(0)
+    want = want / want.sum(-1, keepdim=True).clamp_min(1e-30)
+    want[0] = p[0]
+    torch.testing.assert_close(resid, want)
+    assert bool((resid.gather(1, tokens[:, None]) > 0).all())     # every token lies in its residual
 
 
 @pytest.mark.parametrize("rounds", [0, 1])

@@ -183,6 +183,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         first = runner.prefill(cls)
         dstart = drunner.prefill(cls) if drafting == "serial" else None   # zipar_grid prefills itself
         cycles = resampled = 0
+        unfed = torch.empty(0, dtype=torch.long, device=x.device)   # resolved by the last pass, keys unwritten
         for done in range(0, h, cycle_rows):                 # low-resolution rows committed so far
             rows = min(cycle_rows, h - done)
             lo, hi = done * w, (done + rows) * w

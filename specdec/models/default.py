@@ -61,14 +61,23 @@ def _path(folder: str, name: str) -> str:
 _HINT = "train the family with `python -m specdec.train all`"
 
 
+def load_gpt(path: str, hint: str = _HINT):
+    """(GPT in eval mode, training metadata) of a file written by the training scripts."""
+    return load_module(path, lambda c: LlamaGenGPT(GPTConfig(**c)), hint)
+
+
+def load_vq(path: str, hint: str = _HINT):
+    """(VQ tokenizer in eval mode, training metadata) of a file written by `specdec.train vq`."""
+    return load_module(path, lambda c: VQTokenizer(VQConfig(**c)), hint)
+
+
 def _gpt(folder: str, name: str):
-    return load_module(os.path.join(folder, name), lambda c: LlamaGenGPT(GPTConfig(**c)), _HINT)
+    return load_gpt(os.path.join(folder, name))
 
 
 def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
     info = {}
-    tokenizer, info["tokenizer"] = load_module(os.path.join(folder, "tokenizer.safetensors"),
-                                               lambda c: VQTokenizer(VQConfig(**c)), _HINT)
+    tokenizer, info["tokenizer"] = load_vq(os.path.join(folder, "tokenizer.safetensors"))
     target, info["target"] = _gpt(folder, "target.safetensors")
     drafter, info["drafter"] = _gpt(folder, "drafter.safetensors")
     sd_drafter, info["sd_drafter"] = _gpt(folder, "sd_drafter.safetensors")

@@ -12,9 +12,10 @@ import os
 
 import torch
 
+from specdec.models.default import load_vq
 from specdec.models.gpt import GPTConfig, LlamaGenGPT
 from specdec.models.vq import VQTokenizer
-from specdec.models.weights_io import load_module, save_weights
+from specdec.models.weights_io import save_weights
 from specdec.train import common
 from specdec.train.data import NUM_CLASSES, load_split, to_model_images
 
@@ -36,10 +37,7 @@ def train_recipe(name: str, argv=None) -> None:
 
 
 def load_tokenizer(folder: str) -> VQTokenizer:
-    from specdec.models.vq import VQConfig
-
-    return load_module(os.path.join(folder, "tokenizer.safetensors"), lambda c: VQTokenizer(VQConfig(**c)),
-                       "run `python -m specdec.train vq` first")[0]
+    return load_vq(os.path.join(folder, "tokenizer.safetensors"), "run `python -m specdec.train vq` first")[0]
 
 
 @torch.no_grad()

@@ -14,10 +14,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-from specdec.models.gpt import GPTConfig, LlamaGenGPT
+from specdec.models.default import load_gpt
+from specdec.models.gpt import LlamaGenGPT
 from specdec.models.sampling import sample_ar
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
-from specdec.models.weights_io import load_module, save_weights
+from specdec.models.weights_io import save_weights
 from specdec.train import common
 
 DEFAULT_STEPS = 800
@@ -25,10 +26,6 @@ DEFAULT_BATCH = 512
 DEFAULT_SAMPLES = 640
 CFG_SCALE = 2.0
 HELD_OUT = 32
-
-
-def load_gpt(path: str) -> LlamaGenGPT:
-    return load_module(path, lambda c: LlamaGenGPT(GPTConfig(**c)))[0]
 
 
 @torch.no_grad()
@@ -54,7 +51,7 @@ def main(argv=None) -> None:
     common.setup(args)
     log = common.Log("ssd")
     steps, bs = args.steps or DEFAULT_STEPS, args.batch_size or DEFAULT_BATCH
-    target = load_gpt(os.path.join(args.out, "target.safetensors"))
+    target = load_gpt(os.path.join(args.out, "target.safetensors"), "run `python -m specdec.train target` first")[0]
     for prm in target.parameters():
         prm.requires_grad_(False)
     gen = torch.Generator().manual_seed(args.seed)
