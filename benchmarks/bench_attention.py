@@ -15,12 +15,15 @@ from specdec import masks, ops
 SHAPES = [
     # (name, B, Hq, Hkv, Nq, Nk, D, tree): chunked verification of 1024 drafted tokens after a
     # 256-token prefix; 64 drafted tokens over a 4096-slot cache (64x64 image) with holes; a
-    # 63-node draft tree; and the embedded tiny GPT (decode step, full prefill).
+    # 63-node draft tree; the embedded tiny GPT (decode step, full prefill); and the default
+    # family's decoding calls, one image with CFG (AR's one-token step, an SSD row window).
     ("verify B2 H16 D64 Nq1024 Nk1280", 2, 16, 16, 1024, 1280, 64, False),
     ("verify B2 H16 D64 Nq64 Nk4096 holes", 2, 16, 16, 64, 4096, 64, False),
     ("tree B2 H16 D64 Nq64 Nk4096", 2, 16, 16, 64, 4096, 64, True),
     ("tinygpt decode B20 H8 D32 Nq1 Nk300", 20, 8, 8, 1, 300, 32, False),
     ("tinygpt prefill B4 H4 D32 Nq256 Nk256", 4, 4, 4, 256, 256, 32, False),
+    ("default ar step B2 H4 D32 Nq1 Nk200", 2, 4, 4, 1, 200, 32, False),
+    ("default ssd window B2 H4 D32 Nq16 Nk200", 2, 4, 4, 16, 200, 32, False),
 ]
 
 

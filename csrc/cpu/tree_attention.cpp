@@ -172,9 +172,38 @@ SPECDEC_INLINE void scores_tile(const float* qs, const float* kt, float* s, int 
   }
 }
 
-// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]
+typedef float vhalf __attribute__((vector_size(kVec / 2 * sizeof(float))));
+
+// Sum of the 16 lanes, as a tree of halves (vector adds, not 15 dependent scalar adds).
+SPECDEC_INLINE float hsum(vfloat x) {
+  vhalf lo, hi;
+  std::memcpy(&lo, &x, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof(lo), sizeof(hi));
+  const vhalf h = lo + hi;
+  float t[kVec / 2];
+  std::memcpy(t, &h, sizeof(t));
+  return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
+
+// S[i, j] = Qs[i] . K[j] for the nrows real queries and the tile's keys, K read in place (float32
+// rows, D == Dp). For a few queries this beats transposing the key tile first: the transpose
+// touches every key element once per query tile, here each is read once per query.
+SPECDEC_INLINE void scores_rows_direct(const float* qs, const float* k, int64_t k_sn, float* s, int nrows, int keys,
+                                       int64_t dp) {
+  for (int j = 0; j < keys; ++j) {
+    const float* kj = k + j * k_sn;
+    for (int i = 0; i < nrows; ++i) {
+      vfloat acc = {};
+      for (int64_t c = 0; c < dp; c += kVec) acc += vload(qs + i * dp + c) * vload(kj + c);
+      s[i * kKeyTile + j] = hsum(acc);
+    }
+  }
+}
+
+// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]  (V rows vstride floats apart)
 template <int NV>
-SPECDEC_INLINE void pv_block(const float* p, const float* vs, float* o, int rows, int keys, int64_t dp, int64_t c0) {
+SPECDEC_INLINE void pv_block(const float* p, const float* vs, int64_t vstride, float* o, int rows, int keys, int64_t dp,
+                             int64_t c0) {
   for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
     vfloat acc[kRowBlock][NV];
 #pragma GCC unroll 4
@@ -184,7 +213,7 @@ SPECDEC_INLINE void pv_block(const float* p, const float* vs, float* o, int rows
     for (int j = 0; j < keys; ++j) {
       vfloat vv[NV];
 #pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) vv[u] = vload(vs + j * dp + c0 + u * kVec);
+      for (int u = 0; u < NV; ++u) vv[u] = vload(vs + j * vstride + c0 + u * kVec);
 #pragma GCC unroll 4
       for (int r = 0; r < kRowBlock; ++r) {
         const float pr = p[(i0 + r) * kKeyTile + j];
@@ -199,13 +228,13 @@ SPECDEC_INLINE void pv_block(const float* p, const float* vs, float* o, int rows
   }
 }
 
-SPECDEC_INLINE void pv_tile(const float* p, const float* vs, float* o, int rows, int keys, int64_t dp) {
+SPECDEC_INLINE void pv_tile(const float* p, const float* vs, int64_t vstride, float* o, int rows, int keys, int64_t dp) {
   for (int64_t c0 = 0; c0 < dp; c0 += 4 * kVec) {
     switch (std::min<int64_t>(4, (dp - c0) / kVec)) {
-      case 4: pv_block<4>(p, vs, o, rows, keys, dp, c0); break;
-      case 3: pv_block<3>(p, vs, o, rows, keys, dp, c0); break;
-      case 2: pv_block<2>(p, vs, o, rows, keys, dp, c0); break;
-      default: pv_block<1>(p, vs, o, rows, keys, dp, c0); break;
+      case 4: pv_block<4>(p, vs, vstride, o, rows, keys, dp, c0); break;
+      case 3: pv_block<3>(p, vs, vstride, o, rows, keys, dp, c0); break;
+      case 2: pv_block<2>(p, vs, vstride, o, rows, keys, dp, c0); break;
+      default: pv_block<1>(p, vs, vstride, o, rows, keys, dp, c0); break;
     }
   }
 }
@@ -237,6 +266,10 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
     qmax = std::max(qmax, qpos[i]);
   }
 
+  // float32 with D a multiple of the vector width: K and V rows can be read where they lie.
+  const bool direct = pb.dtype == at::kFloat && d == dp;
+  const bool direct_k = direct && nrows <= kRowBlock;
+
   alignas(64) float p_row[kKeyTile];
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
@@ -255,23 +288,47 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
     const bool touches_tree = tree != nullptr && k0 + keys > block_start;
     const bool all_visible = all_valid && kmax <= qmin && !touches_tree && keys == kKeyTile;
 
-    // K transposed to [D, kKeyTile] and V as [kKeyTile, Dp]; slots past the tile and invalid
-    // slots are zero so that garbage in empty cache slots (even NaN) cannot reach the output.
-    // (Columns d..dp of V stay zero from the scratch allocation; rows d..dp of Kt are never read.)
-    alignas(64) float krow[128];
-    for (int j = 0; j < kKeyTile; ++j) {
-      const bool load = j < keys && (kvalid == nullptr || kvalid[k0 + j]);
-      if (load) {
-        load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f, krow);
-        load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
-      } else {
-        std::fill(krow, krow + d, 0.0f);
-        std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
+    // float32 rows with D == Dp are read in place: K when there are few queries (direct scores),
+    // V when every key of the tile is valid (an invalid slot may hold garbage, even NaN, and
+    // 0 * NaN is NaN). Otherwise K is staged transposed to [D, kKeyTile] and V as [kKeyTile, Dp],
+    // slots past the tile and invalid slots zero, so garbage in empty cache slots cannot reach the
+    // output. (Columns d..dp of V stay zero from the scratch allocation; rows d..dp of Kt are
+    // never read.)
+    const int64_t kv_row0 = k0;
+    const float* k_direct = direct_k ? static_cast<const float*>(pb.k) + b * pb.k_sb + hk * pb.k_sh + kv_row0 * pb.k_sn
+                                     : nullptr;
+    const float* v_direct = direct && all_valid
+                                ? static_cast<const float*>(pb.v) + b * pb.v_sb + hk * pb.v_sh + kv_row0 * pb.v_sn
+                                : nullptr;
+    if (k_direct == nullptr || v_direct == nullptr) {
+      alignas(64) float krow[128];
+      for (int j = 0; j < kKeyTile; ++j) {
+        const bool load = j < keys && (kvalid == nullptr || kvalid[k0 + j]);
+        if (k_direct == nullptr) {
+          if (load) {
+            load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f, krow);
+          } else {
+            std::fill(krow, krow + d, 0.0f);
+          }
+          for (int64_t c = 0; c < d; ++c) sc.kt[c * kKeyTile + j] = krow[c];
+        }
+        if (v_direct == nullptr) {
+          if (load) {
+            load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
+          } else {
+            std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
+          }
+        }
       }
-      for (int64_t c = 0; c < d; ++c) sc.kt[c * kKeyTile + j] = krow[c];
     }
 
-    scores_tile(sc.qs, sc.kt, sc.s, rows, d, dp);
+    if (k_direct != nullptr) {
+      // Invalid keys and slots past the tile get garbage scores here; they are masked below
+      // (all_visible needs a full, all-valid tile).
+      scores_rows_direct(sc.qs, k_direct, pb.k_sn, sc.s, static_cast<int>(nrows), keys, dp);
+    } else {
+      scores_tile(sc.qs, sc.kt, sc.s, rows, d, dp);
+    }
 
     for (int64_t i = 0; i < nrows; ++i) {
       float* s = sc.s + i * kKeyTile;
@@ -308,7 +365,11 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
       }
     }
     for (int64_t i = nrows; i < rows; ++i) std::fill(sc.s + i * kKeyTile, sc.s + (i + 1) * kKeyTile, 0.0f);
-    pv_tile(sc.s, sc.vs, sc.o, rows, keys, dp);
+    if (v_direct != nullptr) {
+      pv_tile(sc.s, v_direct, pb.v_sn, sc.o, rows, keys, dp);
+    } else {
+      pv_tile(sc.s, sc.vs, dp, sc.o, rows, keys, dp);
+    }
   }
 
   // Normalise; a query that saw nothing keeps O = 0 and gets lse = -inf.
