@@ -6,6 +6,10 @@
 // score buffer is kQueryTile x kKeyTile and memory stays linear in the key length. Key tiles
 // that no query of the item can see (all invalid, or all later in raster order) are skipped
 // from positions and validity alone; tiles every query fully sees skip the per-pair rule.
+// Key tiles are staged (K transposed for a register-blocked Q.K^T, V as rows, both zeroed at
+// invalid slots) unless float32 rows can be read where they lie: K for items of at most 4 queries
+// (the decoders' one-token steps: a dot product per key beats a transposed copy per query tile),
+// V for tiles whose keys are all valid.
 //
 // Inner loops use GCC/Clang vector extensions (16 floats) and are compiled for AVX-512, AVX2
 // and baseline x86-64 with target_clones, picked once at load time; fp16/bf16 are converted to
