@@ -105,8 +105,7 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
             tail_redo = redo[:, :row_start - open_from].any(0)
             open_from = open_from + int(tail_redo.nonzero()[0]) if bool(tail_redo.any()) else row_start
         win = span[open_from - span_start:]
-        out = runner.forward(x[:, win - 1], win - 1)                                 # commit pass
-        hid[:, win] = out.hidden
+        out = _commit_pass(runner, x, hid, win)
         carry_start = None
         if commit == "verify":
             carry_start, carry_q = _judge_committed(runner, x, win, out, q[:, open_from - span_start:], gen, stats)
@@ -117,13 +116,19 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
         final = 0
         while carry_start is not None:
             win = torch.arange(carry_start, H * W, device=runner.device)
-            out = runner.forward(x[:, win - 1], win - 1)
-            hid[:, win] = out.hidden
+            out = _commit_pass(runner, x, hid, win)
             final += 1
             carry_start, carry_q = _judge_committed(runner, x, win, out, carry_q, gen, stats)
         stats.extra.setdefault("final_passes", []).append(final)
     stats.draft_forwards = draft_calls * B
     return x
+
+
+def _commit_pass(runner: ModelRunner, x, hid, win):
+    """Feed the tokens before `win` and write their keys, values and hidden states for good."""
+    out = runner.forward(x[:, win - 1], win - 1)
+    hid[:, win] = out.hidden
+    return out
 
 
 def _judge_committed(runner: ModelRunner, x, win, out, q, gen, stats):
