@@ -4,11 +4,17 @@
 #
 #   benchmarks/gpu_check.sh OUTDIR            # build, test on CUDA tensors, benchmark, summarise
 #   benchmarks/gpu_check.sh OUTDIR --dry-run  # check that every step and file exists; run nothing
+#   GPU_CHECK_STEPS="build tests" benchmarks/gpu_check.sh OUTDIR   # a subset of the steps
 #
-# Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite on CUDA
-# tensors (Triton compiled for real, no interpreter), (3) copy bandwidth and bf16 matrix rate,
-# (4) the benchmarks, (5) OUTDIR/summary.md. Logs and JSON go to OUTDIR (six files, so they fit
-# the device tool's limits). Budget: about 8 minutes on an H100/H200; each step has a timeout.
+# Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
+# included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
+# (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (5) the same against
+# torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare` of every
+# method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8) OUTDIR/summary.md.
+# The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
+# OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
+# results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
+# the stripped extension and Triton's cache. Each step has a timeout; about 8 minutes in all.
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/gpu_check.sh OUTDIR [--dry-run]}"
@@ -18,13 +24,24 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python3}"
 cd "$ROOT"
 mkdir -p "$OUT"
+LOGS="$OUT/logs"
+XDIST=""
+"$PY" -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
+TIMEOUT_FLAG=""
+"$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_FLAG="--timeout 150"
+KERNEL_BENCH="not flex_compiled and not decode_two_images and not ar_one_image"
+COMPARE_IMAGES="${COMPARE_IMAGES:-50}"
 
 STEPS=(
-  "build|240|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info()))'"
-  "tests|300|$PY -m pytest -q -x -p no:cacheprovider tests --junitxml=$OUT/junit.xml"
-  "limits|60|$PY benchmarks/device_limits.py $OUT/limits.json"
-  "bench|180|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py"
+  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info()))'"
+  "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
+  "limits|30|$PY benchmarks/device_limits.py $LOGS/limits.json"
+  "bench|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
+  "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
+  "compare|90|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
+  "compare_verify|60|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
 )
+SELECTED="${GPU_CHECK_STEPS:-build tests limits bench flex compare compare_verify}"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/device_limits.py benchmarks/conftest.py)
 
@@ -55,29 +72,40 @@ if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
 fi
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+mkdir -p "$LOGS"
+nvidia-smi >"$LOGS/nvidia-smi-before.txt" 2>&1
+before_results=$(ls benchmarks/results/*.json 2>/dev/null | sort)
 
 declare -A RESULT SECONDS_TAKEN
 for step in "${STEPS[@]}"; do
   IFS='|' read -r name limit cmd <<<"$step"
+  [[ " $SELECTED " == *" $name "* ]] || continue
   echo "== $name (timeout ${limit}s)"
   start=$(date +%s)
-  timeout "$limit" bash -c "$cmd" >"$OUT/$name.log" 2>&1
+  timeout "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))
   RESULT[$name]=$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")
-  tail -n 3 "$OUT/$name.log"
+  tail -n 4 "$LOGS/$name.log"
   if [[ $name == build && $rc != 0 ]]; then
-    echo "build failed; see $OUT/build.log"
+    echo "build failed; see $LOGS/build.log"
     break
   fi
 done
-latest=$(ls -t benchmarks/results/*.json 2>/dev/null | head -1)
-[[ -n "$latest" ]] && cp "$latest" "$OUT/bench.json"
+nvidia-smi >"$LOGS/nvidia-smi-after.txt" 2>&1
+
+# The JSON files this run added to benchmarks/results, in one archive.
+new_results=$(comm -13 <(echo "$before_results") <(ls benchmarks/results/*.json 2>/dev/null | sort))
+[[ -n "$new_results" ]] && tar czf "$OUT/results.tgz" $new_results
+# For a later run on the same torch and Triton: the extension (stripped) and Triton's cache.
+so=$(ls specdec/_C*.so 2>/dev/null | head -1)
+[[ -n "$so" ]] && { cp "$so" "$OUT/"; strip --strip-debug "$OUT/$(basename "$so")" 2>/dev/null; }
+[[ -d "$HOME/.triton/cache" ]] && tar czf "$OUT/triton_cache.tgz" -C "$HOME/.triton" cache
 
 {
   echo "# specdec GPU check — $(date -u '+%Y-%m-%d %H:%M UTC')"
   echo
-  "$PY" -c 'import torch; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__)' 2>/dev/null
+  "$PY" -c 'import torch, triton; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| triton", triton.__version__)' 2>/dev/null
   echo
   echo "| step | result | seconds |"
   echo "|---|---|---|"
@@ -86,11 +114,14 @@ latest=$(ls -t benchmarks/results/*.json 2>/dev/null | head -1)
     echo "| $name | ${RESULT[$name]:-not run} | ${SECONDS_TAKEN[$name]:-} |"
   done
   echo
-  grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 1
+  grep -E "^(FAILED|ERROR) " "$LOGS/tests.log" 2>/dev/null | head -n 40
+  grep -E "passed|failed|error" "$LOGS/tests.log" 2>/dev/null | tail -n 1
   echo
-  [[ -f "$OUT/limits.json" ]] && { echo '```'; cat "$OUT/limits.json"; echo '```'; }
-  echo
-  [[ -f benchmarks/RESULTS.md ]] && sed -n '/^## /,/^## /p' benchmarks/RESULTS.md | head -n 80
+  [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
+  for name in compare compare_verify; do
+    [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
+  done
 } >"$OUT/summary.md"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 cat "$OUT/summary.md"
-[[ "${RESULT[build]}" == ok && "${RESULT[tests]:-}" == ok ]]
+[[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]
