@@ -25,14 +25,20 @@ SHAPES = [
     ("default ar step B2 H4 D32 Nq1 Nk200", 2, 4, 4, 1, 200, 32, False),
     ("default ssd window B2 H4 D32 Nq16 Nk200", 2, 4, 4, 16, 200, 32, False),
 ]
+if torch.cuda.is_available():
+    # What a LlamaGen-class model runs on a GPU: bf16 activations, so tensor-core dots (fp32
+    # inputs take IEEE fp32 dots by the contract). Not timed on CPUs, which lack the units.
+    SHAPES += [("verify B2 H16 D64 Nq1024 Nk1280 bf16", 2, 16, 16, 1024, 1280, 64, False),
+               ("tree B2 H16 D64 Nq64 Nk4096 bf16", 2, 16, 16, 64, 4096, 64, True)]
 
 
 def _inputs(shape, device):
     name, b, hq, hkv, nq, nk, d, tree = shape
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(b, hq, nq, d, generator=g)
-    k = torch.randn(b, hkv, nk, d, generator=g)
-    v = torch.randn(b, hkv, nk, d, generator=g)
+    dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
+    q = torch.randn(b, hq, nq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
     kv_pos = torch.arange(nk).expand(b, nk).contiguous()
     q_pos = kv_pos[:, nk - nq:].contiguous()
     kv_valid = None

@@ -38,8 +38,8 @@ STEPS=(
   "limits|30|$PY benchmarks/device_limits.py $LOGS/limits.json"
   "bench|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
-  "compare|90|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
-  "compare_verify|60|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
+  "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
+  "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
 )
 SELECTED="${GPU_CHECK_STEPS:-build tests limits bench flex compare compare_verify}"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py

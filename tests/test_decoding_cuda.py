@@ -58,3 +58,17 @@ def test_every_method_runs_on_cuda_deterministically(families, method, options):
     s = a.stats
     assert s.images == 2 and s.tokens == 2 * H * W
     assert 1 <= s.target_forwards_per_image <= H * W + 1
+
+
+def test_compare_runs_on_cuda(families, tmp_path):
+    """`specdec compare --device cuda`: decoders hand images back on the CPU, the evaluator lives
+    on the GPU; the table must still fill every column."""
+    from specdec import cli
+
+    _, gpu = families
+    rows, _, _ = cli.run_compare(gpu, ["ar", "mulo"], 4, 0, decoding.Sampling(cfg_scale=2.0), {},
+                                 out_dir=str(tmp_path), warmup=False, show_progress=False)
+    assert [r["method"] for r in rows] == ["ar", "mulo"]
+    for r in rows:
+        assert 0.0 <= r["class_accuracy"] <= 1.0 and r["fd"] >= 0.0
+    assert (tmp_path / "mulo_maps.png").exists()

@@ -102,7 +102,9 @@ class QualityEvaluator:
             raise ValueError(f"{images.shape[0]} images for {classes.shape[0]} classes")
         if images.shape[0] < 2:
             raise ValueError("FD-classifier needs at least 2 images")
-        feats = torch.cat([self.classifier.features(b) for b in images.split(500)])
+        # The classifier lives on the family's device; decoders hand their images back on any.
+        device = next(self.classifier.parameters()).device
+        feats = torch.cat([self.classifier.features(b.to(device)) for b in images.split(500)])
         acc = (self.classifier.cls(feats).argmax(-1).cpu() == classes.cpu().long()).float().mean().item()
         fd = frechet_distance(*gaussian_stats(feats.cpu()), *self.reference_stats)
         return QualityReport(images.shape[0], acc, fd, self.real_floor(classes))
