@@ -29,11 +29,16 @@ XDIST=""
 "$PY" -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
 TIMEOUT_FLAG=""
 "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_FLAG="--timeout 150"
+# The system compiler, which built torch, not whatever CXX names: the H200 image sets
+# CXX=/opt/gcc/bin/g++, whose extension carried its own static libstdc++ and segfaulted the
+# first time an error message formatted a number (tests/test_build.py checks the linkage).
+BUILD_CXX="${SPECDEC_CXX:-c++}"
+BUILD_CC="${SPECDEC_CC:-cc}"
 KERNEL_BENCH="not flex_compiled and not decode_two_images and not ar_one_image"
 COMPARE_IMAGES="${COMPARE_IMAGES:-50}"
 
 STEPS=(
-  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info()))'"
+  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info()))'"
   "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
   "limits|30|$PY benchmarks/device_limits.py $LOGS/limits.json"
   "bench|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"

@@ -78,3 +78,46 @@ def test_cuda_kernels_compiled_for_sm90a():
     assert listing.returncode == 0, listing.stderr
     assert "sm_90a" in listing.stdout, listing.stdout[-2000:]
     assert "9.0a" in specdec.build_info()["cuda_archs"]
+
+
+def _elf_needed(path: str) -> list:
+    """DT_NEEDED entries of a 64-bit little-endian ELF shared object (no readelf needed)."""
+    import struct
+
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a 64-bit little-endian ELF"
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    dynamic = next(s for s in sections if s[1] == 6)              # SHT_DYNAMIC
+    strtab = sections[dynamic[6]]                                # sh_link: its string table
+    needed = []
+    for off in range(dynamic[4], dynamic[4] + dynamic[5], 16):
+        tag, val = struct.unpack_from("<qQ", data, off)
+        if tag == 0:
+            break
+        if tag == 1:                                             # DT_NEEDED
+            start = strtab[4] + val
+            needed.append(data[start:data.index(b"\0", start)].decode())
+    return needed
+
+
+@pytest.mark.skipif(not specdec.build_info()["cpu_kernels"], reason="C++ extension not built")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF check")
+def test_extension_links_the_shared_libstdcxx():
+    """A compiler that links libstdc++ statically (an H200 image's CXX=/opt/gcc/bin/g++ did) gives an
+    extension whose own iostreams are never initialised: it loads and computes, then segfaults the
+    first time an error message formats a number. It must use the process's libstdc++, like torch."""
+    needed = _elf_needed(specdec._extension.extension().__file__)
+    assert any(n.startswith("libstdc++") for n in needed), (
+        f"specdec._C does not link libstdc++ dynamically (DT_NEEDED: {needed}); rebuild with the "
+        "compiler torch was built with (unset CXX/CC, or point them at the system g++)")
+
+
+def test_elf_reader_reads_a_known_library():
+    # The reader itself, on the library every CPython extension on Linux links.
+    if not sys.platform.startswith("linux"):
+        pytest.skip("ELF check")
+    needed = _elf_needed(torch._C.__file__)
+    assert any(n.startswith("libtorch_python") for n in needed), needed
