@@ -109,11 +109,27 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _block_sizes(nq: int, d: int):
+def _launch_config(nq: int, d: int, *, fp32_dots: bool, tree: bool):
+    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): the largest tiles whose program still fits in
+    registers on sm_90a. ptxas spills whatever does not fit to local memory, and that decides the
+    speed: on an H200 the float32 verification shape ran 8.9 ms at 64x64 tiles (9.8 KB of stack
+    per thread). IEEE float32 dots are FMA loops that hold their operands in registers, so they
+    take smaller tiles than tensor-core dots; the packed tree mask costs a 16-bit program its
+    64-wide key tile. tests/test_build.py lowers these configs and fails any that spills."""
     block_d = max(16, triton.next_power_of_2(d))
-    block_m = min(64, max(16, triton.next_power_of_2(nq)))
-    block_n = 64 if block_d <= 64 else 32  # keeps K, V and the score tile within registers at D=128
-    return block_m, block_n, block_d
+    if fp32_dots:
+        block_m = min(32, max(16, triton.next_power_of_2(nq)))
+        if block_d >= 128:
+            block_n = 16
+        elif block_m == 16 and block_d <= 32:
+            block_n = 64
+        else:
+            block_n = 32
+    else:
+        block_m = min(64, max(16, triton.next_power_of_2(nq)))
+        block_n = 32 if tree or block_d >= 128 else 64
+    num_warps = 8 if block_d >= 128 else 4
+    return block_m, block_n, block_d, num_warps
 
 
 def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
@@ -130,7 +146,8 @@ def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
     kv_pos = kv_pos.contiguous()
     valid = kv_valid.contiguous().view(torch.uint8) if kv_valid is not None else kv_pos
     tree = tree_mask.contiguous() if tree_mask is not None else kv_pos
-    block_m, block_n, block_d = _block_sizes(nq, d)
+    fp32_dots = _interpreting() or q.dtype == torch.float32
+    block_m, block_n, block_d, num_warps = _launch_config(nq, d, fp32_dots=fp32_dots, tree=tree_mask is not None)
     grid = (triton.cdiv(nq, block_m), b * hq)
     _tree_attention_kernel[grid](
         q, k, v, q_pos, kv_pos, valid, tree, out, lse,
@@ -138,36 +155,41 @@ def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
         v.stride(0), v.stride(1), v.stride(2),
         hq, hq // hkv, nq, nk, d, (nq + 31) // 32, float(scale) * _LOG2E,
         HAS_VALID=kv_valid is not None, HAS_TREE=tree_mask is not None,
-        DOT_FP32=_interpreting() or q.dtype == torch.float32,
+        DOT_FP32=fp32_dots,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=_NUM_STAGES,
     )
     return out, lse
 
 
-_LAUNCH_OPTIONS = {"num_warps": 4, "num_stages": 2}
+_NUM_STAGES = 2
 
 
 def _lowering_specs():
-    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a."""
+    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a: the
+    launch configs of the shapes that matter (one query; a 1024-query verification block) at
+    each head dim, for 16-bit and float32 dots, with every mask input present."""
     specs = []
-    for dtype in ("fp16", "bf16", "fp32"):
-        for block_d in (64, 128):
-            block_m, block_n, _ = _block_sizes(1024, block_d)
-            specs.append((
-                _tree_attention_kernel,
-                {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "q_pos_ptr": "*i64",
-                 "kv_pos_ptr": "*i64", "valid_ptr": "*u8", "tree_ptr": "*i32", "out_ptr": f"*{dtype}",
-                 "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", "sq_n": "i32", "sk_b": "i32",
-                 "sk_h": "i32", "sk_n": "i32", "sv_b": "i32", "sv_h": "i32", "sv_n": "i32",
-                 "Hq": "i32", "group": "i32", "Nq": "i32", "Nk": "i32", "D": "i32", "words": "i32",
-                 "scale_log2": "fp32", "HAS_VALID": "constexpr", "HAS_TREE": "constexpr",
-                 "DOT_FP32": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                 "BLOCK_D": "constexpr"},
-                {"HAS_VALID": True, "HAS_TREE": True, "DOT_FP32": dtype == "fp32",
-                 "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d},
-                _LAUNCH_OPTIONS,
-            ))
+    for dtype in ("bf16", "fp32"):
+        for d in (32, 64, 128):
+            for nq in (1, 1024):
+                for has_valid, has_tree in ((False, False), (True, True)):
+                    block_m, block_n, block_d, num_warps = _launch_config(nq, d, fp32_dots=dtype == "fp32",
+                                                                          tree=has_tree)
+                    specs.append((
+                        _tree_attention_kernel,
+                        {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "q_pos_ptr": "*i64",
+                         "kv_pos_ptr": "*i64", "valid_ptr": "*u8", "tree_ptr": "*i32", "out_ptr": f"*{dtype}",
+                         "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", "sq_n": "i32", "sk_b": "i32",
+                         "sk_h": "i32", "sk_n": "i32", "sv_b": "i32", "sv_h": "i32", "sv_n": "i32",
+                         "Hq": "i32", "group": "i32", "Nq": "i32", "Nk": "i32", "D": "i32", "words": "i32",
+                         "scale_log2": "fp32", "HAS_VALID": "constexpr", "HAS_TREE": "constexpr",
+                         "DOT_FP32": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                         "BLOCK_D": "constexpr"},
+                        {"HAS_VALID": has_valid, "HAS_TREE": has_tree, "DOT_FP32": dtype == "fp32",
+                         "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d},
+                        {"num_warps": num_warps, "num_stages": _NUM_STAGES},
+                    ))
     return specs
 
 
