@@ -39,12 +39,17 @@ def check_finite_scalar(value, name: str):
     return v
 
 
+def read_back(*scalars: torch.Tensor) -> list:
+    """Python values of 0-d tensors of one dtype, in one device-to-host transfer: each transfer
+    from a GPU is a synchronisation, so a check reads all its statistics back together."""
+    return torch.stack(scalars).tolist()
+
+
 def check_ids_in_range(ids: torch.Tensor, upper: int, name: str):
     """Token-like ids must lie in [0, upper)."""
     if ids.numel() == 0:
         return
-    lo, hi = torch.aminmax(ids.reshape(-1))
-    lo, hi = int(lo), int(hi)
+    lo, hi = read_back(*torch.aminmax(ids.reshape(-1)))
     if lo < 0 or hi >= upper:
         bad = lo if lo < 0 else hi
         fail(f"{name}: ids must be in [0, {upper}), found {bad}")

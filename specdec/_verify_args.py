@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from specdec._validation import check_finite_scalar, check_same_device, check_tensor, fail
+from specdec._validation import check_finite_scalar, check_same_device, check_tensor, fail, read_back
 from specdec.reference.verification import MASS_UNIT, MODES, RULES
 
 #: Inverse-CDF sums are exact in float64 only while V * 2**30 < 2**53.
@@ -59,9 +59,9 @@ def uniforms_arg(uniforms, shape, device, generator, name: str = "uniforms") -> 
     if uniforms.dtype != torch.float32:
         fail(f"{name} must be float32, got {uniforms.dtype}")
     if uniforms.numel():
-        lo, hi = torch.aminmax(uniforms)
-        if not (float(lo) >= 0.0 and float(hi) < 1.0):  # also false for NaN
-            fail(f"{name} must lie in [0, 1), found values in [{float(lo)}, {float(hi)}]")
+        lo, hi = read_back(*torch.aminmax(uniforms))
+        if not (lo >= 0.0 and hi < 1.0):  # also false for NaN
+            fail(f"{name} must lie in [0, 1), found values in [{lo}, {hi}]")
     return uniforms.contiguous()
 
 
@@ -112,8 +112,10 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
 def _check_probabilities(t: torch.Tensor, name: str):
     if t.numel() == 0:
         return
-    lo, hi = torch.aminmax(t)
-    lo, hi = float(lo), float(hi)
+    _check_range(*read_back(*torch.aminmax(t)), name)
+
+
+def _check_range(lo: float, hi: float, name: str):
     if math.isnan(lo) or math.isnan(hi):
         fail(f"{name} holds NaN; rows must be probabilities")
     if lo < 0.0 or hi > 1.0:
@@ -141,11 +143,12 @@ def sample_residual_args(p, q, uniforms, generator):
         fail(f"p must have 1 <= V < {MAX_VOCAB} columns, got {v}")
     p = _float32(p, "p")
     if m:
-        # One pass for every check on p: per-row extremes.
+        # One pass over p and one read-back for every check on it: per-row extremes.
         row_min, row_max = torch.aminmax(p, dim=1)
-        _check_probabilities(torch.stack([row_min, row_max]), "p")
         empty = row_max < MASS_UNIT
-        if bool(empty.any()):
+        lo, hi, any_empty = read_back(row_min.min(), row_max.max(), empty.any().to(row_max.dtype))
+        _check_range(lo, hi, "p")
+        if any_empty:
             fail(f"p: row {int(empty.nonzero()[0, 0])} has no probability mass (every entry < 2**-30)")
     if q is not None:
         _check_like_p(q, p)
