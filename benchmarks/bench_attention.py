@@ -65,6 +65,10 @@ def _flops(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
 @pytest.mark.parametrize("device,backend", backend_params())
 def test_tree_attention(benchmark, shape, device, backend):
+    _time_backend(benchmark, shape, device, backend, label=backend)
+
+
+def _time_backend(benchmark, shape, device, backend, *, label):
     p = _inputs(shape, device)
 
     def run():
@@ -74,11 +78,30 @@ def test_tree_attention(benchmark, shape, device, backend):
         return out
 
     benchmark.group = f"tree_attention {shape[0]}"
-    benchmark.extra_info["backend"] = backend
+    benchmark.extra_info["backend"] = label
     benchmark.extra_info["device"] = device
     benchmark.extra_info["flops"] = _flops(shape)
     benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
     record_device_time(benchmark, run, device)
+
+
+def _tiles_before_fit(nq, d, *, fp32_dots, tree):
+    """The Triton kernel's tiles before the register-fit rule of 2026-11-30 (the H200 figures of
+    that date were taken with them): 64x64 (64x32 at D=128), 4 warps, whatever the dtype."""
+    import triton
+
+    block_d = max(16, triton.next_power_of_2(d))
+    return min(64, max(16, triton.next_power_of_2(nq))), 64 if block_d <= 64 else 32, block_d, 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="an A/B of tile shapes is a GPU timing")
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_tree_attention_triton_tiles_before_fit(benchmark, shape, monkeypatch):
+    """Timed beside the current rule in the same run: what the register-fit change did."""
+    from specdec.triton_kernels import attention as triton_attention
+
+    monkeypatch.setattr(triton_attention, "_launch_config", _tiles_before_fit)
+    _time_backend(benchmark, shape, "cuda", "triton", label="triton, 64x64 tiles (before the fit rule)")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
