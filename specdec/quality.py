@@ -32,6 +32,7 @@ def likelihood_excess(target, tokens: torch.Tensor, classes, sampling, *, batch_
 
     Returns {"mean": nats per token, "stderr": its standard error over images, "per_row": the
     mean for each token row (H floats)}."""
+    from specdec._validation import read_back
     from specdec.decoding.common import ModelRunner, check_classes, check_grid_model
 
     check_grid_model(target, "target")
@@ -41,7 +42,8 @@ def likelihood_excess(target, tokens: torch.Tensor, classes, sampling, *, batch_
         raise ValueError(f"tokens must hold {classes.shape[0]} grids of {H}x{W} (one per class), got "
                          f"{None if not isinstance(tokens, torch.Tensor) else tuple(tokens.shape)}")
     tokens = tokens.reshape(-1, H * W).long()
-    if int(tokens.min()) < 0 or int(tokens.max()) >= target.vocab_size:
+    lo, hi = read_back(*torch.aminmax(tokens))
+    if lo < 0 or hi >= target.vocab_size:
         raise ValueError(f"tokens must lie in [0, {target.vocab_size})")
     per_image = []
     for start in range(0, tokens.shape[0], batch_size):

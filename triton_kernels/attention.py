@@ -171,25 +171,23 @@ def _lowering_specs():
     each head dim, for 16-bit and float32 dots, with every mask input present."""
     specs = []
     for dtype in ("bf16", "fp32"):
+        signature = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "q_pos_ptr": "*i64",
+                     "kv_pos_ptr": "*i64", "valid_ptr": "*u8", "tree_ptr": "*i32", "out_ptr": f"*{dtype}",
+                     "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", "sq_n": "i32", "sk_b": "i32",
+                     "sk_h": "i32", "sk_n": "i32", "sv_b": "i32", "sv_h": "i32", "sv_n": "i32",
+                     "Hq": "i32", "group": "i32", "Nq": "i32", "Nk": "i32", "D": "i32", "words": "i32",
+                     "scale_log2": "fp32", "HAS_VALID": "constexpr", "HAS_TREE": "constexpr",
+                     "DOT_FP32": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                     "BLOCK_D": "constexpr"}
         for d in (32, 64, 128):
             for nq in (1, 1024):
-                for has_valid, has_tree in ((False, False), (True, True)):
+                for masks in (False, True):   # no masks, or kv_valid and a tree mask both
                     block_m, block_n, block_d, num_warps = _launch_config(nq, d, fp32_dots=dtype == "fp32",
-                                                                          tree=has_tree)
-                    specs.append((
-                        _tree_attention_kernel,
-                        {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "q_pos_ptr": "*i64",
-                         "kv_pos_ptr": "*i64", "valid_ptr": "*u8", "tree_ptr": "*i32", "out_ptr": f"*{dtype}",
-                         "lse_ptr": "*fp32", "sq_b": "i32", "sq_h": "i32", "sq_n": "i32", "sk_b": "i32",
-                         "sk_h": "i32", "sk_n": "i32", "sv_b": "i32", "sv_h": "i32", "sv_n": "i32",
-                         "Hq": "i32", "group": "i32", "Nq": "i32", "Nk": "i32", "D": "i32", "words": "i32",
-                         "scale_log2": "fp32", "HAS_VALID": "constexpr", "HAS_TREE": "constexpr",
-                         "DOT_FP32": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-                         "BLOCK_D": "constexpr"},
-                        {"HAS_VALID": has_valid, "HAS_TREE": has_tree, "DOT_FP32": dtype == "fp32",
-                         "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d},
-                        {"num_warps": num_warps, "num_stages": _NUM_STAGES},
-                    ))
+                                                                          tree=masks)
+                    constexprs = {"HAS_VALID": masks, "HAS_TREE": masks, "DOT_FP32": dtype == "fp32",
+                                  "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d}
+                    specs.append((_tree_attention_kernel, signature, constexprs,
+                                  {"num_warps": num_warps, "num_stages": _NUM_STAGES}))
     return specs
 
 
