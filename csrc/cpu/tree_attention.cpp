@@ -6,10 +6,17 @@
 // score buffer is kQueryTile x kKeyTile and memory stays linear in the key length. Key tiles
 // that no query of the item can see (all invalid, or all later in raster order) are skipped
 // from positions and validity alone; tiles every query fully sees skip the per-pair rule.
-// Key tiles are staged (K transposed for a register-blocked Q.K^T, V as rows, both zeroed at
-// invalid slots) unless float32 rows can be read where they lie: K for items of at most 4 queries
-// (the decoders' one-token steps: a dot product per key beats a transposed copy per query tile),
-// V for tiles whose keys are all valid.
+//
+// Two bodies, by the item's number of queries:
+// - at most 4 (the decoders' one-token steps): scores row-major, one dot product per key with
+//   float32 K read where it lies (K staged transposed for 16-bit inputs);
+// - more (verification windows, prefill): scores transposed, S^T[key][query row], one query row
+//   per vector lane, so K rows are read where they lie (float32) or converted row by row, and the
+//   visibility rule and the online softmax run across rows in vector lanes. This replaced a
+//   transposed copy of every key tile per item with per-row scalar softmax loops, which was 2-3x
+//   slower than torch's SDPA at the decoders' 16-80-query windows.
+// V is read in place for float32 tiles whose keys are all valid, else staged with invalid
+// slots zeroed (an empty cache slot may hold garbage, even NaN, and 0 * NaN is NaN).
 //
 // Inner loops use GCC/Clang vector extensions (16 floats) and are compiled for AVX-512, AVX2
 // and baseline x86-64 with target_clones, picked once at load time; fp16/bf16 are converted to
@@ -72,17 +79,17 @@ struct Problem : AttentionProblem {
 // Per-thread buffers, 64-byte aligned.
 struct Scratch {
   std::vector<float> storage;
-  float *qs, *kt, *vs, *s, *o, *m, *l;
+  float *qs, *kt, *ks, *vs, *s, *o, *m, *l;
   explicit Scratch(int64_t dp) {
-    const int64_t sizes[] = {kQueryTile * dp, dp * kKeyTile, kKeyTile * dp, kQueryTile * kKeyTile,
+    const int64_t sizes[] = {kQueryTile * dp, dp * kKeyTile, kKeyTile * dp, kKeyTile * dp, kQueryTile * kKeyTile,
                              kQueryTile * dp, kQueryTile, kQueryTile};
     int64_t total = 0;
     for (int64_t s_ : sizes) total += (s_ + kVec - 1) / kVec * kVec;
     storage.assign(total + kVec, 0.0f);
     float* p = storage.data();
     p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
-    float** slots[] = {&qs, &kt, &vs, &s, &o, &m, &l};
-    for (int i = 0; i < 7; ++i) {
+    float** slots[] = {&qs, &kt, &ks, &vs, &s, &o, &m, &l};
+    for (int i = 0; i < 8; ++i) {
       *slots[i] = p;
       p += (sizes[i] + kVec - 1) / kVec * kVec;
     }
@@ -204,10 +211,11 @@ SPECDEC_INLINE void scores_rows_direct(const float* qs, const float* k, int64_t 
   }
 }
 
-// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]  (V rows vstride floats apart)
+// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]  (V rows vstride floats apart;
+// P[i, j] at p[i * p_row + j * p_key]: row-major scores, or the many-query path's transposed ones)
 template <int NV>
-SPECDEC_INLINE void pv_block(const float* p, const float* vs, int64_t vstride, float* o, int rows, int keys, int64_t dp,
-                             int64_t c0) {
+SPECDEC_INLINE void pv_block(const float* p, int64_t p_row, int64_t p_key, const float* vs, int64_t vstride,
+                             float* o, int rows, int keys, int64_t dp, int64_t c0) {
   for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
     vfloat acc[kRowBlock][NV];
 #pragma GCC unroll 4
@@ -220,7 +228,7 @@ SPECDEC_INLINE void pv_block(const float* p, const float* vs, int64_t vstride, f
       for (int u = 0; u < NV; ++u) vv[u] = vload(vs + j * vstride + c0 + u * kVec);
 #pragma GCC unroll 4
       for (int r = 0; r < kRowBlock; ++r) {
-        const float pr = p[(i0 + r) * kKeyTile + j];
+        const float pr = p[(i0 + r) * p_row + j * p_key];
 #pragma GCC unroll 4
         for (int u = 0; u < NV; ++u) acc[r][u] += vv[u] * pr;
       }
@@ -232,19 +240,40 @@ SPECDEC_INLINE void pv_block(const float* p, const float* vs, int64_t vstride, f
   }
 }
 
-SPECDEC_INLINE void pv_tile(const float* p, const float* vs, int64_t vstride, float* o, int rows, int keys, int64_t dp) {
+SPECDEC_INLINE void pv_tile(const float* p, int64_t p_row, int64_t p_key, const float* vs, int64_t vstride, float* o,
+                            int rows, int keys, int64_t dp) {
   for (int64_t c0 = 0; c0 < dp; c0 += 4 * kVec) {
     switch (std::min<int64_t>(4, (dp - c0) / kVec)) {
-      case 4: pv_block<4>(p, vs, vstride, o, rows, keys, dp, c0); break;
-      case 3: pv_block<3>(p, vs, vstride, o, rows, keys, dp, c0); break;
-      case 2: pv_block<2>(p, vs, vstride, o, rows, keys, dp, c0); break;
-      default: pv_block<1>(p, vs, vstride, o, rows, keys, dp, c0); break;
+      case 4: pv_block<4>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
+      case 3: pv_block<3>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
+      case 2: pv_block<2>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
+      default: pv_block<1>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
     }
   }
 }
 
-// One work item: queries [q0, q0 + nrows) of head h in batch b against every visible key tile.
-// Inlined into one wrapper per instruction set below.
+// Positions and validity of one key tile: the smallest and largest position of its valid keys
+// (kmin > kmax when none is valid) and whether all its keys are valid.
+struct KeyTile {
+  int64_t kmin, kmax;
+  bool all_valid;
+};
+
+SPECDEC_INLINE KeyTile scan_key_tile(const bool* kvalid, const int64_t* kpos, int64_t k0, int keys) {
+  KeyTile t{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), true};
+  for (int j = 0; j < keys; ++j) {
+    const bool ok = kvalid == nullptr || kvalid[k0 + j];
+    t.all_valid &= ok;
+    if (ok) {
+      t.kmin = std::min(t.kmin, kpos[k0 + j]);
+      t.kmax = std::max(t.kmax, kpos[k0 + j]);
+    }
+  }
+  return t;
+}
+
+// One work item of at most kRowBlock queries (the decoders' one-token steps): queries
+// [q0, q0 + nrows) of head h in batch b against every visible key tile, scores row-major.
 SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
   const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
   const int rows = static_cast<int>((nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
@@ -272,29 +301,21 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
 
   // float32 with D a multiple of the vector width: K and V rows can be read where they lie.
   const bool direct = pb.dtype == at::kFloat && d == dp;
-  const bool direct_k = direct && nrows <= kRowBlock;
+  const bool direct_k = direct;  // this body has at most kRowBlock queries: a dot product per key
 
   alignas(64) float p_row[kKeyTile];
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
     // Tile skipping from positions and validity: nothing visible -> no work at all.
-    int64_t kmin = std::numeric_limits<int64_t>::max(), kmax = std::numeric_limits<int64_t>::min();
-    bool all_valid = true;
-    for (int j = 0; j < keys; ++j) {
-      const bool ok = kvalid == nullptr || kvalid[k0 + j];
-      all_valid &= ok;
-      if (ok) {
-        kmin = std::min(kmin, kpos[k0 + j]);
-        kmax = std::max(kmax, kpos[k0 + j]);
-      }
-    }
-    if (kmin > qmax) continue;  // also covers a tile with no valid key
+    const KeyTile tile = scan_key_tile(kvalid, kpos, k0, keys);
+    if (tile.kmin > qmax) continue;  // also covers a tile with no valid key
+    const bool all_valid = tile.all_valid;
     const bool touches_tree = tree != nullptr && k0 + keys > block_start;
-    const bool all_visible = all_valid && kmax <= qmin && !touches_tree && keys == kKeyTile;
+    const bool all_visible = all_valid && tile.kmax <= qmin && !touches_tree && keys == kKeyTile;
 
-    // float32 rows with D == Dp are read in place: K when there are few queries (direct scores),
-    // V when every key of the tile is valid (an invalid slot may hold garbage, even NaN, and
-    // 0 * NaN is NaN). Otherwise K is staged transposed to [D, kKeyTile] and V as [kKeyTile, Dp],
+    // float32 rows with D == Dp are read in place: K always (direct scores), V when every key
+    // of the tile is valid (an invalid slot may hold garbage, even NaN, and 0 * NaN is NaN).
+    // Otherwise K is staged transposed to [D, kKeyTile] and V as [kKeyTile, Dp],
     // slots past the tile and invalid slots zero, so garbage in empty cache slots cannot reach the
     // output. (Columns d..dp of V stay zero from the scratch allocation; rows d..dp of Kt are
     // never read.)
@@ -370,9 +391,9 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
     }
     for (int64_t i = nrows; i < rows; ++i) std::fill(sc.s + i * kKeyTile, sc.s + (i + 1) * kKeyTile, 0.0f);
     if (v_direct != nullptr) {
-      pv_tile(sc.s, v_direct, pb.v_sn, sc.o, rows, keys, dp);
+      pv_tile(sc.s, kKeyTile, 1, v_direct, pb.v_sn, sc.o, rows, keys, dp);
     } else {
-      pv_tile(sc.s, sc.vs, dp, sc.o, rows, keys, dp);
+      pv_tile(sc.s, kKeyTile, 1, sc.vs, dp, sc.o, rows, keys, dp);
     }
   }
 
@@ -388,6 +409,220 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
   }
 }
 
+typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
+
+SPECDEC_INLINE vfloat splat(float x) {
+  vfloat r;
+  for (int i = 0; i < kVec; ++i) r[i] = x;
+  return r;
+}
+
+// exp2_tile's arithmetic on one vector (same clamp, split and polynomial, lane by lane).
+SPECDEC_INLINE vfloat exp2_vec(vfloat t) {
+  const vfloat x = t < splat(-126.0f) ? splat(-126.0f) : t;
+  const vfloat n = (x + 12582912.0f) - 12582912.0f;
+  const vfloat f = (x - n) * kLn2;
+  vfloat p = splat(1.0f / 720.0f);
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const vint e = (__builtin_convertvector(n, vint) + 127) << 23;
+  vfloat scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+// One work item of more than kRowBlock queries (verification windows, prefill): NR vectors of
+// query rows, one row per lane. Scores are kept transposed, S^T[key][row], so K is read row by row
+// where it lies (float32) instead of being transposed for every item, and the visibility rule,
+// the online softmax and its rescaling run across the item's rows in vector lanes.
+template <int NR>
+SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  constexpr int R = NR * kVec;  // query rows of the item (padding lanes see no key)
+  static_assert(R <= kQueryTile, "scratch holds kQueryTile query rows");
+  const int64_t nrows = std::min<int64_t>(R, pb.nq - q0);
+  const int rows = static_cast<int>((nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
+  const int64_t d = pb.d, dp = pb.dp;
+  const int64_t hk = h / pb.group;
+  const int64_t* qpos = pb.q_pos + b * pb.nq + q0;
+  const int64_t* kpos = pb.kv_pos + b * pb.nk;
+  const bool* kvalid = pb.kv_valid ? pb.kv_valid + b * pb.nk : nullptr;
+  const int32_t* tree = pb.tree ? pb.tree + (b * pb.nq + q0) * pb.words : nullptr;
+  const int64_t block_start = pb.nk - pb.nq;  // first key slot of the draft block
+
+  // Q^T [d, R], pre-scaled so exp2(s - m) is the softmax numerator.
+  float* qt = sc.kt;  // dp * kKeyTile >= d * R floats
+  std::fill(qt, qt + d * R, 0.0f);
+  alignas(64) float qrow[128];
+  for (int64_t i = 0; i < nrows; ++i) {
+    load_row(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, pb.scale_log2, qrow);
+    for (int64_t c = 0; c < d; ++c) qt[c * R + i] = qrow[c];
+  }
+  // Padding lanes get the lowest position: no key is ever visible to them.
+  alignas(64) int64_t qp[R];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int i = 0; i < R; ++i) {
+    qp[i] = i < nrows ? qpos[i] : std::numeric_limits<int64_t>::min();
+    if (i < nrows) {
+      qmin = std::min(qmin, qpos[i]);
+      qmax = std::max(qmax, qpos[i]);
+    }
+  }
+  std::fill(sc.o, sc.o + R * dp, 0.0f);
+  vfloat m[NR], l[NR];
+  for (int r = 0; r < NR; ++r) {
+    m[r] = splat(kNegInf);
+    l[r] = splat(0.0f);
+  }
+
+  const bool f32 = pb.dtype == at::kFloat;
+  float* st = sc.s;  // S^T [kKeyTile, R]
+  for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
+    const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
+    const KeyTile tile = scan_key_tile(kvalid, kpos, k0, keys);
+    if (tile.kmin > qmax) continue;  // nothing visible (also a tile with no valid key)
+    const bool touches_tree = tree != nullptr && k0 + keys > block_start;
+    const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree;
+
+    // K rows: float32 where they lie; 16-bit ones converted. An invalid slot may hold garbage
+    // (even NaN): its scores are replaced by -inf below, never multiplied.
+    const float* krows;
+    int64_t kstride;
+    if (f32) {
+      krows = static_cast<const float*>(pb.k) + b * pb.k_sb + hk * pb.k_sh + k0 * pb.k_sn;
+      kstride = pb.k_sn;
+    } else {
+      for (int j = 0; j < keys; ++j) load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f,
+                                              sc.ks + j * dp);
+      krows = sc.ks;
+      kstride = dp;
+    }
+    // V rows: in place when float32, all valid and D == Dp (a full vector per row); otherwise
+    // staged with invalid slots zeroed (0 * NaN would be NaN). Columns d..dp stay 0 from the
+    // scratch allocation.
+    const float* vrows;
+    int64_t vstride;
+    if (f32 && tile.all_valid && d == dp) {
+      vrows = static_cast<const float*>(pb.v) + b * pb.v_sb + hk * pb.v_sh + k0 * pb.v_sn;
+      vstride = pb.v_sn;
+    } else {
+      for (int j = 0; j < keys; ++j) {
+        if (kvalid == nullptr || kvalid[k0 + j]) {
+          load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
+        } else {
+          std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
+        }
+      }
+      vrows = sc.vs;
+      vstride = dp;
+    }
+
+    // S^T = K . Q^T, four keys at a time (a short last group repeats its last key).
+    for (int j0 = 0; j0 < keys; j0 += 4) {
+      const float* kr[4];
+      for (int u = 0; u < 4; ++u) kr[u] = krows + std::min(j0 + u, keys - 1) * kstride;
+      vfloat acc[4][NR] = {};
+      for (int64_t c = 0; c < d; ++c) {
+        vfloat qv[NR];
+#pragma GCC unroll 2
+        for (int r = 0; r < NR; ++r) qv[r] = vload(qt + c * R + r * kVec);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const float kc = kr[u][c];
+#pragma GCC unroll 2
+          for (int r = 0; r < NR; ++r) acc[u][r] += qv[r] * kc;
+        }
+      }
+      for (int u = 0; u < 4 && j0 + u < keys; ++u)
+        for (int r = 0; r < NR; ++r) vstore(st + (j0 + u) * R + r * kVec, acc[u][r]);
+    }
+
+    // The visibility rule (attention_math.h key_visible), one key across all rows at a time.
+    if (!all_visible) {
+      for (int j = 0; j < keys; ++j) {
+        float* sj = st + j * R;
+        if (kvalid != nullptr && !kvalid[k0 + j]) {
+          std::fill(sj, sj + R, kNegInf);
+          continue;
+        }
+        const int64_t kp = kpos[k0 + j];
+        for (int i = 0; i < R; ++i) sj[i] = kp <= qp[i] ? sj[i] : kNegInf;
+        const int64_t col = k0 + j - block_start;
+        if (tree != nullptr && col >= 0) {
+          for (int64_t i = 0; i < nrows; ++i)
+            if (!tree_bit(tree + i * pb.words, col)) sj[i] = kNegInf;
+        }
+      }
+    }
+
+    // Online softmax across the rows' lanes.
+    vfloat alpha[NR], shift[NR], sum[NR];
+    for (int r = 0; r < NR; ++r) {
+      vfloat mx = splat(kNegInf);
+      for (int j = 0; j < keys; ++j) {
+        const vfloat x = vload(st + j * R + r * kVec);
+        mx = x > mx ? x : mx;
+      }
+      const vfloat m_new = mx > m[r] ? mx : m[r];
+      // A lane that has seen nothing yet keeps m = -inf: shift by 0 (its scores are all -inf).
+      shift[r] = m_new == splat(kNegInf) ? splat(0.0f) : m_new;
+      alpha[r] = m[r] == splat(kNegInf) ? splat(0.0f) : exp2_vec(m[r] - m_new);
+      m[r] = m_new;
+      sum[r] = splat(0.0f);
+    }
+    for (int j = 0; j < keys; ++j) {
+#pragma GCC unroll 2
+      for (int r = 0; r < NR; ++r) {
+        const vfloat x = vload(st + j * R + r * kVec);
+        const vfloat p = x == splat(kNegInf) ? splat(0.0f) : exp2_vec(x - shift[r]);
+        vstore(st + j * R + r * kVec, p);  // S^T now holds P^T for the P.V product
+        sum[r] += p;
+      }
+    }
+    alignas(64) float scale_rows[R];
+    for (int r = 0; r < NR; ++r) {
+      l[r] = l[r] * alpha[r] + sum[r];
+      vstore(scale_rows + r * kVec, alpha[r]);
+    }
+    for (int i = 0; i < rows; ++i) {
+      if (scale_rows[i] == 1.0f) continue;
+      float* o = sc.o + i * dp;
+      for (int64_t c = 0; c < dp; ++c) o[c] *= scale_rows[i];
+    }
+    pv_tile(st, 1, R, vrows, vstride, sc.o, rows, keys, dp);
+  }
+
+  // Normalise; a query that saw nothing keeps O = 0 and gets lse = -inf.
+  alignas(64) float lv[R], mv[R];
+  for (int r = 0; r < NR; ++r) {
+    vstore(lv + r * kVec, l[r]);
+    vstore(mv + r * kVec, m[r]);
+  }
+  const int64_t out_row0 = ((b * pb.hq + h) * pb.nq + q0);
+  for (int64_t i = 0; i < nrows; ++i) {
+    float* o = sc.o + i * dp;
+    const float inv = lv[i] > 0.0f ? 1.0f / lv[i] : 0.0f;
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
+    store_row(pb.out, (out_row0 + i) * d, pb.dtype, d, o);
+    pb.lse[out_row0 + i] = lv[i] > 0.0f ? (mv[i] + std::log2(lv[i])) * kLn2 : kNegInf;
+  }
+}
+
+// Picks the body for an item by its number of queries.
+SPECDEC_INLINE void attend_item_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
+  if (nrows <= kRowBlock) {
+    attend_query_tile_body(pb, b, h, q0, sc);
+  } else if (nrows <= kVec) {
+    attend_rows_body<1>(pb, b, h, q0, sc);
+  } else {
+    attend_rows_body<2>(pb, b, h, q0, sc);
+  }
+}
+
 using AttendFn = void (*)(const Problem&, int64_t, int64_t, int64_t, Scratch&);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -395,15 +630,15 @@ using AttendFn = void (*)(const Problem&, int64_t, int64_t, int64_t, Scratch&);
 // (features, not CPU models, so new CPUs get the AVX-512 path).
 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2")))
 void attend_avx512(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_query_tile_body(pb, b, h, q0, sc);
+  attend_item_body(pb, b, h, q0, sc);
 }
 __attribute__((target("avx2,fma,bmi2")))
 void attend_avx2(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_query_tile_body(pb, b, h, q0, sc);
+  attend_item_body(pb, b, h, q0, sc);
 }
 #endif
 void attend_generic(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_query_tile_body(pb, b, h, q0, sc);
+  attend_item_body(pb, b, h, q0, sc);
 }
 
 AttendFn pick_attend() {
