@@ -1,8 +1,10 @@
 """Argument checks and randomness for kernel 2 (verify_grid, sample_residual), shared by every
 backend of the public API. Each failure is a ValueError naming the argument.
 
-Data checks (NaN scores, uniforms in [0, 1), probabilities in [0, 1]) cost one reduction per
-tensor; they keep the kernels free of undefined cases.
+Data checks (NaN scores, uniforms in [0, 1), probabilities in [0, 1]) cost one small reduction
+per tensor, and one call reads all of them back together: a read-back from a GPU is a host
+synchronisation, and on the CPU each extra op and transfer costs microseconds a decoding loop pays
+every step. They keep the kernels free of undefined cases.
 """
 from __future__ import annotations
 
@@ -21,11 +23,18 @@ MAX_VOCAB = 2 ** 23
 def _float32(t: torch.Tensor, name: str) -> torch.Tensor:
     if not t.is_floating_point():
         fail(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return t  # the common case, without two no-op dispatches
     return t.to(torch.float32).contiguous()
 
 
-def _no_nan(t: torch.Tensor, name: str):
-    if t.numel() and bool(torch.isnan(t).any()):
+def _nan_stat(t: torch.Tensor) -> list:
+    """[max of t]: NaN iff t holds a NaN (max propagates NaN); [] for an empty t."""
+    return [t.max()] if t.numel() else []
+
+
+def _check_no_nan(values, t: torch.Tensor, name: str):
+    if t.numel() and math.isnan(next(values)):
         fail(f"{name} holds NaN; scores must be numbers")
 
 
@@ -44,25 +53,45 @@ def _check_generator(generator, device: torch.device):
         fail(f"generator must be a {device.type} generator like the inputs, got one on {generator.device}")
 
 
+def _uniforms_layout(uniforms, shape, device, generator, name: str = "uniforms") -> torch.Tensor:
+    """Caller uniforms checked for everything but their values (see _uniform_stats)."""
+    if generator is not None:
+        fail(f"pass either {name} or generator, not both")
+    check_tensor(uniforms, name)
+    if tuple(uniforms.shape) != tuple(shape):
+        fail(f"{name} must have shape {list(shape)}, got {tuple(uniforms.shape)}")
+    if uniforms.device != torch.device(device):
+        fail(f"{name} must be on the device of p ({device}), got {uniforms.device}")
+    if uniforms.dtype != torch.float32:
+        fail(f"{name} must be float32, got {uniforms.dtype}")
+    return uniforms.contiguous()
+
+
+def _uniform_stats(uniforms) -> list:
+    return list(torch.aminmax(uniforms)) if uniforms is not None and uniforms.numel() else []
+
+
+def _check_uniform_values(values, uniforms, name: str = "uniforms"):
+    if uniforms is not None and uniforms.numel():
+        lo, hi = next(values), next(values)
+        if not (lo >= 0.0 and hi < 1.0):  # also false for NaN
+            fail(f"{name} must lie in [0, 1), found values in [{lo}, {hi}]")
+
+
 def uniforms_arg(uniforms, shape, device, generator, name: str = "uniforms") -> torch.Tensor:
     """Caller uniforms checked to lie in [0, 1), or fresh ones drawn from `generator`."""
     if uniforms is None:
         if generator is not None:
             _check_generator(generator, device)
         return torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
-    if generator is not None:
-        fail(f"pass either {name} or generator, not both")
-    check_tensor(uniforms, name)
-    if tuple(uniforms.shape) != tuple(shape):
-        fail(f"{name} must have shape {list(shape)}, got {tuple(uniforms.shape)}")
-    check_same_device(uniforms, torch.empty(0, device=device), name, "p")
-    if uniforms.dtype != torch.float32:
-        fail(f"{name} must be float32, got {uniforms.dtype}")
-    if uniforms.numel():
-        lo, hi = read_back(*torch.aminmax(uniforms))
-        if not (lo >= 0.0 and hi < 1.0):  # also false for NaN
-            fail(f"{name} must lie in [0, 1), found values in [{lo}, {hi}]")
-    return uniforms.contiguous()
+    uniforms = _uniforms_layout(uniforms, shape, device, generator, name)
+    _check_uniform_values(_read_values(_uniform_stats(uniforms)), uniforms, name)
+    return uniforms
+
+
+def _read_values(stats: list):
+    """The Python values of 0-d float32 statistics, in one transfer, as an iterator."""
+    return iter(read_back(*stats) if stats else ())
 
 
 def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
@@ -76,7 +105,6 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
     if h * w >= 2 ** 31:
         fail(f"p: H * W must fit in int32, got {h * w}")
     p = _float32(p, "p")
-    _no_nan(p, "p")
     if rule not in RULES:
         fail(f"rule must be one of {RULES}, got {rule!r}")
     if mode not in MODES:
@@ -97,6 +125,7 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         if tau is None:
             fail("tau is required for rule='threshold' (accept iff p >= tau)")
         tau = check_finite_scalar(tau, "tau")
+        _check_no_nan(_read_values(_nan_stat(p)), p, "p")
         # The threshold rule uses neither the draft probabilities nor randomness.
         return p, None, tau, None, radius, valid
     if tau is not None:
@@ -104,15 +133,21 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
     if q is None:
         fail("q (the draft probabilities) is required for rule='ratio'")
     q = _float32(q, "q")
-    _no_nan(q, "q")
-    uniforms = uniforms_arg(uniforms, (b, h, w), p.device, generator)
+    if uniforms is None:
+        if generator is not None:
+            _check_generator(generator, p.device)
+        uniforms = torch.rand((b, h, w), generator=generator, device=p.device, dtype=torch.float32)
+        drawn = True
+    else:
+        uniforms = _uniforms_layout(uniforms, (b, h, w), p.device, generator)
+        drawn = False
+    # Every value check of the call from one transfer.
+    values = _read_values(_nan_stat(p) + _nan_stat(q) + ([] if drawn else _uniform_stats(uniforms)))
+    _check_no_nan(values, p, "p")
+    _check_no_nan(values, q, "q")
+    if not drawn:
+        _check_uniform_values(values, uniforms)
     return p, q, 0.0, uniforms, radius, valid
-
-
-def _check_probabilities(t: torch.Tensor, name: str):
-    if t.numel() == 0:
-        return
-    _check_range(*read_back(*torch.aminmax(t)), name)
 
 
 def _check_range(lo: float, hi: float, name: str):
@@ -142,21 +177,30 @@ def sample_residual_args(p, q, uniforms, generator):
     if not 1 <= v < MAX_VOCAB:
         fail(f"p must have 1 <= V < {MAX_VOCAB} columns, got {v}")
     p = _float32(p, "p")
-    if m:
-        # One pass over p and one read-back for every check on it: per-row extremes.
-        row_min, row_max = torch.aminmax(p, dim=1)
-        empty = row_max < MASS_UNIT
-        lo, hi, any_empty = read_back(row_min.min(), row_max.max(), empty.any().to(row_max.dtype))
-        _check_range(lo, hi, "p")
-        if any_empty:
-            fail(f"p: row {int(empty.nonzero()[0, 0])} has no probability mass (every entry < 2**-30)")
     if q is not None:
         _check_like_p(q, p)
         q = _float32(q, "q")
-        _check_probabilities(q, "q")
     if uniforms is None:
         if generator is not None:
             _check_generator(generator, p.device)
-        return p, q, None
-    uniforms = uniforms_arg(uniforms, (m,), p.device, generator)
+    else:
+        uniforms = _uniforms_layout(uniforms, (m,), p.device, generator)
+    # Every value check of the call from one transfer: p's extremes and smallest row maximum
+    # (a row below 2**-30 everywhere has no mass), q's and the uniforms' extremes.
+    stats = []
+    if m:
+        row_min, row_max = torch.aminmax(p, dim=1)
+        stats += [row_min.min(), *torch.aminmax(row_max)]
+    if q is not None and q.numel():
+        stats += list(torch.aminmax(q))
+    values = _read_values(stats + _uniform_stats(uniforms))
+    if m:
+        lo, smallest_row_max, hi = next(values), next(values), next(values)
+        _check_range(lo, hi, "p")
+        if smallest_row_max < MASS_UNIT:
+            fail(f"p: row {int((row_max < MASS_UNIT).nonzero()[0, 0])} has no probability mass "
+                 "(every entry < 2**-30)")
+    if q is not None and q.numel():
+        _check_range(next(values), next(values), "q")
+    _check_uniform_values(values, uniforms)
     return p, q, uniforms
