@@ -62,18 +62,21 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
 @pytest.mark.parametrize("rounds", [0, 1, 2])
 def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads, commit):
     """1 + C0 + (H - 1)(r + 1) with one vertical head; row groups of two with the +2W head too.
-    commit="verify" judges with the commit passes it already makes and adds only the passes that
-    close the last group's open tail."""
+    commit="verify" makes 1 to r + 1 passes per group (it stops when a pass changes nothing),
+    then the passes that close the last group's open tail."""
     out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
                           vertical_heads=vertical_heads, commit=commit)
     H = fam.target.grid[0]
     groups = -(-(H - 1) // vertical_heads)
-    for c0 in out.stats.extra["row0_passes"]:
-        assert c0 >= 1
-    expected = sum(1 + c0 + groups * (rounds + 1) for c0 in out.stats.extra["row0_passes"])
-    final = out.stats.extra.get("final_passes", [])
-    assert commit == "verify" or not final
-    assert out.stats.target_forwards == expected + sum(final)
+    row0 = out.stats.extra["row0_passes"]
+    assert all(c0 >= 1 for c0 in row0)
+    if commit == "write":
+        assert "final_passes" not in out.stats.extra and "group_passes" not in out.stats.extra
+        assert out.stats.target_forwards == sum(1 + c0 + groups * (rounds + 1) for c0 in row0)
+        return
+    group, final = out.stats.extra["group_passes"], out.stats.extra["final_passes"]
+    assert all(groups <= g <= groups * (rounds + 1) for g in group)
+    assert out.stats.target_forwards == sum(1 + c0 for c0 in row0) + sum(group) + sum(final)
 
 
 def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
@@ -130,10 +133,10 @@ def test_draw_residual_returns_the_distribution_it_samples_from():
 
 @pytest.mark.parametrize("rounds", [0, 1])
 def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, rounds):
-    """commit="verify": the commit pass judges its window once more, but a token it corrects had its
-    key written from the old token, so the next group's passes (or, after the last group, the final
-    passes) must start at the first correction and write it again. After the decode every slot must
-    hold what one clean pass over the final tokens writes."""
+    """commit="verify": every pass judges what it feeds, but a token it corrects had its key written
+    from the old token, so the next pass (of this group, the next one, or the final passes) must
+    feed it again. After the decode every slot must hold what one clean pass over the final tokens
+    writes."""
     H, W = fam.target.grid
     P = fam.target.prefix_len
     corrected = 0
@@ -142,15 +145,15 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
         stats = DecodeStats("ssd")
         x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, rounds=rounds,
                             chunk=2, commit="verify")
-        maps = stats.acceptance_maps[stats.extra["row0_passes"][0]:]        # per group: rounds, then commit
-        corrected += sum(int((~maps[g * (rounds + 1) + rounds][0, g + 1]).sum()) for g in range(H - 2))
+        row0 = stats.extra["row0_passes"][0]
+        corrected += sum(stats.extra["drafted"][row0:]) - sum(stats.extra["accepted"][row0:])
         clean = ModelRunner(fam.target, SAMPLING)
         clean.prefill(CLASSES[:1])
         clean.forward(x[:, :H * W - 1], torch.arange(H * W - 1))
         end = P + H * W - 1                             # the last token's key is never written
         for got, want in zip(runner.cache.k + runner.cache.v, clean.cache.k + clean.cache.v):
             torch.testing.assert_close(got[:, :, :end], want[:, :, :end], rtol=1e-4, atol=1e-4)
-    assert corrected > 0                                # the commit passes did correct tokens
+    assert corrected > 0                                # the passes did correct tokens
 
 
 def _spy_on_mulo_cycles(monkeypatch):
@@ -349,6 +352,8 @@ def test_other_bad_arguments(fam):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, round_q="draft")
     with pytest.raises(ValueError, match="commit"):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="skip")
+    with pytest.raises(ValueError, match="round_q='previous'"):
+        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="verify", round_q="resampled")
     for bad in (0, 3, True):
         with pytest.raises(ValueError, match="vertical_heads"):
             ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)

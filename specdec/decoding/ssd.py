@@ -20,21 +20,23 @@ distribution q is the target's own final norm + LM head on the prediction.
   distribution, like `sd`: every token's last judgment happens under its final left context.
   Why the published rule is not: a kept token is judged against the head's q again in the next
   round (even when its context did not change), and a token right of a last-round correction is
-  committed as judged under the old left context. Under "verify" every round uses SJD's rule
-  (`round_q` defaults to "previous": a token that follows p is judged against that p, so it is
-  kept for sure while its context holds), and the commit pass judges its whole window once more.
-  A token it corrects had its key written from its old value and every token right of it was
-  judged under a stale context, so the next group's passes start at that correction and judge
-  the open tail again with the next rows; the last group closes its tail with passes of its own
-  (`stats.extra["final_passes"]`). Each such pass keeps its first token for sure, so this ends.
+  committed as judged under the old left context. Under "verify" every judgment uses SJD's rule
+  (a token is judged against the distribution it follows: the head's q when freshly drafted,
+  else the p it was last judged against, so it is kept for sure while its context holds), and
+  every pass writes keys, values and hidden states. After a pass whose first correction is at f,
+  everything up to f is settled; the next pass starts right after f (re-feeding x_f, whose key
+  was written from its old value) and judges only tokens whose context changed. A group makes
+  up to `rounds + 1` such passes and stops early when one changes nothing; what is still open
+  is judged again with the next group's rows, and the last group closes its tail with passes of
+  its own (`stats.extra["final_passes"]`). Each pass settles at least one token, so this ends.
   Tested against AR's distribution on a tiny model (tests/test_decoding_sd.py). The price, on
   the default family: corrections cascade along a row (a changed token changes its right
-  neighbour's p), so the open tails are long: windows average about 40 tokens instead of 14 and
-  about 17 final passes are added, roughly 1.8x SSD's wall time (README).
+  neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
+  14 final passes are added (README).
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
-1 + C0 + (H - 1)(r + 1) with one vertical head, the default), plus the final passes under
-commit="verify".
+1 + C0 + (H - 1)(r + 1) with one vertical head, the default). Under commit="verify": 1 + C0 +
+the groups' passes (1 to rounds + 1 each, `stats.extra["group_passes"]`) + the final passes.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
     stats.extra.setdefault("row0_passes", []).append(runner.forwards - 1)
     draft_calls = drafter.forwards
     carry_start, carry_q = None, None          # commit="verify": the open tail of the previous group
+    group_passes = 0
     for i in range(1, H, vertical_heads):
         n = min(vertical_heads, H - i)                                               # rows drafted together
         above = torch.arange((i - 1) * W, i * W, device=runner.device)
@@ -81,45 +84,32 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
         q = runner.probs(runner.outputs(model.head(pred), pred))                      # [B, nW, V]
         V = q.shape[-1]
         x[:, row] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
-        # The span judged this group: the rows, preceded under commit="verify" by the previous
-        # group's tail from its first commit-pass correction on (those tokens follow the commit
-        # pass's p, which is their q here).
-        row_start = i * W
-        span_start = row_start if carry_start is None else carry_start
-        span = torch.arange(span_start, (i + n) * W, device=runner.device)
-        if carry_start is not None:
-            q = torch.cat([carry_q, q], 1)
-        open_from = span_start              # the first position whose key is stale: each pass starts there
+        if commit == "verify":
+            passes = runner.forwards
+            # The span judged this group: the previous group's open tail (its tokens follow the
+            # p they were last judged against, their q here), then the rows.
+            span = torch.arange(i * W if carry_start is None else carry_start, (i + n) * W, device=runner.device)
+            if carry_start is not None:
+                q = torch.cat([carry_q, q], 1)
+            carry_start, carry_q = _settle(runner, x, hid, span, q, gen, stats, max_passes=rounds + 1)
+            group_passes += runner.forwards - passes
+            continue
         for _ in range(rounds):
             # The window is contiguous, so writing its keys in place changes nothing a query
             # of this pass sees (each sees the window up to itself, as with write=False), and the
             # next round or the commit pass overwrites them: the cheaper in-place path.
-            win = span[open_from - span_start:]
-            p = runner.probs(runner.forward(x[:, win - 1], win - 1))                 # [B, len(win), V]
-            q_win, redo = _verify_and_correct(runner, x, win, p, q[:, open_from - span_start:], gen, stats,
-                                              round_q)
-            q = torch.cat([q[:, :open_from - span_start], q_win], 1)
-            # The rows are judged every round (the published rule); a tail token only while
-            # something left of it changed: the pass must start at the tail's first correction
-            # (its key is stale), and nothing before it saw a change.
-            tail_redo = redo[:, :row_start - open_from].any(0)
-            open_from = open_from + int(tail_redo.nonzero()[0]) if bool(tail_redo.any()) else row_start
-        win = span[open_from - span_start:]
-        out = _commit_pass(runner, x, hid, win)
-        carry_start = None
-        if commit == "verify":
-            carry_start, carry_q = _judge_committed(runner, x, win, out, q[:, open_from - span_start:], gen, stats)
+            p = runner.probs(runner.forward(x[:, row - 1], row - 1))                 # [B, nW, V]
+            q, _ = _verify_and_correct(runner, x, row, p, q, gen, stats, round_q)
+        _commit_pass(runner, x, hid, row)
     if commit == "verify":
         # The last group has no next group to carry its open tail into: close it with passes of
-        # its own. Each pass keeps its first token for sure (its context is final and q is the
-        # previous p), so this ends within the tail's length.
-        final = 0
-        while carry_start is not None:
-            win = torch.arange(carry_start, H * W, device=runner.device)
-            out = _commit_pass(runner, x, hid, win)
-            final += 1
-            carry_start, carry_q = _judge_committed(runner, x, win, out, carry_q, gen, stats)
-        stats.extra.setdefault("final_passes", []).append(final)
+        # its own. Each pass settles at least its first token, so this ends within the tail's length.
+        final = runner.forwards
+        if carry_start is not None:
+            _settle(runner, x, hid, torch.arange(carry_start, H * W, device=runner.device), carry_q, gen, stats,
+                    max_passes=None)
+        stats.extra.setdefault("final_passes", []).append(runner.forwards - final)
+        stats.extra.setdefault("group_passes", []).append(group_passes)
     stats.draft_forwards = draft_calls * B
     return x
 
@@ -131,18 +121,34 @@ def _commit_pass(runner: ModelRunner, x, hid, win):
     return out
 
 
-def _judge_committed(runner: ModelRunner, x, win, out, q, gen, stats):
-    """commit="verify": judge every token of the pass just committed (`win`) against its p with
-    SJD's rule. A token it corrects had its key written from its old value, and every token right
-    of it was judged under a stale left context, so the next pass starts at the first correction:
-    returns that position and the q (this p) of the tokens from it on, or (None, None)."""
-    p = runner.probs(out)
-    q_win, changed = _verify_and_correct(runner, x, win, p, q, gen, stats, "previous")
-    changed = changed.any(0)
-    if not bool(changed.any()):
-        return None, None
-    first = int(changed.nonzero()[0])
-    return int(win[first]), q_win[:, first:]
+def _settle(runner: ModelRunner, x, hid, span, q, gen, stats, *, max_passes):
+    """commit="verify": passes over the open part of `span` (raster positions; q [B, len(span), V]
+    the distribution each token follows: the head's for fresh drafts, the last p it was judged
+    against otherwise), each judging it with SJD's rule and writing its keys, values and hidden
+    states, until a pass changes nothing or `max_passes` (None: no limit) are made.
+
+    After a pass whose first correction (over the batch) is at f, every token up to f is settled:
+    its left context did not change, so it was judged against its final p (and a correction is
+    drawn from that p's residual). The next pass starts right after f: it re-feeds x_f, whose key
+    was written from its old value, and judges only tokens whose context changed. Returns the
+    first open position and the q of the open tokens, or (None, None) when everything is settled.
+    (A pass that would judge settled tokens again keeps them for sure: q is the p they were kept
+    under. Skipping them is what makes the passes short.)"""
+    start, passes = 0, 0
+    while max_passes is None or passes < max_passes:
+        win = span[start:]
+        out = _commit_pass(runner, x, hid, win)
+        passes += 1
+        q_win, changed = _verify_and_correct(runner, x, win, runner.probs(out), q, gen, stats, "previous")
+        changed = changed.any(0)
+        if not bool(changed.any()):
+            return None, None
+        settled = int(changed.nonzero()[0]) + 1
+        start += settled
+        if start == span.shape[0]:
+            return None, None
+        q = q_win[:, settled:]
+    return int(span[start]), q
 
 
 def _verify_and_correct(runner: ModelRunner, x, win, p, q, gen, stats, round_q: str):
@@ -195,6 +201,8 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         round_q = "previous" if commit == "verify" else "resampled"
     if round_q not in ROUND_Q:
         raise ValueError(f"round_q must be one of {', '.join(ROUND_Q)}, got {round_q!r}")
+    if commit == "verify" and round_q != "previous":
+        raise ValueError(f"commit='verify' judges with SJD's rule (round_q='previous'); got round_q={round_q!r}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
