@@ -156,9 +156,20 @@ def format_table(rows: List[dict], fd_real: Optional[float] = None) -> str:
     return "\n".join(lines)
 
 
+#: Images each method decodes per turn in `run_compare`.
+COMPARE_TURN = 10
+
+
 def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, options: Dict[str, dict], *,
-                out_dir: Optional[str] = None, warmup: bool = True, show_progress: bool = True, log=print):
+                out_dir: Optional[str] = None, warmup: bool = True, show_progress: bool = True, log=print,
+                turn: int = COMPARE_TURN):
+    """Every method on the same classes and seeds. The methods take turns, `turn` images each, so
+    that a slow spell of a shared machine (they last minutes on our 2-core development machine, and
+    made methods measured later up to 35% slower in a method-after-method run) falls on all
+    methods alike instead of on whichever ran through it. Image i of every method depends only on
+    (seed, i), so the turns change no token."""
     from specdec import decoding, images, quality
+    from specdec.decoding.common import concat_results
 
     for m in methods:
         decoding.check_method(m)
@@ -168,14 +179,21 @@ def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, o
         raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
     n_classes = fam.target.num_classes
     classes = torch.arange(num_images) % n_classes
+    if warmup:   # first-call costs (allocator, kernel caches) are not the method's
+        for m in methods:
+            decoding.decode(m, fam, classes[:1], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
+    parts: Dict[str, list] = {m: [] for m in methods}
+    bar = Progress(num_images * len(methods), ",".join(methods), enabled=show_progress)
+    for start in range(0, num_images, turn):
+        for m in methods:
+            parts[m].append(decoding.decode(m, fam, classes[start:start + turn], seed=seed, first_index=start,
+                                            sampling=sampling, **options.get(m, {})))
+            bar(bar.done + parts[m][-1].tokens.shape[0])
+    bar.close()
     results, rows = {}, []
     fd_real = None
     for m in methods:
-        if warmup:   # first-call costs (allocator, kernel caches) are not the method's
-            decoding.decode(m, fam, classes[:1], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
-        bar = Progress(num_images, m, enabled=show_progress)
-        out = decoding.decode(m, fam, classes, seed=seed, sampling=sampling, progress=bar, **options.get(m, {}))
-        bar.close()
+        out = concat_results(m, parts.pop(m))
         q = quality.evaluate(getattr(fam, "evaluator", None), out.images, classes)
         fd_real = q["fd_real"] if q["fd_real"] is not None else fd_real
         s = out.stats

@@ -3,6 +3,7 @@ and (when the trained weights are present) the embedded default family end to en
 import json
 
 import pytest
+import torch
 
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, decoding
@@ -30,6 +31,21 @@ def test_compare_runs_every_method_on_the_same_classes_and_writes_pngs(tmp_path)
     assert (tmp_path / "mulo_maps.png").stat().st_size > 0
     table = cli.format_table(rows, fd_real)
     assert all(m in table for m in decoding.METHODS) and "FD-classifier" in table
+
+
+def test_compare_turns_decode_what_one_call_per_method_decodes():
+    """The methods take turns (2 images each here); every method's images are still those of one
+    decode call over all the classes, and its statistics cover all of them."""
+    fam = TinyFamily()
+    sampling = decoding.Sampling(cfg_scale=2.0)
+    rows, results, _ = cli.run_compare(fam, ["ar", "ssd"], 5, 3, sampling, {}, warmup=False, show_progress=False,
+                                       turn=2)
+    for m in ("ar", "ssd"):
+        whole = decoding.decode(m, fam, torch.arange(5) % fam.target.num_classes, seed=3, sampling=sampling)
+        assert torch.equal(results[m].tokens, whole.tokens)
+        assert results[m].stats.images == 5
+        assert results[m].stats.target_forwards == whole.stats.target_forwards
+    assert rows[0]["target_forwards"] == 16
 
 
 def test_compare_json_and_table_from_the_command_line(tmp_path, monkeypatch, capsys):

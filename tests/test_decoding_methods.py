@@ -6,7 +6,8 @@ import torch
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
-from specdec.decoding.common import DecodeStats, ModelRunner, Sampling, draw_residual, image_generator
+from specdec.decoding.common import (DecodeStats, ModelRunner, Sampling, concat_results, draw_residual,
+                                     image_generator)
 from specdec.decoding.upsample import TokenUpsampler
 
 SAMPLING = Sampling(cfg_scale=2.0)
@@ -30,6 +31,27 @@ def test_every_method_is_deterministic_under_a_seed(fam, method):
     assert not torch.equal(a.tokens, c.tokens)
     s = a.stats
     assert s.images == 3 and s.tokens == 3 * H * W and s.target_forwards >= 3 and s.wall_s > 0
+
+
+@pytest.mark.parametrize("method", decoding.METHODS)
+def test_a_run_split_with_first_index_gives_the_same_images(fam, method):
+    """Image i depends only on (seed, first_index + i), so `specdec compare` can let the methods
+    take turns a few images at a time and still decode exactly what one call per method would."""
+    classes = torch.tensor([2, 1, 0, 1, 2])
+    whole = decoding.decode(method, fam, classes, seed=7, sampling=SAMPLING)
+    parts = [decoding.decode(method, fam, classes[i:i + 2], seed=7, first_index=i, sampling=SAMPLING)
+             for i in range(0, 5, 2)]
+    joined = concat_results(method, parts)
+    assert torch.equal(joined.tokens, whole.tokens) and torch.equal(joined.images, whole.images)
+    assert joined.stats.images == 5 and joined.stats.target_forwards == whole.stats.target_forwards
+    shifted = decoding.decode(method, fam, classes[2:], seed=7, sampling=SAMPLING)   # first_index=0
+    assert not torch.equal(shifted.tokens, whole.tokens[2:])
+
+
+def test_first_index_must_be_a_non_negative_int(fam):
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="first_index"):
+            decoding.decode("ar", fam, CLASSES, first_index=bad, sampling=SAMPLING)
 
 
 def test_mulo_tau_zero_accepts_the_whole_draft_in_one_verification_pass(fam):

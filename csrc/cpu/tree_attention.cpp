@@ -417,9 +417,23 @@ SPECDEC_INLINE vfloat splat(float x) {
   return r;
 }
 
+// mask ? a : b per lane (mask lanes all ones or all zeros, as vector comparisons give), written
+// with bit operations: GCC and Clang agree on those, not on ?: over vector types.
+SPECDEC_INLINE vfloat select(vint mask, vfloat a, vfloat b) {
+  vint ai, bi;
+  std::memcpy(&ai, &a, sizeof(ai));
+  std::memcpy(&bi, &b, sizeof(bi));
+  const vint r = (ai & mask) | (bi & ~mask);
+  vfloat out;
+  std::memcpy(&out, &r, sizeof(out));
+  return out;
+}
+
+SPECDEC_INLINE vfloat vmax(vfloat a, vfloat b) { return select(a > b, a, b); }
+
 // exp2_tile's arithmetic on one vector (same clamp, split and polynomial, lane by lane).
 SPECDEC_INLINE vfloat exp2_vec(vfloat t) {
-  const vfloat x = t < splat(-126.0f) ? splat(-126.0f) : t;
+  const vfloat x = select(t < splat(-126.0f), splat(-126.0f), t);
   const vfloat n = (x + 12582912.0f) - 12582912.0f;
   const vfloat f = (x - n) * kLn2;
   vfloat p = splat(1.0f / 720.0f);
@@ -564,12 +578,12 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
       vfloat mx = splat(kNegInf);
       for (int j = 0; j < keys; ++j) {
         const vfloat x = vload(st + j * R + r * kVec);
-        mx = x > mx ? x : mx;
+        mx = vmax(x, mx);
       }
-      const vfloat m_new = mx > m[r] ? mx : m[r];
+      const vfloat m_new = vmax(mx, m[r]);
       // A lane that has seen nothing yet keeps m = -inf: shift by 0 (its scores are all -inf).
-      shift[r] = m_new == splat(kNegInf) ? splat(0.0f) : m_new;
-      alpha[r] = m[r] == splat(kNegInf) ? splat(0.0f) : exp2_vec(m[r] - m_new);
+      shift[r] = select(m_new == splat(kNegInf), splat(0.0f), m_new);
+      alpha[r] = select(m[r] == splat(kNegInf), splat(0.0f), exp2_vec(m[r] - m_new));
       m[r] = m_new;
       sum[r] = splat(0.0f);
     }
@@ -577,7 +591,7 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
 #pragma GCC unroll 2
       for (int r = 0; r < NR; ++r) {
         const vfloat x = vload(st + j * R + r * kVec);
-        const vfloat p = x == splat(kNegInf) ? splat(0.0f) : exp2_vec(x - shift[r]);
+        const vfloat p = select(x == splat(kNegInf), splat(0.0f), exp2_vec(x - shift[r]));
         vstore(st + j * R + r * kVec, p);  // S^T now holds P^T for the P.V product
         sum[r] += p;
       }

@@ -43,7 +43,7 @@ DEFAULT_OPTIONS: Dict[str, dict] = {
 def method_options(method: str):
     """Names of the options `method` accepts."""
     fn = _MODULES[check_method(method)].decode
-    skip = {"target", "classes", "seed", "sampling", "backend", "progress", "tokenizer"}
+    skip = {"target", "classes", "seed", "first_index", "sampling", "backend", "progress", "tokenizer"}
     return [p for p in inspect.signature(fn).parameters if p not in skip]
 
 
@@ -76,10 +76,12 @@ def _family_resources(method: str, family, options: dict) -> dict:
     return res
 
 
-def decode(method: str, family, classes, *, seed: int = 0, sampling: Optional[Sampling] = None,
+def decode(method: str, family, classes, *, seed: int = 0, first_index: int = 0, sampling: Optional[Sampling] = None,
            backend: Optional[str] = None, progress: Optional[Callable[[int], None]] = None,
            **options) -> DecodeResult:
-    """Run `method` on the family's target for `classes` (one image per entry).
+    """Run `method` on the family's target for `classes` (one image per entry). Image i depends
+    only on (seed, first_index + i): `first_index` is the offset of classes[0] in a longer run
+    decoded in several calls (see `specdec.decoding.common.concat_results`).
 
     Options default to DEFAULT_OPTIONS[method]; anything passed overrides them. Unknown options
     raise a ValueError listing the accepted ones."""
@@ -95,7 +97,8 @@ def decode(method: str, family, classes, *, seed: int = 0, sampling: Optional[Sa
         if opts.get(key) is None and key in allowed + ["tokenizer"]:
             opts[key] = value
     classes = torch.as_tensor(classes)
-    return _MODULES[method].decode(target, classes, seed=seed, sampling=sampling or DEFAULT_SAMPLING,
+    return _MODULES[method].decode(target, classes, seed=seed, first_index=first_index,
+                                   sampling=sampling or DEFAULT_SAMPLING,
                                    backend=backend, progress=progress, **opts)
 
 

@@ -34,7 +34,7 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     return x
 
 
-def decode(target, classes, *, seed: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
+def decode(target, classes, *, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
            backend=None, progress=None, batch_size: int = 1):
     def run(cls, gen, stats):
         runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
@@ -43,4 +43,4 @@ def decode(target, classes, *, seed: int = 0, sampling: Sampling = Sampling(), t
         return x
 
     return run_batches("ar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, first_index=first_index)

@@ -273,15 +273,31 @@ def check_batch_size(batch_size) -> int:
     return batch_size
 
 
+def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
+    """One result from the results of consecutive calls (e.g. chunks of a run decoded with
+    `first_index` set to each chunk's offset): grids and images concatenated, statistics summed."""
+    stats = DecodeStats(method)
+    for part in parts:
+        stats.merge(part.stats)
+    images = None
+    if all(part.images is not None for part in parts):
+        images = torch.cat([part.images for part in parts])
+    return DecodeResult(torch.cat([part.tokens for part in parts]), images, stats)
+
+
 def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_size: int = 1, tokenizer=None,
-                progress=None) -> DecodeResult:
-    """Decode `classes` in batches: `decode_batch(classes[i:i+b], image_generator(seed, i), stats)
-    -> tokens [b, H*W]`. batch_size=1 (the default everywhere) is the latency setting speculative
-    decoding is for, and makes image i depend only on (seed, i). Each batch is timed; the statistics
-    are summed; the grids are decoded to images with `tokenizer` (not timed)."""
+                progress=None, first_index: int = 0) -> DecodeResult:
+    """Decode `classes` in batches: `decode_batch(classes[i:i+b], image_generator(seed, first_index + i),
+    stats) -> tokens [b, H*W]`. batch_size=1 (the default everywhere) is the latency setting
+    speculative decoding is for, and makes image i depend only on (seed, first_index + i): a run of
+    N images split into calls with `first_index` set to each call's offset gives the same images as
+    one call. Each batch is timed; the statistics are summed; the grids are decoded to images with
+    `tokenizer` (not timed)."""
     check_grid_model(model, "target")
     classes = check_classes(model, classes)
     batch_size = check_batch_size(batch_size)
+    if isinstance(first_index, bool) or not isinstance(first_index, int) or first_index < 0:
+        raise ValueError(f"first_index must be an int >= 0, got {first_index!r}")
     H, W = model.grid
     total = DecodeStats(method)
     grids = []
@@ -289,7 +305,7 @@ def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_s
         cls = classes[i:i + batch_size]
         stats = DecodeStats(method, images=cls.shape[0], tokens=cls.shape[0] * H * W)
         with Timer() as t:
-            grids.append(decode_batch(cls, image_generator(seed, i), stats).view(-1, H, W).cpu())
+            grids.append(decode_batch(cls, image_generator(seed, first_index + i), stats).view(-1, H, W).cpu())
         stats.wall_s = t.seconds
         total.merge(stats)
         if progress is not None:

@@ -136,7 +136,7 @@ def check_cycle_rows(cycle_rows, low_height: int, drafting: str):
 
 def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel", upsampler=None,
            codebook=None, neighbors=None, tau: float = 0.05, k: int = 1000, delta: float = 0.4, radius: int = 1,
-           drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0,
+           drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0, first_index: int = 0,
            sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None):
     """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
     `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle)."""
@@ -245,4 +245,5 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         stats.draft_forwards = drunner.forwards
         return x
 
-    return run_batches("mulo", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress)
+    return run_batches("mulo", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress,
+                       first_index=first_index)

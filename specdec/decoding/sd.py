@@ -42,7 +42,7 @@ def make_drafter(target_runner, drafter, heads, sampling, backend):
 
 
 def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, sampling, tokenizer, backend,
-                       progress, batch_size=1, neighbors=None, delta=None):
+                       progress, batch_size=1, neighbors=None, delta=None, first_index=0):
     check_grid_model(target, "target")
     if drafter is None and heads is None:
         raise ValueError(f"{method} needs a drafter: pass drafter=<same-grid model> or heads=<SSD heads>")
@@ -64,11 +64,11 @@ def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, 
         return x
 
     return run_batches(method, target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, first_index=first_index)
 
 
-def decode(target, classes, *, drafter=None, heads=None, chunk: int = 4, seed: int = 0,
+def decode(target, classes, *, drafter=None, heads=None, chunk: int = 4, seed: int = 0, first_index: int = 0,
            sampling: Sampling = Sampling(), tokenizer=None, backend=None, progress=None, batch_size: int = 1):
     return speculative_decode("sd", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
                               sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
-                              batch_size=batch_size)
+                              batch_size=batch_size, first_index=first_index)

@@ -72,7 +72,7 @@ def sjd_grid(runner: ModelRunner, classes, gen, stats, *, window: int) -> torch.
     return x
 
 
-def decode(target, classes, *, window: int = 16, seed: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
+def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
            backend=None, progress=None):
     check_grid_model(target, "target")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
@@ -84,4 +84,5 @@ def decode(target, classes, *, window: int = 16, seed: int = 0, sampling: Sampli
         stats.target_forwards = runner.forwards
         return x
 
-    return run_batches("sjd", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress)
+    return run_batches("sjd", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress,
+                       first_index=first_index)

@@ -184,7 +184,7 @@ def _verify_and_correct(runner: ModelRunner, x, win, p, q, gen, stats, round_q: 
 
 
 def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1,
-           round_q: str | None = None, commit: str = "write", seed: int = 0, sampling: Sampling = Sampling(),
+           round_q: str | None = None, commit: str = "write", seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(),
            tokenizer=None, backend=None, progress=None, batch_size: int = 1):
     """SSD with `rounds` verify-and-correct rounds per row group, `chunk` horizontal drafts per
     row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row.
@@ -222,4 +222,4 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         return x
 
     return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, first_index=first_index)

@@ -66,7 +66,7 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     return x
 
 
-def decode(target, classes, *, window: int = 4, seed: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
+def decode(target, classes, *, window: int = 4, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
            backend=None, progress=None, batch_size: int = 1):
     check_window(window, target.grid[1])
 
@@ -77,4 +77,4 @@ def decode(target, classes, *, window: int = 4, seed: int = 0, sampling: Samplin
         return x
 
     return run_batches("zipar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress)
+                       progress=progress, first_index=first_index)
