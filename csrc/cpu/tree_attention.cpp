@@ -272,18 +272,59 @@ SPECDEC_INLINE KeyTile scan_key_tile(const bool* kvalid, const int64_t* kpos, in
   return t;
 }
 
+// What both bodies need of one work item: queries [q0, q0 + nrows) of head h in batch b.
+struct Item {
+  int64_t nrows;
+  int rows;                   // nrows rounded up to kRowBlock (the P.V register blocks)
+  int64_t hk;                 // the K/V head (GQA)
+  const int64_t* qpos;        // the item's query positions
+  const int64_t* kpos;        // the batch row's key positions
+  const bool* kvalid;         // nullptr: every key valid
+  const int32_t* tree;        // the item's packed tree-mask rows, or nullptr
+  int64_t block_start;        // first key slot of the draft block
+  int64_t out_row0;           // first output row
+};
+
+SPECDEC_INLINE Item item_of(const Problem& pb, int64_t b, int64_t h, int64_t q0, int64_t max_rows) {
+  Item it;
+  it.nrows = std::min<int64_t>(max_rows, pb.nq - q0);
+  it.rows = static_cast<int>((it.nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
+  it.hk = h / pb.group;
+  it.qpos = pb.q_pos + b * pb.nq + q0;
+  it.kpos = pb.kv_pos + b * pb.nk;
+  it.kvalid = pb.kv_valid ? pb.kv_valid + b * pb.nk : nullptr;
+  it.tree = pb.tree ? pb.tree + (b * pb.nq + q0) * pb.words : nullptr;
+  it.block_start = pb.nk - pb.nq;
+  it.out_row0 = (b * pb.hq + h) * pb.nq + q0;
+  return it;
+}
+
+// Normalise the item's output rows o [nrows, dp] by their sums l and store them with their
+// log-sum-exp (m in base 2); a query that saw nothing keeps O = 0 and gets lse = -inf.
+SPECDEC_INLINE void store_item(const Problem& pb, const Item& it, float* o_rows, const float* l, const float* m) {
+  const int64_t d = pb.d, dp = pb.dp;
+  for (int64_t i = 0; i < it.nrows; ++i) {
+    float* o = o_rows + i * dp;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
+    store_row(pb.out, (it.out_row0 + i) * d, pb.dtype, d, o);
+    pb.lse[it.out_row0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
+  }
+}
+
 // One work item of at most kRowBlock queries (the decoders' one-token steps): queries
 // [q0, q0 + nrows) of head h in batch b against every visible key tile, scores row-major.
 SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
-  const int rows = static_cast<int>((nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
+  const Item it = item_of(pb, b, h, q0, kQueryTile);
+  const int64_t nrows = it.nrows;
+  const int rows = it.rows;
   const int64_t d = pb.d, dp = pb.dp;
-  const int64_t hk = h / pb.group;
-  const int64_t* qpos = pb.q_pos + b * pb.nq + q0;
-  const int64_t* kpos = pb.kv_pos + b * pb.nk;
-  const bool* kvalid = pb.kv_valid ? pb.kv_valid + b * pb.nk : nullptr;
-  const int32_t* tree = pb.tree ? pb.tree + (b * pb.nq + q0) * pb.words : nullptr;
-  const int64_t block_start = pb.nk - pb.nq;  // first key slot of the draft block
+  const int64_t hk = it.hk;
+  const int64_t* qpos = it.qpos;
+  const int64_t* kpos = it.kpos;
+  const bool* kvalid = it.kvalid;
+  const int32_t* tree = it.tree;
+  const int64_t block_start = it.block_start;
 
   // Queries, pre-scaled so exp2(s - m) is the softmax numerator; padding rows/columns are 0.
   std::fill(sc.qs, sc.qs + rows * dp, 0.0f);
@@ -397,16 +438,7 @@ SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t
     }
   }
 
-  // Normalise; a query that saw nothing keeps O = 0 and gets lse = -inf.
-  const int64_t out_row0 = ((b * pb.hq + h) * pb.nq + q0);
-  for (int64_t i = 0; i < nrows; ++i) {
-    const float l = sc.l[i];
-    float* o = sc.o + i * dp;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
-    store_row(pb.out, (out_row0 + i) * d, pb.dtype, d, o);
-    pb.lse[out_row0 + i] = l > 0.0f ? (sc.m[i] + std::log2(l)) * kLn2 : kNegInf;
-  }
+  store_item(pb, it, sc.o, sc.l, sc.m);
 }
 
 typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
@@ -457,15 +489,16 @@ template <int NR>
 SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
   constexpr int R = NR * kVec;  // query rows of the item (padding lanes see no key)
   static_assert(R <= kQueryTile, "scratch holds kQueryTile query rows");
-  const int64_t nrows = std::min<int64_t>(R, pb.nq - q0);
-  const int rows = static_cast<int>((nrows + kRowBlock - 1) / kRowBlock * kRowBlock);
+  const Item it = item_of(pb, b, h, q0, R);
+  const int64_t nrows = it.nrows;
+  const int rows = it.rows;
   const int64_t d = pb.d, dp = pb.dp;
-  const int64_t hk = h / pb.group;
-  const int64_t* qpos = pb.q_pos + b * pb.nq + q0;
-  const int64_t* kpos = pb.kv_pos + b * pb.nk;
-  const bool* kvalid = pb.kv_valid ? pb.kv_valid + b * pb.nk : nullptr;
-  const int32_t* tree = pb.tree ? pb.tree + (b * pb.nq + q0) * pb.words : nullptr;
-  const int64_t block_start = pb.nk - pb.nq;  // first key slot of the draft block
+  const int64_t hk = it.hk;
+  const int64_t* qpos = it.qpos;
+  const int64_t* kpos = it.kpos;
+  const bool* kvalid = it.kvalid;
+  const int32_t* tree = it.tree;
+  const int64_t block_start = it.block_start;
 
   // Q^T [d, R], pre-scaled so exp2(s - m) is the softmax numerator.
   float* qt = sc.kt;  // dp * kKeyTile >= d * R floats
@@ -609,20 +642,12 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
     pv_tile(st, 1, R, vrows, vstride, sc.o, rows, keys, dp);
   }
 
-  // Normalise; a query that saw nothing keeps O = 0 and gets lse = -inf.
   alignas(64) float lv[R], mv[R];
   for (int r = 0; r < NR; ++r) {
     vstore(lv + r * kVec, l[r]);
     vstore(mv + r * kVec, m[r]);
   }
-  const int64_t out_row0 = ((b * pb.hq + h) * pb.nq + q0);
-  for (int64_t i = 0; i < nrows; ++i) {
-    float* o = sc.o + i * dp;
-    const float inv = lv[i] > 0.0f ? 1.0f / lv[i] : 0.0f;
-    for (int64_t c = 0; c < d; ++c) o[c] *= inv;
-    store_row(pb.out, (out_row0 + i) * d, pb.dtype, d, o);
-    pb.lse[out_row0 + i] = lv[i] > 0.0f ? (mv[i] + std::log2(lv[i])) * kLn2 : kNegInf;
-  }
+  store_item(pb, it, sc.o, lv, mv);
 }
 
 // Picks the body for an item by its number of queries.
