@@ -79,26 +79,51 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
 
 
+# (max_tail, final_passes) of commit="verify": unbounded (exact), the tightest, and in between.
+SSD_BOUNDS = [(None, None), (0, 0), (2, 1)]
+
+
 @pytest.mark.parametrize("commit", ssd.COMMIT)
 @pytest.mark.parametrize("vertical_heads", [1, 2])
 @pytest.mark.parametrize("rounds", [0, 1, 2])
 def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads, commit):
     """1 + C0 + (H - 1)(r + 1) with one vertical head; row groups of two with the +2W head too.
     commit="verify" makes 1 to r + 1 passes per group (it stops when a pass changes nothing),
-    then the passes that close the last group's open tail."""
-    out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
-                          vertical_heads=vertical_heads, commit=commit)
+    then the passes that close the last group's open tail (at most `final_passes`)."""
     H = fam.target.grid[0]
     groups = -(-(H - 1) // vertical_heads)
-    row0 = out.stats.extra["row0_passes"]
-    assert all(c0 >= 1 for c0 in row0)
-    if commit == "write":
-        assert "final_passes" not in out.stats.extra and "group_passes" not in out.stats.extra
-        assert out.stats.target_forwards == sum(1 + c0 + groups * (rounds + 1) for c0 in row0)
-        return
-    group, final = out.stats.extra["group_passes"], out.stats.extra["final_passes"]
-    assert all(groups <= g <= groups * (rounds + 1) for g in group)
-    assert out.stats.target_forwards == sum(1 + c0 for c0 in row0) + sum(group) + sum(final)
+    for max_tail, final_passes in SSD_BOUNDS if commit == "verify" else [(None, None)]:
+        out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
+                              vertical_heads=vertical_heads, commit=commit, max_tail=max_tail,
+                              final_passes=final_passes)
+        row0 = out.stats.extra["row0_passes"]
+        assert all(c0 >= 1 for c0 in row0)
+        if commit == "write":
+            assert "final_passes" not in out.stats.extra and "group_passes" not in out.stats.extra
+            assert out.stats.target_forwards == sum(1 + c0 + groups * (rounds + 1) for c0 in row0)
+            continue
+        group, final = out.stats.extra["group_passes"], out.stats.extra["final_passes"]
+        assert all(groups <= g <= groups * (rounds + 1) for g in group)
+        assert final_passes is None or all(f <= final_passes for f in final)
+        assert out.stats.target_forwards == sum(1 + c0 for c0 in row0) + sum(group) + sum(final)
+
+
+def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
+    """Unbounded, commit="verify" settles every token (exact); max_tail = final_passes = 0 keeps
+    open tokens as last judged, and never more than the grid; the published rule ignores both."""
+    HW = fam.target.grid[0] * fam.target.grid[1]
+    kept = {}
+    for bounds in SSD_BOUNDS:
+        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, rounds=1, seed=4,
+                         sampling=SAMPLING, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
+        kept[bounds] = out.stats.extra["kept_as_judged"]
+        assert all(0 <= k <= HW for k in kept[bounds])
+        assert all(0 <= o <= k for o, k in zip(out.stats.extra["open_at_end"], kept[bounds]))
+    assert kept[(None, None)] == [0] * 6
+    assert sum(kept[(0, 0)]) > 0
+    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING)
+    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING, max_tail=0, final_passes=0)
+    assert torch.equal(a.tokens, b.tokens)
 
 
 def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
@@ -153,29 +178,36 @@ def test_draw_residual_returns_the_distribution_it_samples_from():
     assert bool((resid.gather(1, tokens[:, None]) > 0).all())     # every token lies in its residual
 
 
+@pytest.mark.parametrize("bounds", SSD_BOUNDS)
 @pytest.mark.parametrize("rounds", [0, 1])
-def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, rounds):
+def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, rounds, bounds):
     """commit="verify": every pass judges what it feeds, but a token it corrects had its key written
     from the old token, so the next pass (of this group, the next one, or the final passes) must
-    feed it again. After the decode every slot must hold what one clean pass over the final tokens
-    writes."""
+    feed it again; so must the tokens `max_tail` keeps as judged, whose left context changed. After
+    the decode every slot must hold what one clean pass over the final tokens writes, up to the
+    tail still open at the end (`final_passes`: its first token may be a correction never fed)."""
     H, W = fam.target.grid
     P = fam.target.prefix_len
-    corrected = 0
+    corrected = kept = 0
     for seed in range(3):
         runner = ModelRunner(fam.target, SAMPLING)
         stats = DecodeStats("ssd")
         x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, rounds=rounds,
-                            chunk=2, commit="verify")
+                            chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
         row0 = stats.extra["row0_passes"][0]
         corrected += sum(stats.extra["drafted"][row0:]) - sum(stats.extra["accepted"][row0:])
+        kept += stats.extra["kept_as_judged"][0] - stats.extra["open_at_end"][0]
         clean = ModelRunner(fam.target, SAMPLING)
         clean.prefill(CLASSES[:1])
         clean.forward(x[:, :H * W - 1], torch.arange(H * W - 1))
-        end = P + H * W - 1                             # the last token's key is never written
+        open_at_end = stats.extra["open_at_end"][0]
+        # The last token's key is never written, nor those of an open tail and the correction before it.
+        end = P + H * W - 1 - open_at_end
         for got, want in zip(runner.cache.k + runner.cache.v, clean.cache.k + clean.cache.v):
             torch.testing.assert_close(got[:, :, :end], want[:, :, :end], rtol=1e-4, atol=1e-4)
     assert corrected > 0                                # the passes did correct tokens
+    if bounds == (0, 0) and rounds == 0:
+        assert kept > 0                                 # and max_tail kept some mid-image tokens
 
 
 def _spy_on_mulo_cycles(monkeypatch):
@@ -376,6 +408,10 @@ def test_other_bad_arguments(fam):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="skip")
     with pytest.raises(ValueError, match="round_q='previous'"):
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="verify", round_q="resampled")
+    for name in ("max_tail", "final_passes"):
+        for bad in (-1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match=name):
+                ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="verify", **{name: bad})
     for bad in (0, 3, True):
         with pytest.raises(ValueError, match="vertical_heads"):
             ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)

@@ -16,8 +16,8 @@ distribution q is the target's own final norm + LM head on the prediction.
   against the previous round's p, the distribution it follows after that round's correction, so
   a token whose left context did not change is kept for sure. Then one commit pass writes the row's keys,
   values and hidden states (which the next row's vertical drafts start from).
-- `commit="verify"` (our deviation from the published rule; off by default) makes SSD exact in
-  distribution, like `sd`: every token's last judgment happens under its final left context.
+- `commit="verify"` (our deviation from the published rule; the module's default is "write")
+  makes SSD exact in distribution, like `sd`: every token's last judgment happens under its final left context.
   Why the published rule is not: a kept token is judged against the head's q again in the next
   round (even when its context did not change), and a token right of a last-round correction is
   committed as judged under the old left context. Under "verify" every judgment uses SJD's rule
@@ -33,10 +33,20 @@ distribution q is the target's own final norm + LM head on the prediction.
   the default family: corrections cascade along a row (a changed token changes its right
   neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
   14 final passes are added (README).
+- `max_tail` and `final_passes` bound that price (None: unbounded, exact). Open tokens more than
+  `max_tail` positions behind a group's rows are fed once more with that group's first pass, so
+  their keys and values follow the final tokens before them, but they are not judged again: they
+  are kept as last judged, under a left context that a later correction changed. The last group
+  closes its tail with at most `final_passes` passes and keeps what is still open. Both make
+  the variant lossy again, but only in the tokens they keep (`stats.extra["kept_as_judged"]`,
+  about 40 of 256 on the default family with max_tail=24, final_passes=2, the family's default
+  options): every other token is judged under its final context, where the published rule
+  judges none of them so. README: passes, wall clock and quality of each setting.
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
 1 + C0 + (H - 1)(r + 1) with one vertical head, the default). Under commit="verify": 1 + C0 +
-the groups' passes (1 to rounds + 1 each, `stats.extra["group_passes"]`) + the final passes.
+the groups' passes (1 to rounds + 1 each, `stats.extra["group_passes"]`) + the final passes
+(at most `final_passes`).
 """
 from __future__ import annotations
 
@@ -51,6 +61,13 @@ ROUND_Q = ("resampled", "previous")
 COMMIT = ("write", "verify")
 
 
+def _check_bound(value, name: str):
+    """max_tail / final_passes: None (unbounded: exact) or an int >= 0."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
+    return value
+
+
 def check_rounds(rounds) -> int:
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
@@ -59,7 +76,8 @@ def check_rounds(rounds) -> int:
 
 @torch.no_grad()
 def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int, chunk: int,
-                vertical_heads: int = 1, round_q: str = "resampled", commit: str = "write") -> torch.Tensor:
+                vertical_heads: int = 1, round_q: str = "resampled", commit: str = "write",
+                max_tail: int | None = None, final_passes: int | None = None) -> torch.Tensor:
     B = classes.shape[0]
     H, W = runner.H, runner.W
     model = runner.model
@@ -72,60 +90,75 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
     stats.extra.setdefault("row0_passes", []).append(runner.forwards - 1)
     draft_calls = drafter.forwards
     carry_start, carry_q = None, None          # commit="verify": the open tail of the previous group
-    group_passes = 0
+    group_passes, kept = 0, 0
     for i in range(1, H, vertical_heads):
         n = min(vertical_heads, H - i)                                               # rows drafted together
-        above = torch.arange((i - 1) * W, i * W, device=runner.device)
-        row = torch.arange(i * W, (i + n) * W, device=runner.device)                 # the n rows, raster order
+        lo, hi = i * W, (i + n) * W                                                  # the n rows, raster order
+        above = slice(lo - W, lo)
         e = model.embed_tokens(x[:, above].repeat(rows // B, 1))                      # [rows, W, dim]
         pred = _heads.predict(heads, "vertical", range(1, n + 1), hid[:, above], e)  # [rows, W, n, dim]
         pred = pred.transpose(1, 2).reshape(rows, n * W, -1)                         # head k drafts row i + k - 1
         draft_calls += 1
         q = runner.probs(runner.outputs(model.head(pred), pred))                      # [B, nW, V]
         V = q.shape[-1]
-        x[:, row] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
+        x[:, lo:hi] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
         if commit == "verify":
             passes = runner.forwards
             # The span judged this group: the previous group's open tail (its tokens follow the
             # p they were last judged against, their q here), then the rows.
-            span = torch.arange(i * W if carry_start is None else carry_start, (i + n) * W, device=runner.device)
+            keep = 0
             if carry_start is not None:
-                q = torch.cat([carry_q, q], 1)
-            carry_start, carry_q = _settle(runner, x, hid, span, q, gen, stats, max_passes=rounds + 1)
+                # max_tail: open tokens further behind this group's rows are fed once more (their
+                # keys and values then follow the final tokens before them) but kept as last judged.
+                keep = 0 if max_tail is None else max(0, lo - carry_start - max_tail)
+                q = torch.cat([carry_q[:, keep:], q], 1)
+            kept += keep
+            carry_start, carry_q = _settle(runner, x, hid, lo if carry_start is None else carry_start, hi, q, gen,
+                                           stats, max_passes=rounds + 1, keep=keep)
             group_passes += runner.forwards - passes
             continue
         for _ in range(rounds):
             # The window is contiguous, so writing its keys in place changes nothing a query
             # of this pass sees (each sees the window up to itself, as with write=False), and the
             # next round or the commit pass overwrites them: the cheaper in-place path.
-            p = runner.probs(runner.forward(x[:, row - 1], row - 1))                 # [B, nW, V]
-            q, _ = _verify_and_correct(runner, x, row, p, q, gen, stats, round_q)
-        _commit_pass(runner, x, hid, row)
+            p = runner.probs(_feed(runner, x, lo, hi))                                # [B, nW, V]
+            q, _ = _verify_and_correct(runner, x, lo, hi, p, q, gen, stats, round_q)
+        _commit_pass(runner, x, hid, lo, hi)
     if commit == "verify":
         # The last group has no next group to carry its open tail into: close it with passes of
-        # its own. Each pass settles at least its first token, so this ends within the tail's length.
+        # its own (at most `final_passes`; None: until settled, which ends within the tail's length
+        # as each pass settles at least its first token). What is still open is kept as last judged.
         final = runner.forwards
         if carry_start is not None:
-            _settle(runner, x, hid, torch.arange(carry_start, H * W, device=runner.device), carry_q, gen, stats,
-                    max_passes=None)
+            carry_start, _ = _settle(runner, x, hid, carry_start, H * W, carry_q, gen, stats, max_passes=final_passes)
         stats.extra.setdefault("final_passes", []).append(runner.forwards - final)
         stats.extra.setdefault("group_passes", []).append(group_passes)
+        open_at_end = 0 if carry_start is None else H * W - carry_start
+        stats.extra.setdefault("open_at_end", []).append(open_at_end)
+        stats.extra.setdefault("kept_as_judged", []).append(kept + open_at_end)
     stats.draft_forwards = draft_calls * B
     return x
 
 
-def _commit_pass(runner: ModelRunner, x, hid, win):
-    """Feed the tokens before `win` and write their keys, values and hidden states for good."""
-    out = runner.forward(x[:, win - 1], win - 1)
-    hid[:, win] = out.hidden
+def _feed(runner: ModelRunner, x, lo: int, hi: int):
+    """Feed the tokens at raster positions [lo - 1, hi - 1): the outputs give positions [lo, hi)."""
+    return runner.forward(x[:, lo - 1:hi - 1], torch.arange(lo - 1, hi - 1, device=runner.device))
+
+
+def _commit_pass(runner: ModelRunner, x, hid, lo: int, hi: int):
+    """Feed the tokens before positions [lo, hi) and write their keys, values and hidden states."""
+    out = _feed(runner, x, lo, hi)
+    hid[:, lo:hi] = out.hidden
     return out
 
 
-def _settle(runner: ModelRunner, x, hid, span, q, gen, stats, *, max_passes):
-    """commit="verify": passes over the open part of `span` (raster positions; q [B, len(span), V]
-    the distribution each token follows: the head's for fresh drafts, the last p it was judged
-    against otherwise), each judging it with SJD's rule and writing its keys, values and hidden
-    states, until a pass changes nothing or `max_passes` (None: no limit) are made.
+def _settle(runner: ModelRunner, x, hid, lo: int, hi: int, q, gen, stats, *, max_passes, keep: int = 0):
+    """commit="verify": passes over the open part of the span [lo, hi) (raster positions; q
+    [B, hi - lo - keep, V] the distribution each judged token follows: the head's for fresh drafts,
+    the last p it was judged against otherwise), each judging it with SJD's rule and writing its
+    keys, values and hidden states, until a pass changes nothing or `max_passes` (None: no limit)
+    are made. The first pass also feeds the first `keep` tokens of the span without judging them
+    (max_tail).
 
     After a pass whose first correction (over the batch) is at f, every token up to f is settled:
     its left context did not change, so it was judged against its final p (and a correction is
@@ -134,44 +167,43 @@ def _settle(runner: ModelRunner, x, hid, span, q, gen, stats, *, max_passes):
     first open position and the q of the open tokens, or (None, None) when everything is settled.
     (A pass that would judge settled tokens again keeps them for sure: q is the p they were kept
     under. Skipping them is what makes the passes short.)"""
-    start, passes = 0, 0
+    passes = 0
     while max_passes is None or passes < max_passes:
-        win = span[start:]
-        out = _commit_pass(runner, x, hid, win)
+        out = _commit_pass(runner, x, hid, lo, hi)
         passes += 1
-        q_win, changed = _verify_and_correct(runner, x, win, runner.probs(out), q, gen, stats, "previous")
+        q_win, changed = _verify_and_correct(runner, x, lo + keep, hi, runner.probs(out)[:, keep:], q, gen, stats,
+                                             "previous")
         changed = changed.any(0)
         if not bool(changed.any()):
             return None, None
         settled = int(changed.nonzero()[0]) + 1
-        start += settled
-        if start == span.shape[0]:
+        lo += keep + settled
+        keep = 0
+        if lo == hi:
             return None, None
         q = q_win[:, settled:]
-    return int(span[start]), q
+    return lo, q
 
 
-def _verify_and_correct(runner: ModelRunner, x, win, p, q, gen, stats, round_q: str):
-    """One independent verify-and-correct of the tokens at raster positions `win` against p;
+def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats, round_q: str):
+    """One independent verify-and-correct of the tokens at raster positions [lo, hi) against p;
     returns the q each token is judged against next (per `round_q`) and the resampled mask [B, L]."""
     B, L, _ = p.shape
-    xw = x[:, win]
+    xw = x[:, lo:hi]
     p_tok = p.gather(2, xw[..., None])[..., 0]
     q_tok = q.gather(2, xw[..., None])[..., 0]
     verdict = verify(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="independent",
                      gen=gen, backend=runner.backend)
     redo = verdict.resample.view(B, L)
     amap = torch.zeros(B, runner.H * runner.W, dtype=torch.bool)
-    amap[:, win.cpu()] = verdict.accept.view(B, L).cpu()
+    amap[:, lo:hi] = verdict.accept.view(B, L).cpu()
     stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
     stats.extra.setdefault("drafted", []).append(B * L)
     stats.extra.setdefault("accepted", []).append(int(verdict.accept.sum()))
     if bool(redo.any()):
         keep_q = round_q == "resampled"
         drawn = draw_residual(p[redo], q[redo], gen, runner.backend, with_distribution=keep_q)
-        xw = xw.clone()
-        xw[redo] = drawn[0] if keep_q else drawn
-        x[:, win] = xw
+        xw[redo] = drawn[0] if keep_q else drawn      # xw is a view: this writes x
         if keep_q:
             q = q.clone()
             q[redo] = drawn[1]   # reading: later rounds judge a resampled token against its own q
@@ -184,13 +216,18 @@ def _verify_and_correct(runner: ModelRunner, x, win, p, q, gen, stats, round_q: 
 
 
 def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1,
-           round_q: str | None = None, commit: str = "write", seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(),
+           round_q: str | None = None, commit: str = "write", max_tail: int | None = None,
+           final_passes: int | None = None, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(),
            tokenizer=None, backend=None, progress=None, batch_size: int = 1):
     """SSD with `rounds` verify-and-correct rounds per row group, `chunk` horizontal drafts per
     row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row.
     `round_q`: the q that rounds >= 2 judge a token against (ROUND_Q; module docstring); None
     picks "resampled" (the published reading) under commit="write" and "previous" under "verify".
-    `commit`: "write" (published: the commit pass only writes) or "verify" (exact in distribution)."""
+    `commit`: "write" (published: the commit pass only writes) or "verify" (exact in distribution
+    while `max_tail` and `final_passes` are None). `max_tail`: open tokens further than this
+    behind a group's rows are kept as last judged; `final_passes`: at most this many passes close
+    the last group's tail, what stays open is kept as last judged (both: None or an int >= 0,
+    used by commit="verify" only)."""
     check_grid_model(target, "target")
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
@@ -203,6 +240,8 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         raise ValueError(f"round_q must be one of {', '.join(ROUND_Q)}, got {round_q!r}")
     if commit == "verify" and round_q != "previous":
         raise ValueError(f"commit='verify' judges with SJD's rule (round_q='previous'); got round_q={round_q!r}")
+    max_tail = _check_bound(max_tail, "max_tail")
+    final_passes = _check_bound(final_passes, "final_passes")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
@@ -217,7 +256,7 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
     def run(cls, gen, stats):
         runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
         x = decode_rows(runner, heads, cls, gen, stats, rounds=rounds, chunk=chunk, vertical_heads=vertical_heads,
-                        round_q=round_q, commit=commit)
+                        round_q=round_q, commit=commit, max_tail=max_tail, final_passes=final_passes)
         stats.target_forwards = runner.forwards * cls.shape[0]
         return x
 
