@@ -121,6 +121,13 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
         assert all(0 <= o <= k for o, k in zip(out.stats.extra["open_at_end"], kept[bounds]))
     assert kept[(None, None)] == [0] * 6
     assert sum(kept[(0, 0)]) > 0
+    # Bounds no tail reaches change nothing: the exact variant's tokens, passes and judgments.
+    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=1, seed=4, sampling=SAMPLING, commit="verify")
+    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=1, seed=4, sampling=SAMPLING, commit="verify",
+                       max_tail=HW, final_passes=HW)
+    assert torch.equal(exact.tokens, loose.tokens)
+    assert exact.stats.target_forwards == loose.stats.target_forwards
+    assert exact.stats.extra["accepted"] == loose.stats.extra["accepted"]
     a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING)
     b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING, max_tail=0, final_passes=0)
     assert torch.equal(a.tokens, b.tokens)
