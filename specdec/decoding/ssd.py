@@ -40,8 +40,9 @@ distribution q is the target's own final norm + LM head on the prediction.
   closes its tail with at most `final_passes` passes and keeps what is still open. Both make
   the variant lossy again, but only in the tokens they keep (`stats.extra["kept_as_judged"]`,
   about 40 of 256 on the default family with max_tail=24, final_passes=2, the family's default
-  options): every other token is judged under its final context, where the published rule
-  judges none of them so. README: passes, wall clock and quality of each setting.
+  options, one image at a time; a batch settles only up to its first correction over all its
+  images, so it keeps more): every other token is judged under its final context, where the
+  published rule judges none of them so. README: passes, wall clock and quality of each setting.
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
 1 + C0 + (H - 1)(r + 1) with one vertical head, the default). Under commit="verify": 1 + C0 +
