@@ -137,6 +137,18 @@ SPECDEC_INLINE void store_row(void* base, int64_t offset, at::ScalarType dtype, 
 }
 
 // 2^t for t <= 0 on a whole key tile, vectorisable (no libm call): round-to-nearest split
+// e^f for |f| <= ln(2) / 2: its degree-6 Taylor polynomial by Horner, on a float or (GCC/Clang
+// vector extensions) a vector of floats, so exp2_tile and exp2_vec compute the same digits.
+template <class T>
+SPECDEC_INLINE T exp_taylor(T f) {
+  T p = f * (1.0f / 720.0f) + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  return p * f + 1.0f;
+}
+
 // t = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f (relative error ~1e-7), 2^n built in
 // the exponent bits. Arguments below -126 give 2^-126 (a masked score is zeroed by the caller).
 SPECDEC_INLINE void exp2_tile(const float* t, float* out) {
@@ -145,15 +157,7 @@ SPECDEC_INLINE void exp2_tile(const float* t, float* out) {
   for (int j = 0; j < kKeyTile; ++j) {
     const float x = std::max(t[j], -126.0f);
     const float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest integer (1.5 * 2^23 trick)
-    const float f = (x - n) * kLn2;
-    float p = 1.0f / 720.0f;
-    p = p * f + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    frac[j] = p;
+    frac[j] = exp_taylor((x - n) * kLn2);
     expo[j] = (static_cast<int32_t>(n) + 127) << 23;
   }
   alignas(64) float scale[kKeyTile];
@@ -316,15 +320,8 @@ SPECDEC_INLINE void store_item(const Problem& pb, const Item& it, float* o_rows,
 // [q0, q0 + nrows) of head h in batch b against every visible key tile, scores row-major.
 SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
   const Item it = item_of(pb, b, h, q0, kQueryTile);
-  const int64_t nrows = it.nrows;
-  const int rows = it.rows;
+  const auto& [nrows, rows, hk, qpos, kpos, kvalid, tree, block_start, out_row0] = it;
   const int64_t d = pb.d, dp = pb.dp;
-  const int64_t hk = it.hk;
-  const int64_t* qpos = it.qpos;
-  const int64_t* kpos = it.kpos;
-  const bool* kvalid = it.kvalid;
-  const int32_t* tree = it.tree;
-  const int64_t block_start = it.block_start;
 
   // Queries, pre-scaled so exp2(s - m) is the softmax numerator; padding rows/columns are 0.
   std::fill(sc.qs, sc.qs + rows * dp, 0.0f);
@@ -467,14 +464,7 @@ SPECDEC_INLINE vfloat vmax(vfloat a, vfloat b) { return select(a > b, a, b); }
 SPECDEC_INLINE vfloat exp2_vec(vfloat t) {
   const vfloat x = select(t < splat(-126.0f), splat(-126.0f), t);
   const vfloat n = (x + 12582912.0f) - 12582912.0f;
-  const vfloat f = (x - n) * kLn2;
-  vfloat p = splat(1.0f / 720.0f);
-  p = p * f + 1.0f / 120.0f;
-  p = p * f + 1.0f / 24.0f;
-  p = p * f + 1.0f / 6.0f;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
+  const vfloat p = exp_taylor((x - n) * kLn2);
   const vint e = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat scale;
   std::memcpy(&scale, &e, sizeof(scale));
@@ -490,15 +480,8 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
   constexpr int R = NR * kVec;  // query rows of the item (padding lanes see no key)
   static_assert(R <= kQueryTile, "scratch holds kQueryTile query rows");
   const Item it = item_of(pb, b, h, q0, R);
-  const int64_t nrows = it.nrows;
-  const int rows = it.rows;
+  const auto& [nrows, rows, hk, qpos, kpos, kvalid, tree, block_start, out_row0] = it;
   const int64_t d = pb.d, dp = pb.dp;
-  const int64_t hk = it.hk;
-  const int64_t* qpos = it.qpos;
-  const int64_t* kpos = it.kpos;
-  const bool* kvalid = it.kvalid;
-  const int32_t* tree = it.tree;
-  const int64_t block_start = it.block_start;
 
   // Q^T [d, R], pre-scaled so exp2(s - m) is the softmax numerator.
   float* qt = sc.kt;  // dp * kKeyTile >= d * R floats
