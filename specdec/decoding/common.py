@@ -1,9 +1,11 @@
 """What every decoder shares: sampling settings, statistics, results, and a thin view of a model
 with its KV cache that counts forward passes and turns logits into the numbers the kernels need.
 
-All randomness goes through caller-supplied uniforms drawn from one `torch.Generator`, so a
-decode is a pure function of (model, classes, settings, seed) and identical on every kernel
-backend (the ops are bit-exact against their reference given the uniforms).
+All randomness goes through caller-supplied uniforms drawn from one stream per image
+(`ImageStreams`: image i of a run seeded s always draws from `image_generator(s, i)`), so a
+decode is a pure function of (model, classes, settings, seed), identical on every kernel backend
+(the ops are bit-exact against their reference given the uniforms), and image i's tokens do not
+depend on the batch it was decoded in.
 """
 from __future__ import annotations
 
@@ -100,8 +102,53 @@ def image_generator(seed: int, index: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(mixed)
 
 
-def uniforms(gen: torch.Generator, shape, device) -> torch.Tensor:
-    """float32 uniforms in [0, 1) from the CPU generator, moved to `device` (same numbers anywhere)."""
+class ImageStreams:
+    """The random streams of the images of one batch, one CPU generator per image.
+
+    A draw of shape [B * m, ...] gives image b the rows [b * m, (b + 1) * m) from its own
+    generator, so every image consumes its stream exactly as it would decoded alone: with one
+    image this is `torch.rand(shape, generator=image_generator(seed, index))`, the stream of
+    the single-image decoders. CPU generators make the numbers the same on every device."""
+
+    def __init__(self, seed: int, indices):
+        self.indices = list(indices)
+        self.generators = [image_generator(seed, i) for i in self.indices]
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def rand(self, shape) -> torch.Tensor:
+        shape = tuple(shape)
+        n = len(self.generators)
+        if n == 1:
+            return torch.rand(shape, generator=self.generators[0], dtype=torch.float32)
+        if not shape or shape[0] % n:
+            raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
+        per = (shape[0] // n,) + shape[1:]
+        return torch.cat([torch.rand(per, generator=g, dtype=torch.float32) for g in self.generators])
+
+    def rand_where(self, mask: torch.Tensor) -> torch.Tensor:
+        """One uniform per set entry of mask [B, L] (row-major), image b's from its own stream:
+        the draw an image would make alone for its own set entries."""
+        if len(self.generators) == 1:
+            return torch.rand((int(mask.sum()),), generator=self.generators[0], dtype=torch.float32)
+        counts = mask.reshape(mask.shape[0], -1).sum(1).tolist()
+        if len(counts) != len(self.generators):
+            raise ValueError(f"mask has {len(counts)} rows for {len(self.generators)} images")
+        return torch.cat([torch.rand((c,), generator=g, dtype=torch.float32) for g, c in zip(self.generators, counts)])
+
+    def image(self, b: int) -> "ImageStreams":
+        """The stream of image b alone (shared state: drawing from it advances image b here too)."""
+        one = object.__new__(ImageStreams)
+        one.indices, one.generators = [self.indices[b]], [self.generators[b]]
+        return one
+
+
+def uniforms(gen, shape, device) -> torch.Tensor:
+    """float32 uniforms in [0, 1) from `gen` (ImageStreams or a CPU torch.Generator), moved to
+    `device` (same numbers anywhere)."""
+    if isinstance(gen, ImageStreams):
+        return gen.rand(shape).to(device)
     return torch.rand(shape, generator=gen, dtype=torch.float32).to(device)
 
 
@@ -121,13 +168,18 @@ def draw(probs: torch.Tensor, gen: torch.Generator, backend=None) -> torch.Tenso
     return out.tokens.long()
 
 
-def draw_residual(p: torch.Tensor, q: torch.Tensor, gen: torch.Generator, backend=None, *,
-                  with_distribution: bool = False):
+def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
+                  with_distribution: bool = False, rows_of: Optional[torch.Tensor] = None):
     """One token per row from norm(max(0, p - q)) (p where that is zero) -> int64 [M].
 
     with_distribution=True also returns that residual distribution [M, V]: SSD's later rounds use
-    it as the q of the token (the others skip the [M, V] work)."""
-    u = uniforms(gen, (p.shape[0],), p.device)
+    it as the q of the token (the others skip the [M, V] work). `rows_of` [B, L] bool: the rows of
+    p are the set entries of this mask over a batch (p = p_all[mask]), so each image draws its
+    own rows' uniforms from its own stream."""
+    if rows_of is not None and isinstance(gen, ImageStreams):
+        u = gen.rand_where(rows_of).to(p.device)
+    else:
+        u = uniforms(gen, (p.shape[0],), p.device)
     out = ops.sample_residual(p, q, uniforms=u, backend=op_backend("sample_residual", backend, p.device))
     if not with_distribution:
         return out.tokens.long()
@@ -273,6 +325,22 @@ def check_batch_size(batch_size) -> int:
     return batch_size
 
 
+def one_image_at_a_time(decode_one):
+    """A batch decoder from a single-image one, `decode_one(classes[1], streams, stats) -> tokens
+    [1, H*W]` (which sets stats.target_forwards / draft_forwards for its image): the images of a
+    batch are decoded in turn, each from its own stream, and their passes summed. For the methods
+    whose images steer each other's passes when batched (see their modules)."""
+    def run(classes, streams, stats):
+        grids, target, draft = [], 0, 0
+        for b in range(classes.shape[0]):
+            stats.target_forwards = stats.draft_forwards = 0
+            grids.append(decode_one(classes[b:b + 1], streams.image(b), stats))
+            target, draft = target + stats.target_forwards, draft + stats.draft_forwards
+        stats.target_forwards, stats.draft_forwards = target, draft
+        return torch.cat(grids)
+    return run
+
+
 def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
     """One result from the results of consecutive calls (e.g. chunks of a run decoded with
     `first_index` set to each chunk's offset): grids and images concatenated, statistics summed."""
@@ -287,11 +355,12 @@ def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
 
 def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_size: int = 1, tokenizer=None,
                 progress=None, first_index: int = 0) -> DecodeResult:
-    """Decode `classes` in batches: `decode_batch(classes[i:i+b], image_generator(seed, first_index + i),
-    stats) -> tokens [b, H*W]`. batch_size=1 (the default everywhere) is the latency setting
-    speculative decoding is for, and makes image i depend only on (seed, first_index + i): a run of
+    """Decode `classes` in batches: `decode_batch(classes[i:i+b], streams, stats) -> tokens [b, H*W]`
+    with `streams = ImageStreams(seed, first_index + i .. first_index + i + b - 1)`, one random stream
+    per image. Image i depends only on (seed, first_index + i), whatever the batch size: a run of
     N images split into calls with `first_index` set to each call's offset gives the same images as
-    one call. Each batch is timed; the statistics are summed; the grids are decoded to images with
+    one call. batch_size=1 (the default everywhere) is the latency setting speculative decoding is
+    for. Each batch is timed; the statistics are summed; the grids are decoded to images with
     `tokenizer` (not timed)."""
     check_grid_model(model, "target")
     classes = check_classes(model, classes)
@@ -305,7 +374,8 @@ def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_s
         cls = classes[i:i + batch_size]
         stats = DecodeStats(method, images=cls.shape[0], tokens=cls.shape[0] * H * W)
         with Timer() as t:
-            grids.append(decode_batch(cls, image_generator(seed, first_index + i), stats).view(-1, H, W).cpu())
+            streams = ImageStreams(seed, range(first_index + i, first_index + i + cls.shape[0]))
+            grids.append(decode_batch(cls, streams, stats).view(-1, H, W).cpu())
         stats.wall_s = t.seconds
         total.merge(stats)
         if progress is not None:

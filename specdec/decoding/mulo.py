@@ -33,7 +33,8 @@ import torch
 from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
-from specdec.decoding.common import (ModelRunner, Outputs, Sampling, check_grid_model, draw, run_batches, verify)
+from specdec.decoding.common import (ModelRunner, Outputs, Sampling, check_grid_model, draw, one_image_at_a_time,
+                                     run_batches, verify)
 from specdec.decoding.lantern import check_delta, neighbor_table
 from specdec.decoding.zipar import check_window, zipar_grid
 
@@ -137,9 +138,12 @@ def check_cycle_rows(cycle_rows, low_height: int, drafting: str):
 def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel", upsampler=None,
            codebook=None, neighbors=None, tau: float = 0.05, k: int = 1000, delta: float = 0.4, radius: int = 1,
            drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0, first_index: int = 0,
-           sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None):
+           sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None,
+           batch_size: int = 1):
     """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
-    `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle)."""
+    `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle).
+    Islands differ per image, so a batch is decoded one image at a time (batch_size is accepted;
+    each image draws from its own stream, so tokens equal batch_size=1)."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)
@@ -245,5 +249,6 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         stats.draft_forwards = drunner.forwards
         return x
 
-    return run_batches("mulo", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress,
+    return run_batches("mulo", target, classes, seed, one_image_at_a_time(run), batch_size=batch_size,
+                       tokenizer=tokenizer, progress=progress,
                        first_index=first_index)

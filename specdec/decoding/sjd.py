@@ -9,13 +9,15 @@ is committed, and the rest of the window is redrawn from p^(j) (Jacobi iteration
 appended at the end uniformly at random. When the whole window is accepted a bonus token is
 drawn from the last output.
 
-One image per call (batch_size 1): images advance by different amounts per iteration.
+Images advance by different amounts per iteration: a batch is decoded one image at a time
+(batch_size is accepted; each image draws from its own stream, so tokens equal batch_size=1).
 """
 from __future__ import annotations
 
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, check_grid_model, draw, draw_residual, run_batches, verify
+from specdec.decoding.common import (ModelRunner, Sampling, check_grid_model, draw, draw_residual, one_image_at_a_time,
+                                     run_batches, verify)
 
 
 @torch.no_grad()
@@ -73,7 +75,7 @@ def sjd_grid(runner: ModelRunner, classes, gen, stats, *, window: int) -> torch.
 
 
 def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None):
+           backend=None, progress=None, batch_size: int = 1):
     check_grid_model(target, "target")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an int >= 1, got {window!r}")
@@ -84,5 +86,6 @@ def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int
         stats.target_forwards = runner.forwards
         return x
 
-    return run_batches("sjd", target, classes, seed, run, batch_size=1, tokenizer=tokenizer, progress=progress,
+    return run_batches("sjd", target, classes, seed, one_image_at_a_time(run), batch_size=batch_size,
+                       tokenizer=tokenizer, progress=progress,
                        first_index=first_index)

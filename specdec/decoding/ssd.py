@@ -54,7 +54,8 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import ModelRunner, Sampling, check_grid_model, draw, draw_residual, run_batches, verify
+from specdec.decoding.common import (ModelRunner, Sampling, check_grid_model, draw, draw_residual, one_image_at_a_time,
+                                     run_batches, verify)
 from specdec.decoding.speculative import HeadsDrafter, raster_speculate
 
 
@@ -203,7 +204,7 @@ def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, sta
     stats.extra.setdefault("accepted", []).append(int(verdict.accept.sum()))
     if bool(redo.any()):
         keep_q = round_q == "resampled"
-        drawn = draw_residual(p[redo], q[redo], gen, runner.backend, with_distribution=keep_q)
+        drawn = draw_residual(p[redo], q[redo], gen, runner.backend, with_distribution=keep_q, rows_of=redo)
         xw[redo] = drawn[0] if keep_q else drawn      # xw is a view: this writes x
         if keep_q:
             q = q.clone()
@@ -261,5 +262,9 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         stats.target_forwards = runner.forwards * cls.shape[0]
         return x
 
-    return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
+    # commit="verify" settles a span up to the first correction over the whole batch, so batched
+    # images would steer each other's passes: until spans are tracked per image, a batch is
+    # decoded one image at a time (same tokens as batch_size=1, no shared passes).
+    return run_batches("ssd", target, classes, seed, one_image_at_a_time(run) if commit == "verify" else run,
+                       batch_size=batch_size, tokenizer=tokenizer,
                        progress=progress, first_index=first_index)

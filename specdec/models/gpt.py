@@ -22,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specdec.models.attention import attend
+from specdec.numerics import RowLinear, batch_invariant_enabled
 from specdec.models.kv_cache import SlotKVCache
 from specdec.models.protocol import ForwardOutput
 from specdec.models.rope import apply_rope, rope_table_2d, rotation_factors
@@ -89,9 +90,9 @@ class RMSNorm(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)
+        self.w1 = RowLinear(config.dim, config.ffn_hidden, bias=False)
+        self.w3 = RowLinear(config.dim, config.ffn_hidden, bias=False)
+        self.w2 = RowLinear(config.ffn_hidden, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -106,8 +107,8 @@ class Attention(nn.Module):
         self.n_kv_head = config.n_kv_head or config.n_head
         self.head_dim = config.head_dim
         self.dim = config.dim
-        self.wqkv = nn.Linear(config.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
-        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.wqkv = RowLinear(config.dim, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=False)
+        self.wo = RowLinear(config.dim, config.dim, bias=False)
 
     def qkv(self, x: torch.Tensor, cos_sin):
         """x [B, N, dim] -> q [B, Hq, N, hd], k, v [B, Hkv, N, hd] with the rotary embedding applied
@@ -152,7 +153,7 @@ class LlamaGenGPT(nn.Module):
         self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob > 0)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.output = RowLinear(config.dim, config.vocab_size, bias=False)
         # Not a checkpoint entry (LlamaGen recomputes it too) and not a buffer: it stays fp32
         # when the model is cast to bf16/fp16, as LlamaGen's freqs_cis does.
         self._rope_cpu = rope_table_2d(config.grid_size, config.head_dim, config.rope_base, config.cls_token_num)
@@ -305,6 +306,8 @@ class LlamaGenGPT(nn.Module):
         # Slots after the last query's position are invisible to every query: attention reads
         # only the cache prefix [0, limit) (a view; plain AR then costs O(u) at step u, not O(HW)).
         limit = limit or int(slots.max()) + 1
+        if batch_invariant_enabled():
+            limit = cache.n_slots   # a fixed key count: the softmax then sums the same terms in any batch
         in_place = write and tree_mask is None
         if in_place:
             # Write first, then attend over the cache: the new keys are found at their slots.

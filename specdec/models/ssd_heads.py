@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specdec.models.gpt import RMSNorm
+from specdec.numerics import RowLinear
 
 
 @dataclass
@@ -37,11 +38,11 @@ class SSDHeadsConfig:
 class SpatialHead(nn.Module):
     def __init__(self, dim: int, hidden: int, eps: float):
         super().__init__()
-        self.w0 = nn.Linear(2 * dim, dim, bias=False)
+        self.w0 = RowLinear(2 * dim, dim, bias=False)
         self.norm = RMSNorm(dim, eps)
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w1 = RowLinear(dim, hidden, bias=False)
+        self.w3 = RowLinear(dim, hidden, bias=False)
+        self.w2 = RowLinear(hidden, dim, bias=False)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         y = self.w0(z)

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from specdec import masks
+from specdec.numerics import batch_invariant_enabled, row_matmul
 
 
 def tree_attention(
@@ -43,14 +44,17 @@ def tree_attention(
     if kv_valid is not None:
         # Empty cache slots may hold anything (even NaN); 0 * NaN would leak through P @ V.
         vv = vv.masked_fill(~kv_valid[:, None, :, None], 0.0)
-    scores = torch.matmul(q.to(compute), kk.transpose(-1, -2)) * scale
+    # Batch-invariant numerics (specdec.numerics): one product per query, so a query's scores do
+    # not depend on how many other queries share the call.
+    matmul = row_matmul if batch_invariant_enabled() else torch.matmul
+    scores = matmul(q.to(compute), kk.transpose(-1, -2)) * scale
     visible = masks.visibility(q_pos, kv_pos, kv_valid, tree_mask).unsqueeze(1)  # [B, 1, Nq, Nk]
     scores = scores.masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)  # -inf for a query that sees nothing
     # exp(s - lse) is NaN on fully masked rows (-inf - -inf); those rows have no visible key,
     # so the `where` turns them into zeros.
     probs = torch.where(visible, torch.exp(scores - lse.unsqueeze(-1)), torch.zeros((), dtype=compute, device=q.device))
-    out = torch.matmul(probs, vv).to(q.dtype)
+    out = matmul(probs, vv).to(q.dtype)
     if return_lse:
         return out, lse
     return out

@@ -1,0 +1,63 @@
+"""Batch-invariant numerics: results of one image that do not depend on what else is in the batch.
+
+BLAS libraries pick their matrix kernels by shape: on this CPU (MKL), row i of `x @ w.T` comes out
+with other low bits for x of 2, 3, 5, 7 or 9 rows than for x of 16 rows, and GPUs do the same with
+their split-K heuristics. A decoder that batches images, or pads a window with extra queries, then
+feeds slightly different logits to its samplers than the same image decoded alone, and once in a
+while a uniform falls between the two CDFs and a token changes.
+
+Inside `batch_invariant()` the embedded models compute every row on its own: linear layers as one
+matrix-vector product per row (`RowLinear`), the reference `tree_attention` as one
+vector-matrix product per query, and attention reads the whole slot cache (a fixed number of keys)
+instead of the prefix the batch has reached. Slower (for tests and for checking a decoder), exact:
+image i's tokens are then bit-identical whatever batch it was decoded in (tests/test_engine.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_state = threading.local()
+
+
+def batch_invariant_enabled() -> bool:
+    """True inside `batch_invariant()`."""
+    return getattr(_state, "enabled", False)
+
+
+@contextlib.contextmanager
+def batch_invariant(enabled: bool = True):
+    """Compute every row (token, query) independently of the others in its batch while active."""
+    previous = batch_invariant_enabled()
+    _state.enabled = enabled
+    try:
+        yield
+    finally:
+        _state.enabled = previous
+
+
+def row_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] as M separate vector-matrix products (one kernel shape, so
+    row m of the result is the same whatever M is)."""
+    return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-3)).squeeze(-2)
+
+
+class RowLinear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) that computes row by row inside
+    `batch_invariant()`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not batch_invariant_enabled():
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, 1, x.shape[-1])
+        out = torch.bmm(flat, self.weight.t().expand(flat.shape[0], -1, -1))[:, 0]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.weight.shape[0])
+
+
+__all__ = ["batch_invariant", "batch_invariant_enabled", "row_matmul", "RowLinear"]
