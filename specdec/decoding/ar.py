@@ -2,44 +2,60 @@
 
 As fast as a careful user would make it: the prefix is never recomputed (slot KV cache), the
 conditional and unconditional rows run in one batch, and the only Python work per token is the
-sampling (the fused `sampling_probs` + `sample_residual` kernels).
+sampling (the fused `sampling_probs` + `sample_residual` kernels). No host round trip per token
+after the prefill; `compile=True` compiles the step (model pass + sampling) with torch.compile,
+CUDA graphs on a GPU: the same treatment any compiled speculative method gets.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches
+from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, uniforms
+from specdec.decoding.compiled import TokenStep, check_compile
 
 
 @torch.no_grad()
 def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=None, x=None, start: int = 0,
-                end=None) -> torch.Tensor:
+                end=None, step: Optional[TokenStep] = None) -> torch.Tensor:
     """Raster AR over runner's grid for B classes -> int64 [B, H*W].
 
     `start_out`: the output giving the distribution of token `start` when the caller already has
     it (the prefill's, or the last output of a prefix pass); `x` [B, H*W] with positions before
-    `start` already committed (and in the cache): only [start, end) is sampled."""
+    `start` already committed (and in the cache): only [start, end) is sampled. `step`: the
+    TokenStep to run (a compiled one, say); by default an eager one on `runner`."""
     B = classes.shape[0]
     HW = runner.H * runner.W
     end = HW if end is None else end
     out = start_out if start_out is not None else runner.prefill(classes)
     if x is None:
         x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
+    x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
+    step = step or TokenStep(runner)
+    # Everything the loop touches stays on the device: the position is a tensor filled in place
+    # and the step returns the next tokens as a tensor (no host read per token).
     pos = torch.zeros(1, dtype=torch.long, device=runner.device)
-    for u in range(start, end):
-        x[:, u] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
-        if u + 1 < end:
-            pos.fill_(u)
-            out = runner.forward(x[:, u:u + 1], pos)
+    for u in range(start + 1, end):
+        pos.fill_(u - 1)
+        x[:, u] = step(x[:, u - 1:u], pos, uniforms(gen, (B,), runner.device))
     return x
 
 
 def decode(target, classes, *, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1):
+           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
+    """Plain AR. `compile=True` runs each step (model pass + sampling) through torch.compile
+    (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
+    stats.extra["compile_s"], and is part of wall_s of the first batch."""
+    compile = check_compile(compile)
+
     def run(cls, gen, stats):
         runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
-        x = sample_grid(runner, cls, gen)
+        step = TokenStep(runner, compile=compile)
+        x = sample_grid(runner, cls, gen, step=step)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(step.compile_s)
         return x
 
     return run_batches("ar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

@@ -9,6 +9,7 @@ depend on the batch it was decoded in.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 
 from specdec import ops
+from specdec.decoding import kernels
 from specdec.models.protocol import split_cfg
 
 
@@ -113,34 +115,50 @@ class ImageStreams:
     def __init__(self, seed: int, indices):
         self.indices = list(indices)
         self.generators = [image_generator(seed, i) for i in self.indices]
+        self.paused = [False] * len(self.generators)
 
     def __len__(self) -> int:
         return len(self.generators)
+
+    def _draw(self, b: int, shape) -> torch.Tensor:
+        if self.paused[b]:
+            return torch.zeros(shape, dtype=torch.float32)
+        return torch.rand(shape, generator=self.generators[b], dtype=torch.float32)
 
     def rand(self, shape) -> torch.Tensor:
         shape = tuple(shape)
         n = len(self.generators)
         if n == 1:
-            return torch.rand(shape, generator=self.generators[0], dtype=torch.float32)
+            return self._draw(0, shape)
         if not shape or shape[0] % n:
             raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
         per = (shape[0] // n,) + shape[1:]
-        return torch.cat([torch.rand(per, generator=g, dtype=torch.float32) for g in self.generators])
+        return torch.cat([self._draw(b, per) for b in range(n)])
+
+    def only(self, active) -> "ImageStreams":
+        """The same streams with the images where `active` [B] is False paused: their draws are
+        zeros and leave their streams where they are. For a phase that some images of a batch have
+        finished while others go on (SSD's row 0), so that a finished image continues its stream
+        afterwards exactly where it would decoded alone."""
+        view = object.__new__(ImageStreams)
+        view.indices, view.generators = self.indices, self.generators
+        view.paused = [p or not bool(a) for p, a in zip(self.paused, active)]
+        return view
 
     def rand_where(self, mask: torch.Tensor) -> torch.Tensor:
         """One uniform per set entry of mask [B, L] (row-major), image b's from its own stream:
         the draw an image would make alone for its own set entries."""
         if len(self.generators) == 1:
-            return torch.rand((int(mask.sum()),), generator=self.generators[0], dtype=torch.float32)
+            return self._draw(0, (int(mask.sum()),))
         counts = mask.reshape(mask.shape[0], -1).sum(1).tolist()
         if len(counts) != len(self.generators):
             raise ValueError(f"mask has {len(counts)} rows for {len(self.generators)} images")
-        return torch.cat([torch.rand((c,), generator=g, dtype=torch.float32) for g, c in zip(self.generators, counts)])
+        return torch.cat([self._draw(b, (c,)) for b, c in enumerate(counts)])
 
     def image(self, b: int) -> "ImageStreams":
         """The stream of image b alone (shared state: drawing from it advances image b here too)."""
         one = object.__new__(ImageStreams)
-        one.indices, one.generators = [self.indices[b]], [self.generators[b]]
+        one.indices, one.generators, one.paused = [self.indices[b]], [self.generators[b]], [self.paused[b]]
         return one
 
 
@@ -164,7 +182,7 @@ def draw(probs: torch.Tensor, gen: torch.Generator, backend=None) -> torch.Tenso
     if probs.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=probs.device)
     u = uniforms(gen, (probs.shape[0],), probs.device)
-    out = ops.sample_residual(probs, None, uniforms=u, backend=op_backend("sample_residual", backend, probs.device))
+    out = kernels.sample_residual(probs, None, u, op_backend("sample_residual", backend, probs.device))
     return out.tokens.long()
 
 
@@ -180,7 +198,7 @@ def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
         u = gen.rand_where(rows_of).to(p.device)
     else:
         u = uniforms(gen, (p.shape[0],), p.device)
-    out = ops.sample_residual(p, q, uniforms=u, backend=op_backend("sample_residual", backend, p.device))
+    out = kernels.sample_residual(p, q, u, op_backend("sample_residual", backend, p.device))
     if not with_distribution:
         return out.tokens.long()
     resid = (p - q).clamp_min(0)
@@ -232,6 +250,9 @@ class ModelRunner:
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
+        # The checked fast path (see specdec.decoding.kernels): models that offer it skip the
+        # per-pass value checks of positions and token ids, which the decoders produce themselves.
+        self._fast = {"checked": False} if "checked" in inspect.signature(model.forward_tokens).parameters else {}
         H, W = model.grid
         self.H, self.W = H, W
         self.device = self.cache.device
@@ -256,7 +277,7 @@ class ModelRunner:
         token that follows position i in raster order."""
         self.forwards += 1
         out = self.model.forward_tokens(self.cache, tokens.to(self.device), positions.to(self.device),
-                                        tree_mask=tree_mask, write=write, backend=self.backend)
+                                        tree_mask=tree_mask, write=write, backend=self.backend, **self._fast)
         return self._split(out)
 
     def invalidate(self, positions: torch.Tensor) -> None:

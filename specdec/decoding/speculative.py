@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import DecodeStats, ModelRunner, Outputs, draw, draw_residual, verify
+from specdec.decoding.common import DecodeStats, ImageStreams, ModelRunner, Outputs, draw, draw_residual, verify
 
 
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
@@ -133,9 +133,13 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
     c = torch.ones(B, dtype=torch.long, device=device)
     ar_b = torch.arange(B, device=device)
     rows_b = torch.arange(rows, device=device) % B
+    streams = gen
     while chunk >= 1 and bool((c < end).any()):
         n = chunk
         nb = (end - c).clamp(min=0, max=n)                                    # real drafts per row
+        if isinstance(streams, ImageStreams) and len(streams) > 1:
+            # Images that are done draw nothing more here: SSD goes on from this stream after row 0.
+            gen = streams.only((nb > 0).tolist())
         if isinstance(drafter, HeadsDrafter):
             drafter.hid_prev = hid_prev
         d, q = drafter.draft(x, c, n, gen)                                    # [B, n], [B, n, V]

@@ -256,14 +256,21 @@ class LlamaGenGPT(nn.Module):
 
     def forward_tokens(self, cache: SlotKVCache, tokens: torch.Tensor, positions: torch.Tensor, *,
                        tree_mask: Optional[torch.Tensor] = None, write: bool = True,
-                       backend: Optional[str] = None) -> ForwardOutput:
+                       backend: Optional[str] = None, checked: bool = True) -> ForwardOutput:
         """Feed tokens [B, N] (or [rows, N]) at raster positions [N] or [B, N].
 
         Query i sees the valid cached slots at positions <= its own plus the new tokens at
         positions <= its own (restricted further by `tree_mask` [rows, N, ceil(N/32)] int32 over
         the new block). `write=False` scores the tokens without touching the cache (a verification
         that will be redone). Returns logits [rows, N, V] (float32; the distribution of the token
-        after each fed one) and the pre-norm hidden states [rows, N, dim]."""
+        after each fed one) and the pre-norm hidden states [rows, N, dim].
+
+        `checked=False` is the decoders' fast path: shapes and dtypes are still checked, but not
+        the values (token ids and positions in range, positions not repeated), which would read
+        them back to the host on every pass; attention then reads the whole cache (a fixed key
+        count, the same shapes every pass) instead of the prefix the positions reach."""
+        if not checked:
+            return self._forward_unchecked(cache, tokens, positions, tree_mask, write, backend)
         if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[0] == cache.batch and cache.cfg:
@@ -299,6 +306,14 @@ class LlamaGenGPT(nn.Module):
                 tree_mask = torch.cat([tree_mask, tree_mask])
         return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend,
                          limit=hi + self.prefix_len + 1)
+
+    def _forward_unchecked(self, cache, tokens, positions, tree_mask, write, backend) -> ForwardOutput:
+        if tokens.shape[0] == cache.batch and cache.cfg:
+            tokens = torch.cat([tokens, tokens])
+        slots = cache.check_slots(positions.long() + self.prefix_len, "positions", check_range=False)
+        if tree_mask is not None and tree_mask.shape[0] == cache.batch and cache.cfg:
+            tree_mask = torch.cat([tree_mask, tree_mask])
+        return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend, limit=cache.n_slots)
 
     def _run(self, cache, h, slots, tree_mask, write, backend, limit=None) -> ForwardOutput:
         cos_sin = rotation_factors(self.rope_table(h.device)[slots])

@@ -1,0 +1,46 @@
+"""The decoders' calls of the specdec ops: the checked fast path.
+
+`specdec.ops` checks every argument on every call, values included (probabilities in [0, 1], no
+NaN, uniforms in [0, 1)), and each value check reads a statistic back to the host: on a GPU, a
+synchronisation per call. Inside a decoder those values are produced by the ops themselves
+(probabilities by `sampling_probs`, uniforms by the image streams), and the decoder's own
+arguments were checked once at `decode()`. So on the compiled backends (`cpu`, `cuda`) the
+engine calls the registered `torch.ops.specdec.*` ops directly, which keep their shape and dtype
+checks and skip the data-dependent ones (an out-of-range value gives a NaN row there, never an
+out-of-bounds read); the `reference` and `triton` backends go through `specdec.ops` as before.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from specdec import _backends, _library, ops
+from specdec._types import SampleResult
+
+
+def _compiled(backend: Optional[str], device: torch.device) -> bool:
+    return _library.OPS_AVAILABLE and _backends.resolve(backend, device) in ("cpu", "cuda")
+
+
+def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor,
+                    backend: Optional[str] = None) -> SampleResult:
+    """ops.sample_residual with caller-supplied uniforms, without the value checks on cpu/cuda."""
+    if _compiled(backend, p.device) and hasattr(torch.ops.specdec, "sample_residual"):
+        q = None if q is None else q.float().contiguous()
+        return SampleResult(*torch.ops.specdec.sample_residual(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
+    return ops.sample_residual(p, q, uniforms=uniforms, backend=backend)
+
+
+def sampling_probs(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], cfg_scale: float,
+                   temperature: float, top_k: int, backend: Optional[str] = None) -> torch.Tensor:
+    """ops.sampling_probs on checked settings (a Sampling), straight to the registered op on cpu/cuda."""
+    if _compiled(backend, logits.device) and hasattr(torch.ops.specdec, "sampling_probs"):
+        uncond = None if uncond_logits is None else uncond_logits.contiguous()
+        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(cfg_scale), float(temperature),
+                                                int(top_k))
+    return ops.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale, temperature=temperature,
+                              top_k=top_k, backend=backend)
+
+
+__all__ = ["sample_residual", "sampling_probs"]

@@ -1,0 +1,103 @@
+"""The decode engine's rules (batches, randomness per image, host round trips), on tiny random
+models: image i's tokens do not depend on the batch it was decoded in, and plain AR reads nothing
+back to the host once the prefill is done."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding import ar
+from specdec.decoding.common import ImageStreams, ModelRunner, Sampling, image_generator
+from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
+from specdec.profiling import count_host_syncs
+
+SAMPLING = Sampling(cfg_scale=2.0)
+CLASSES = torch.tensor([2, 0, 1, 1, 2])
+
+# Every method at its defaults, plus the variants that take another path through a batch.
+VARIANTS = [(m, {}) for m in decoding.METHODS] + [
+    ("ssd", dict(commit="write")),
+    ("mulo", dict(resample="raster")),
+]
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+@pytest.mark.parametrize("method,options", VARIANTS, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}"
+                                                           for m, o in VARIANTS])
+def test_a_batch_gives_each_image_the_tokens_it_gets_alone(fam, method, options):
+    """batch_size 5 (one batch, ragged progress) and 2 (a short last batch) against five one-image
+    runs, on the reference backend with batch-invariant numerics (so the only thing that could
+    differ is what the engine does with a batch)."""
+    with batch_invariant():
+        alone = [decoding.decode(method, fam, CLASSES[i:i + 1], seed=3, first_index=i, sampling=SAMPLING,
+                                 backend="reference", **options) for i in range(len(CLASSES))]
+        tokens = torch.cat([r.tokens for r in alone])
+        for batch_size in (5, 2):
+            batched = decoding.decode(method, fam, CLASSES, seed=3, sampling=SAMPLING, backend="reference",
+                                      batch_size=batch_size, **options)
+            assert torch.equal(batched.tokens, tokens), f"batch_size={batch_size}"
+            assert batched.stats.images == len(CLASSES)
+
+
+def test_image_streams_give_each_image_its_own_generator_stream():
+    streams = ImageStreams(7, [4, 5, 6])
+    u = streams.rand((6, 2))                       # two rows per image
+    for b, index in enumerate([4, 5, 6]):
+        assert torch.equal(u[2 * b:2 * b + 2], torch.rand((2, 2), generator=image_generator(7, index)))
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    w = streams.rand_where(mask)                   # 2, 0 and 3 draws, continuing each stream
+    g4, g6 = image_generator(7, 4), image_generator(7, 6)
+    torch.rand((2, 2), generator=g4), torch.rand((2, 2), generator=g6)
+    assert torch.equal(w, torch.cat([torch.rand(2, generator=g4), torch.rand(3, generator=g6)]))
+    with pytest.raises(ValueError, match="divisible by 3"):
+        streams.rand((4,))
+
+
+def test_row_linear_and_row_matmul_compute_each_row_alone():
+    torch.manual_seed(0)
+    lin = RowLinear(24, 40, bias=True)
+    x = torch.randn(13, 24)
+    with batch_invariant():
+        assert batch_invariant_enabled()
+        whole = lin(x)
+        assert all(torch.equal(lin(x[i:i + 3]), whole[i:i + 3]) for i in range(0, 10))
+        a, b = torch.randn(2, 3, 9, 16), torch.randn(2, 3, 16, 30)
+        prod = row_matmul(a, b)
+        assert torch.equal(row_matmul(a[:, :, 2:5], b), prod[:, :, 2:5])
+    assert not batch_invariant_enabled()
+    torch.testing.assert_close(whole, torch.nn.functional.linear(x, lin.weight, lin.bias))
+    torch.testing.assert_close(prod, a @ b)
+
+
+def test_count_host_syncs_sees_reads_and_data_dependent_ops():
+    x = torch.randn(10)
+    with count_host_syncs() as c:
+        x.sum().item()
+        bool(x[0] > 0)
+        x[:3].tolist()
+        x[x > 0]
+        x.nonzero()
+        torch.unique(x)
+        y = (x * 2).exp()
+    assert (c.scalar_reads, c.data_dependent, c.device_to_host) == (3, 3, 0)
+    assert c.round_trips == 6 and c.ops >= 9
+    with count_host_syncs() as none:
+        y = y + 1
+    assert none.round_trips == 0 and none.ops == 1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_ar_reads_nothing_back_after_the_prefill(fam, batch):
+    """The budget of the decode engine: plain AR makes no host round trip per token (the kernels
+    take the checked fast path on the compiled cpu backend)."""
+    runner = ModelRunner(fam.target, SAMPLING, batch=batch, backend="cpu")
+    classes = CLASSES[:batch]
+    first = runner.prefill(classes)
+    with count_host_syncs() as c:
+        x = ar.sample_grid(runner, classes, ImageStreams(0, range(batch)), start_out=first)
+    assert c.round_trips == 0, c.by_op
+    assert x.shape == (batch, 16) and runner.forwards == 16
