@@ -97,6 +97,25 @@ def _sampling(args):
                     temperature=args.temperature, top_k=args.top_k)
 
 
+def _engine_options(args, methods: List[str]) -> Dict[str, dict]:
+    """--batch-size and --compile as options of each method (checked here, so a bad value is one line)."""
+    from specdec import decoding
+
+    if isinstance(args.batch_size, bool) or args.batch_size < 1:
+        raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
+    out = {m: {"batch_size": args.batch_size} for m in methods}
+    if args.compile:
+        missing = [m for m in methods if "compile" not in decoding.method_options(m)]
+        if missing:
+            raise ValueError(f"--compile is not available for {', '.join(missing)} yet (compiled steps exist for: "
+                             f"{', '.join(m for m in decoding.METHODS if 'compile' in decoding.method_options(m))}); "
+                             "speed-ups are only meaningful against ar in the same mode, so compare compiled "
+                             "methods among themselves")
+        for m in methods:
+            out[m]["compile"] = True
+    return out
+
+
 def _family(args):
     from specdec.models.default import default
 
@@ -120,9 +139,10 @@ def cmd_generate(args) -> int:
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     classes = torch.full((args.num,), args.class_id, dtype=torch.long)
+    engine = _engine_options(args, [args.method])[args.method]
     bar = Progress(args.num, args.method, enabled=not args.quiet)
     out = decoding.decode(args.method, fam, classes, seed=args.seed, sampling=_sampling(args), progress=bar,
-                          **options)
+                          **{**engine, **options})
     bar.close()
     images.save_grid(out.images, args.out, nrow=min(args.num, 8))
     s = out.stats
@@ -179,9 +199,10 @@ def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, o
         raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
     n_classes = fam.target.num_classes
     classes = torch.arange(num_images) % n_classes
-    if warmup:   # first-call costs (allocator, kernel caches) are not the method's
+    if warmup:   # first-call costs (allocator, kernel caches, compilation of a batch's shapes) are not the method's
         for m in methods:
-            decoding.decode(m, fam, classes[:1], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
+            batch = options.get(m, {}).get("batch_size", 1)
+            decoding.decode(m, fam, classes[:batch], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
     parts: Dict[str, list] = {m: [] for m in methods}
     bar = Progress(num_images * len(methods), ",".join(methods), enabled=show_progress)
     for start in range(0, num_images, turn):
@@ -218,14 +239,20 @@ def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, o
 def cmd_compare(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
+    engine = _engine_options(args, methods)
+    options = {m: {**engine.get(m, {}), **options.get(m, {})} for m in set(methods) | set(options)}
     fam = _family(args)
     sampling = _sampling(args)
     t0 = time.perf_counter()
+    # Each turn is a whole number of batches.
+    turn = -(-COMPARE_TURN // args.batch_size) * args.batch_size
     rows, _, fd_real = run_compare(fam, methods, args.num_images, args.seed, sampling, options,
-                                   out_dir=args.out_dir, warmup=not args.no_warmup, show_progress=not args.quiet)
+                                   out_dir=args.out_dir, warmup=not args.no_warmup, show_progress=not args.quiet,
+                                   turn=turn)
+    batching = "one image at a time" if args.batch_size == 1 else f"batch size {args.batch_size}"
     print(f"{args.num_images} images (classes 0..{fam.target.num_classes - 1} in turn), seed {args.seed}, "
-          f"CFG {sampling.cfg_scale}, one image at a time, {torch.get_num_threads()} CPU thread(s) "
-          f"on {args.device}; speed-ups against ar in this run")
+          f"CFG {sampling.cfg_scale}, {batching}, {'compiled' if args.compile else 'eager'}, "
+          f"{torch.get_num_threads()} CPU thread(s) on {args.device}; speed-ups against ar in this run")
     print(format_table(rows, fd_real))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
@@ -253,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
         sp.add_argument("--temperature", type=float, default=1.0)
         sp.add_argument("--top-k", type=int, default=0)
+        sp.add_argument("--batch-size", type=int, default=1,
+                        help="images decoded in the same passes (image i's tokens do not depend on it)")
+        sp.add_argument("--compile", action="store_true",
+                        help="run the decoder's steps through torch.compile (CUDA graphs on a GPU); methods: "
+                             "those with a `compile` option")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
     g = sub.add_parser("generate", help="generate images of one class with one method")

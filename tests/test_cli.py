@@ -80,6 +80,9 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--num-images", "1"], "num-images must be >= 2"),
     (["compare", "--methods", "ar", "--set", "tau=1"], "METHOD.KEY=VALUE"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.tau=-1"], "tau must be"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
+    (["compare", "--methods", "ar,sd", "--num-images", "2", "--compile"], "--compile is not available for sd"),
+    (["generate", "--method", "mulo", "--class", "0", "--out", "x.png", "--compile"], "--compile is not available"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
@@ -103,3 +106,13 @@ def test_the_shipped_default_family_decodes():
     H, W = fam.target.grid
     assert out.tokens.shape == (2, H, W) and out.images.shape[0] == 2
     assert out.stats.target_forwards_per_image < H * W
+
+
+def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    assert cli.main(["compare", "--methods", "ar,sd", "--num-images", "4", "--batch-size", "2", "--quiet",
+                     "--out-dir", str(tmp_path), "--json", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    assert "batch size 2, eager" in out
+    rows = json.loads((tmp_path / "t.json").read_text())
+    assert rows[0]["target_forwards"] == 16

@@ -101,3 +101,16 @@ def test_ar_reads_nothing_back_after_the_prefill(fam, batch):
         x = ar.sample_grid(runner, classes, ImageStreams(0, range(batch)), start_out=first)
     assert c.round_trips == 0, c.by_op
     assert x.shape == (batch, 16) and runner.forwards == 16
+
+
+def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
+    """compile=True compiles the AR step with fullgraph=True (a graph break is an error), the
+    specdec ops inside the graph; same tokens as the eager step, and the compile time reported."""
+    eager = decoding.decode("ar", fam, CLASSES[:3], seed=1, sampling=SAMPLING, batch_size=3)
+    compiled = decoding.decode("ar", fam, CLASSES[:3], seed=1, sampling=SAMPLING, batch_size=3, compile=True)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_forwards == eager.stats.target_forwards
+    (compile_s,) = compiled.stats.extra["compile_s"]
+    assert compile_s > 0
+    with pytest.raises(ValueError, match="compile must be True or False"):
+        decoding.decode("ar", fam, CLASSES[:1], compile="yes")
