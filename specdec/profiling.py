@@ -11,7 +11,8 @@ tensors (on CPU nothing waits, but the same loop on a GPU would): `.item()`, `in
 and `float(t)` (each `aten._local_scalar_dense`), `.tolist()`, copies from a CUDA tensor to the CPU (`.cpu()`),
 and `nonzero`, `unique`, `masked_select` and boolean-mask indexing. On CUDA,
 `torch.cuda.set_sync_debug_mode("error")` is the complementary check: it raises at the sync itself.
-Ops run inside a compiled region (torch.compile) are counted as what the compiled code calls.
+torch.compile does not run under a dispatch mode: count a loop eagerly (a compiled step built with
+fullgraph=True has no host round trip inside it, or it would not have compiled).
 """
 from __future__ import annotations
 

@@ -112,5 +112,9 @@ def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
     assert compiled.stats.target_forwards == eager.stats.target_forwards
     (compile_s,) = compiled.stats.extra["compile_s"]
     assert compile_s > 0
+    again = decoding.decode("ar", fam, CLASSES[1:4], seed=1, sampling=SAMPLING, batch_size=3, compile=True)
+    assert again.stats.extra["compile_s"] == [0.0]                  # the compiled step is kept and reused
+    assert torch.equal(again.tokens, decoding.decode("ar", fam, CLASSES[1:4], seed=1, sampling=SAMPLING,
+                                                     batch_size=3).tokens)
     with pytest.raises(ValueError, match="compile must be True or False"):
         decoding.decode("ar", fam, CLASSES[:1], compile="yes")

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, uniforms
-from specdec.decoding.compiled import TokenStep, check_compile
+from specdec.decoding.compiled import TokenStep, check_compile, compiled_token_step
 
 
 @torch.no_grad()
@@ -46,16 +46,20 @@ def decode(target, classes, *, seed: int = 0, first_index: int = 0, sampling: Sa
            backend=None, progress=None, batch_size: int = 1, compile: bool = False):
     """Plain AR. `compile=True` runs each step (model pass + sampling) through torch.compile
     (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
-    stats.extra["compile_s"], and is part of wall_s of the first batch."""
+    stats.extra["compile_s"] (0 for shapes compiled by an earlier call: the compiled step is kept
+    on the model), and is part of wall_s of the batch that paid it."""
     compile = check_compile(compile)
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
-        step = TokenStep(runner, compile=compile)
+        if compile:
+            runner, step = compiled_token_step(target, sampling, cls.shape[0], backend)
+        else:
+            runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
+            step = TokenStep(runner)
         x = sample_grid(runner, cls, gen, step=step)
         stats.target_forwards = runner.forwards * cls.shape[0]
         if compile:
-            stats.extra.setdefault("compile_s", []).append(step.compile_s)
+            stats.extra.setdefault("compile_s", []).append(step.take_compile_s())
         return x
 
     return run_batches("ar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

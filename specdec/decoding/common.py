@@ -257,6 +257,12 @@ class ModelRunner:
         self.H, self.W = H, W
         self.device = self.cache.device
 
+    def reset(self) -> None:
+        """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
+        same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
+        self.cache.reset()
+        self.forwards = 0
+
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
         """Outputs from raw [rows, N, V] logits (e.g. the LM head on predicted hidden states)."""
         if self.sampling.guided:

@@ -76,5 +76,27 @@ class TokenStep:
         self._calls += 1
         return out
 
+    def take_compile_s(self) -> float:
+        """The compile time not reported yet (the first call's; 0 once reported)."""
+        seconds, self.compile_s = self.compile_s, 0.0
+        return seconds
 
-__all__ = ["TokenStep", "compile_step", "check_compile", "mark_cache_static"]
+
+def compiled_token_step(model, sampling, batch: int, backend=None):
+    """(runner, TokenStep) compiled for `model` at this batch size and sampling, made once and kept
+    on the model: later decodes reset the same runner (same cache tensors), so the compiled graph
+    is reused instead of traced again for every new cache (and, on CUDA, the graph replays into
+    the same addresses). Returns the runner reset for a new batch."""
+    from specdec.decoding.common import ModelRunner
+
+    store = model.__dict__.setdefault("_specdec_compiled_steps", {})
+    key = (batch, sampling, backend)
+    if key not in store:
+        runner = ModelRunner(model, sampling, batch=batch, backend=backend)
+        store[key] = (runner, TokenStep(runner, compile=True))
+    runner, step = store[key]
+    runner.reset()
+    return runner, step
+
+
+__all__ = ["TokenStep", "compile_step", "compiled_token_step", "check_compile", "mark_cache_static"]

@@ -1,0 +1,138 @@
+"""The decode engine's table: every method on the embedded default family at batch 1 and batch 16,
+eager and (where the method has compiled steps) compiled, side by side in one run. Per cell: wall
+seconds per image, images per second, target passes per image, host round trips and ATen ops per
+target pass (specdec.profiling.count_host_syncs over one counted batch), and the one-off compile
+time. Speed-ups are against `ar` in the same mode and batch size, in the same run. Kept as
+benchmarks/results/engine-<machine>-<stamp>.json (rendered into RESULTS.md by make_results.py).
+
+    python benchmarks/record_engine.py [--num-images N] [--batch-sizes 1,16] [--methods ...] [--device cuda]
+
+Each cell is warmed up at its batch shape first (the compilation of that shape happens there and
+is reported as compile_s; inductor's disk cache makes it shorter on later runs). The methods take
+turns batch by batch, so a slow spell of a shared machine falls on all of them alike.
+"""
+import argparse
+import datetime
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_helpers import device_description, synchronize  # noqa: E402
+from run import machine_tag  # noqa: E402
+
+
+def count_target_passes(model):
+    """Count the real passes of `model` (a batched pass is one pass, whatever the number of images
+    in it), at the engine's Python level: ModelRunner's prefill and forward and the AR TokenStep,
+    outside anything compiled (a counter inside a compiled step would be a guard)."""
+    from specdec.decoding.common import ModelRunner
+    from specdec.decoding.compiled import TokenStep
+
+    counter = {"passes": 0}
+
+    def counting(original, runner_of):
+        @functools.wraps(original)
+        def counted(self, *args, **kwargs):
+            if runner_of(self).model is model:
+                counter["passes"] += 1
+            return original(self, *args, **kwargs)
+        return counted
+
+    ModelRunner.prefill = counting(ModelRunner.prefill, lambda r: r)
+    ModelRunner.forward = counting(ModelRunner.forward, lambda r: r)
+    TokenStep.__call__ = counting(TokenStep.__call__, lambda step: step.runner)
+    return counter
+
+
+def main(argv=None):
+    from specdec import decoding
+    from specdec.models import default
+    from specdec.profiling import count_host_syncs
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--methods", default=",".join(decoding.METHODS))
+    parser.add_argument("--modes", default="eager,compiled")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    methods = args.methods.split(",")
+    modes = args.modes.split(",")
+    if any(args.num_images % b for b in batch_sizes):
+        raise SystemExit(f"--num-images {args.num_images} must be a multiple of every batch size {batch_sizes}")
+    fam = default(device=args.device)
+    passes = count_target_passes(fam.target)
+    classes = torch.arange(args.num_images) % fam.target.num_classes
+    cells = [(m, b, mode) for b in batch_sizes for mode in modes for m in methods
+             if mode == "eager" or "compile" in decoding.method_options(m)]
+    started = datetime.datetime.now(datetime.timezone.utc)
+
+    def options(m, b, mode):
+        return dict(batch_size=b, **({"compile": True} if mode == "compiled" else {}))
+
+    results = {}
+    for m, b, mode in cells:                      # warm-up at the cell's shape; compile time
+        t = time.perf_counter()
+        out = decoding.decode(m, fam, classes[:b], seed=10_000, **options(m, b, mode))
+        synchronize(args.device)
+        compile_s = sum(out.stats.extra.get("compile_s", [0.0])) if mode == "compiled" else 0.0
+        # One counted batch (the counter slows it: not timed). torch.compile does not run under a
+        # dispatch mode, so a compiled cell is counted eagerly: the loop around the compiled step is
+        # the same, and the step itself (fullgraph=True) cannot hold a host read.
+        with count_host_syncs() as c:
+            before = passes["passes"]
+            decoding.decode(m, fam, classes[:b], seed=20_000, batch_size=b)
+            n_passes = passes["passes"] - before
+        results[(m, b, mode)] = {"method": m, "batch_size": b, "mode": mode, "compile_s": round(compile_s, 2),
+                                 "warmup_s": round(time.perf_counter() - t, 2),
+                                 "round_trips_per_pass": c.round_trips / n_passes,
+                                 "aten_ops_per_pass": c.ops / n_passes if mode == "eager" else None,
+                                 "counted_passes": n_passes, "wall_s": 0.0, "images": 0, "target_forwards": 0}
+        print(f"warm {m} b={b} {mode}: compile {compile_s:.1f} s, {c.round_trips / n_passes:.1f} round trips/pass",
+              flush=True)
+    for start in range(0, args.num_images, max(batch_sizes)):   # the timed part, methods taking turns
+        for m, b, mode in cells:
+            for s in range(start, start + max(batch_sizes), b):
+                out = decoding.decode(m, fam, classes[s:s + b], seed=0, first_index=s, **options(m, b, mode))
+                synchronize(args.device)
+                r = results[(m, b, mode)]
+                r["wall_s"] += out.stats.wall_s
+                r["images"] += out.stats.images
+                r["target_forwards"] += out.stats.target_forwards
+        print(f"timed {min(start + max(batch_sizes), args.num_images)}/{args.num_images} images per cell", flush=True)
+    rows = []
+    for (m, b, mode), r in results.items():
+        r["s_per_image"] = r["wall_s"] / r["images"]
+        r["images_per_s"] = r["images"] / r["wall_s"]
+        r["target_passes_per_image"] = r["target_forwards"] / r["images"]
+        base = results.get(("ar", b, mode))
+        r["speedup_vs_ar"] = base["wall_s"] / base["images"] / r["s_per_image"] if base else None
+        rows.append(r)
+    record = {
+        "kind": "specdec-engine",
+        "datetime": started.isoformat(),
+        "machine": device_description(),
+        "command": "python benchmarks/record_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": args.threads,
+        "num_images": args.num_images,
+        "rows": rows,
+    }
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    out = os.path.join(HERE, "results", f"engine-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
