@@ -13,7 +13,9 @@ SOURCES := setup.py $(shell find csrc -type f 2>/dev/null)
 # The Triton kernels run on CPU tensors through Triton's interpreter when there is no GPU.
 TEST_ENV := TRITON_INTERPRET=$${TRITON_INTERPRET:-$$($(BIN)/python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: demo test bench results build clean
+DOCS_STAMP := $(VENV)/.specdec-docs
+
+.PHONY: demo test bench results docs build clean
 
 # The main job: every decoder on the embedded default family, one table (a few minutes on 2 CPU
 # cores); image grids and MuLo-SD's acceptance/island maps as PNGs in out/. The kernel demo that
@@ -30,6 +32,17 @@ bench: $(BUILD_STAMP)
 
 results: $(DEPS_STAMP)
 	$(BIN)/python benchmarks/make_results.py
+
+# The MkDocs site in site/, from docs/ and mkdocs.yml: a broken link, a missing page or a
+# docstring reference that does not resolve fails the build. The API pages read the sources
+# (griffe), so this needs neither torch nor the compiled extension, only the venv.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+$(DOCS_STAMP): requirements-docs.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -r requirements-docs.txt
+	touch $@
 
 build: $(BUILD_STAMP)
 
@@ -50,4 +63,4 @@ $(BUILD_STAMP): $(INSTALL_STAMP) $(SOURCES)
 	touch $@
 
 clean:
-	rm -rf build specdec/_C*.so *.egg-info $(BUILD_STAMP) $(INSTALL_STAMP)
+	rm -rf build site specdec/_C*.so *.egg-info $(BUILD_STAMP) $(INSTALL_STAMP)

@@ -14,7 +14,7 @@ from specdec.models import default
 CLASSES = torch.tensor([3, 7])      # a pullover and a sneaker: a flat and a detailed class
 
 
-#: every method at its defaults, and options whose cost the README discusses: SSD by the
+#: every method at its defaults, and options whose cost docs/experiments.md discusses: SSD by the
 #: published rule, and its exact variant (the default's commit="verify" with no bounds)
 CASES = [(m, {}) for m in dec.METHODS] + [("ssd", {"commit": "write"}),
                                           ("ssd", {"max_tail": None, "final_passes": None})]

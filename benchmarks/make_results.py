@@ -3,6 +3,10 @@
 RESULTS.md is never edited by hand: every figure in it comes from one of those files, and each
 table names the machine and the date of the run that produced it. Speed is reported as the
 ratio reference_median / backend_median within the same run (same inputs, same process).
+
+Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compare` file with the
+most images, the newest of those): target passes and wall-clock speed-up against FD-classifier.
+It needs matplotlib (requirements-dev.txt); without it RESULTS.md is still written.
 """
 import glob
 import json
@@ -117,11 +121,82 @@ def render_compare(data, name):
     return lines + [""]
 
 
+PLOT_NAME = "decoders.png"
+
+
+def plot_source(files):
+    """The end-to-end run the plot shows: among `specdec compare` files with `ar` and at least
+    three methods, the one with the most images per method, the newest of those."""
+    runs = []
+    for path in files:
+        data = _load(path)
+        if isinstance(data, dict) and data.get("kind") == "specdec-compare":
+            methods = [r["method"] for r in data["rows"]]
+            if "ar" in methods and len(methods) >= 3:
+                runs.append((data["num_images"], data["datetime"], path, data))
+    if not runs:
+        return None, None
+    _, _, path, data = max(runs, key=lambda r: (r[0], r[1]))
+    return path, data
+
+
+def plot_compare(data, name, out_path):
+    """Two panels, one point per method: target passes / image and wall-clock speed-up against
+    `ar`, each over FD-classifier (log scale; lower is better), AR's FD as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    rows = data["rows"]
+    ar_fd = next(r["fd"] for r in rows if r["method"] == "ar")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), dpi=100)
+    panels = [("target_forwards", "target passes / image", "fewer is better"),
+              ("speedup", "wall-clock speed-up vs ar", "higher is better")]
+    fds = [r["fd"] for r in rows]
+    ticks = [t for t in (50, 75, 100, 150, 200, 300, 400, 600, 800) if min(fds) / 1.2 <= t <= max(fds) * 1.2]
+    for ax, (key, label, better) in zip(axes, panels):
+        for r in rows:
+            ax.scatter(r["fd"], r[key], s=36, color="tab:red" if r["method"] == "ar" else "tab:blue", zorder=3)
+            ax.annotate(r["method"], (r["fd"], r[key]), textcoords="offset points", xytext=(5, 4), fontsize=9)
+        ax.axvline(ar_fd, color="gray", linestyle="--", linewidth=1, zorder=1)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("FD-classifier (lower is better; dashed: ar)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} ({better})", fontsize=10)
+        ax.grid(True, alpha=0.3)
+    for ax, (key, _, _) in zip(axes, panels):
+        ax.set_ylim(0 if key == "target_forwards" else None, max(r[key] for r in rows) * 1.12)
+    axes[1].axhline(1.0, color="gray", linestyle=":", linewidth=1, zorder=1)
+    date = data["datetime"][:16].replace("T", " ")
+    fig.suptitle(f"Decoders on the embedded family, {data['num_images']} images per method\n"
+                 f"{data['machine']}, {date} UTC, results/{name}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_path)
+    plt.close(fig)
+    return out_path
+
+
+def _run_date(path):
+    """When the run of a results file happened (its recorded date; a fresh clone's file times
+    say nothing), as a sortable string."""
+    data = _load(path)
+    return data.get("datetime", "")[:19] if isinstance(data, dict) else ""
+
+
 def main():
-    files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=os.path.getmtime)
+    files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=lambda p: (_run_date(p), os.path.basename(p)))
     out = [HEADER]
     if not files:
         out.append("No results yet: run `make bench`.\n")
+    if plot_source(files)[1] is not None:
+        out.append(f"![Decoders on the embedded family: target passes and wall-clock speed-up against "
+                   f"FD-classifier]({PLOT_NAME})\n")
     # Newest first: the table a reader wants is the latest one.
     for path in reversed(files):
         data = _load(path)
@@ -135,6 +210,13 @@ def main():
     with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
         f.write("\n".join(out).rstrip() + "\n")
     print(f"wrote {os.path.join(HERE, 'RESULTS.md')} from {len(files)} result file(s)")
+    path, data = plot_source(files)
+    if data is not None:
+        try:
+            out = plot_compare(data, os.path.basename(path), os.path.join(HERE, PLOT_NAME))
+            print(f"wrote {out} from {os.path.basename(path)}")
+        except ImportError:
+            print(f"matplotlib is not installed: {PLOT_NAME} not regenerated (pip install -r requirements-dev.txt)")
 
 
 if __name__ == "__main__":

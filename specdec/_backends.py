@@ -1,4 +1,4 @@
-"""Backend selection (DESIGN.md "Backends and dispatch").
+"""Backend selection (docs/design.md, "Backends and dispatch").
 
 Order of precedence: the `backend=` argument of an op, then the SPECDEC_BACKEND environment
 variable, then the automatic choice: CUDA tensors -> `cuda` if the extension has CUDA kernels,

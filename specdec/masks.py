@@ -1,4 +1,4 @@
-"""Masks for :func:`specdec.ops.tree_attention` (DESIGN.md "Kernel 3").
+"""Masks for :func:`specdec.ops.tree_attention` (docs/design.md, "Kernel 3").
 
 tree_attention sees key ``j`` from query ``i`` iff ``kv_valid[j]`` and ``kv_pos[j] <= q_pos[i]`` and,
 when a ``tree_mask`` is given and ``j`` lies in the draft block (the last ``Nq`` key slots), bit

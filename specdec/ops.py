@@ -1,4 +1,4 @@
-"""specdec's public ops (DESIGN.md "Kernel 1-3"), one entry point per op for all backends.
+"""specdec's public ops (docs/design.md, kernels 1-3), one entry point per op for all backends.
 
 Every op takes `backend=None|"cuda"|"triton"|"cpu"|"reference"` (see specdec._backends for the
 automatic choice and the SPECDEC_BACKEND override). Arguments are checked here, identically for
@@ -55,7 +55,7 @@ def pool_probs(
             ascending distance, self excluded (see specdec.neighbors.knn_table); None: no pooling.
         uncond_logits: [N, V] unconditional logits for classifier-free guidance.
         cfg_scale: guidance scale s in l = u + s * (c - u).
-        temperature: > 0; logits are divided by it.
+        temperature: must be > 0; logits are divided by it.
         top_k: keep the top_k largest logits per row (ties kept); 0 keeps all.
         delta: None moves the mass of all K neighbours; a number >= 0 moves the longest prefix of
             neighbours whose mass stays <= delta (LANTERN's total-variation bound).
@@ -215,8 +215,9 @@ def tree_attention(
 
     Args:
         q: [B, Hq, Nq, D] queries, float32/float16/bfloat16, 1 <= D <= 128.
-        k, v: [B, Hkv, Nk, D] keys and values (dtype of q); Hq % Hkv == 0 (GQA: query head h
+        k: [B, Hkv, Nk, D] keys (dtype of q); Hq % Hkv == 0 (GQA: query head h
             reads key/value head h // (Hq // Hkv)).
+        v: [B, Hkv, Nk, D] values, shaped like k.
         q_pos: [B, Nq] int32/int64 raster position of each query.
         kv_pos: [B, Nk] int32/int64 raster position of each key slot.
         kv_valid: [B, Nk] bool, False for empty cache slots; None: all valid.

@@ -1,7 +1,10 @@
 """benchmarks/make_results.py: every table's speed-up column is against the group's baseline
-measured in the same run (the reference backend for kernels, `ar` for the decoders)."""
+measured in the same run (the reference backend for kernels, `ar` for the decoders), and the
+decoders plot (decoders.png) shows the end-to-end run with the most images."""
 import importlib.util
 import os
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,3 +30,29 @@ def test_ratios_are_against_the_groups_baseline():
     assert "| cpu | 500.00 ms | 4.00x |" in text
     assert "speed-up vs ar" in text and "| mulo | 250.00 ms | 4.00x |" in text and "| sd | 2.00 s | 0.50x |" in text
     assert "baseline" not in text
+
+
+def _compare(path, num_images, when, methods):
+    import json
+
+    rows = [{"method": m, "target_forwards": 256.0 / (i + 1), "speedup": 1.0 + i, "fd": 90.0 + 10 * i}
+            for i, m in enumerate(methods)]
+    with open(path, "w") as f:
+        json.dump({"kind": "specdec-compare", "datetime": when, "machine": "test machine",
+                   "command": "specdec compare", "num_images": num_images, "rows": rows}, f)
+    return str(path)
+
+
+def test_plot_shows_the_largest_newest_compare_run(tmp_path):
+    mr = _make_results()
+    methods = ["ar", "sd", "mulo"]
+    files = [_compare(tmp_path / "a.json", 500, "2026-11-29T00:00:00", methods),
+             _compare(tmp_path / "b.json", 500, "2026-11-30T00:00:00", methods),
+             _compare(tmp_path / "c.json", 16, "2026-12-01T00:00:00", methods),       # newer, fewer images
+             _compare(tmp_path / "d.json", 900, "2026-12-01T00:00:00", ["ar", "ssd"])]  # two methods only
+    path, data = mr.plot_source(files)
+    assert os.path.basename(path) == "b.json" and data["num_images"] == 500
+    pytest.importorskip("matplotlib")
+    out = mr.plot_compare(data, "b.json", str(tmp_path / "decoders.png"))
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""The kernels compile for Hopper without a GPU (DESIGN.md "How correctness is shown", item 4).
+"""The kernels compile for Hopper without a GPU (docs/design.md, "How correctness is shown", item 4).
 
 - every Triton kernel listed in a `LOWERING_SPECS` of a specdec.triton_kernels module is lowered
   to an sm_90a cubin with triton.compile(..., target=GPUTarget("cuda", 90, 32)); this runs in a

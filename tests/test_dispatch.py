@@ -1,4 +1,4 @@
-"""Backend selection (DESIGN.md "Backends and dispatch") and build_info."""
+"""Backend selection (docs/design.md, "Backends and dispatch") and build_info."""
 import os
 
 import pytest

@@ -1,4 +1,4 @@
-"""Distribution tests of kernel 2 (DESIGN.md "How correctness is shown", item 3).
+"""Distribution tests of kernel 2 (docs/design.md, "How correctness is shown", item 3).
 
 Pearson chi-square goodness-of-fit over >= 1e5 samples at a fixed significance ALPHA, with fixed
 seeds (so a run is reproducible; a wrong sampler fails by many orders of magnitude in p-value):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from specdec.models import ARImageModel, default, sample_ar
 
-# Measured on 500 samples (50 per class, CFG 2, seed 0; README "Models"): target 0.68, drafter
+# Measured on 500 samples (50 per class, CFG 2, seed 0; docs/models.md, "Quality of the family"): target 0.68, drafter
 # 0.656, SSD +1 head argmax agreement 0.656 and +W 0.523 (held out). The tests draw 40 samples,
 # so the floors sit about 3.5 standard deviations below the measurements (chance is 0.1 / 1/V).
 TARGET_ACCURACY_FLOOR = 0.40

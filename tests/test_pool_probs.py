@@ -294,7 +294,7 @@ def test_torch_compile_fullgraph():
 
 
 def test_reference_materialises_but_is_the_definition():
-    # Independent check of the reference itself, written from DESIGN.md step by step in float64.
+    # Independent check of the reference itself, written from docs/design.md step by step in float64.
     g = torch.Generator().manual_seed(13)
     v, k, delta = 12, 5, 0.15
     cond, uncond = torch.randn(1, v, generator=g, dtype=torch.float64), torch.randn(1, v, generator=g, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""Kernel 3, tree_attention (DESIGN.md "Kernel 3"): every backend against the float64 reference
+"""Kernel 3, tree_attention (docs/design.md, "Kernel 3"): every backend against the float64 reference
 on fresh random inputs, two structural oracles (all-ones tree == causal; each root-to-leaf path
 of a tree == plain causal attention on that path alone), an independent oracle (FlexAttention
 eager with specdec.masks.flex_mask_mod), the edge-case policies and the argument checks."""

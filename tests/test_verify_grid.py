@@ -18,7 +18,7 @@ ALL_PAIRS = [pytest.param("cpu", "reference", id="cpu-reference")] + PAIRS
 
 
 # ---------------------------------------------------------------------------------------------
-# Independent oracle: per-position loops written straight from DESIGN.md, BFS for the islands.
+# Independent oracle: per-position loops written straight from docs/design.md, BFS for the islands.
 # ---------------------------------------------------------------------------------------------
 
 def bfs_islands(mask):

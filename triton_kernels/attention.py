@@ -1,4 +1,4 @@
-"""Kernel 3 in Triton: tree-masked attention over a raster-slot KV cache (DESIGN.md "Kernel 3").
+"""Kernel 3 in Triton: tree-masked attention over a raster-slot KV cache (docs/design.md, "Kernel 3").
 
 FlashAttention-2 forward: one program per (tile of BLOCK_M queries, batch x query head). It
 walks the keys in BLOCK_N tiles with an online softmax in base 2 (running max `m`, sum `l`,

@@ -1,4 +1,4 @@
-"""Kernel 1 in Triton: fused probability pooling (DESIGN.md "Kernel 1").
+"""Kernel 1 in Triton: fused probability pooling (docs/design.md, "Kernel 1").
 
 One program per logits row. The row is streamed in BLOCK_V chunks: an online softmax keeps a
 running (max, sum) per lane; top-k (when on) is an exact bisection on the float bit pattern

@@ -1,4 +1,4 @@
-"""Kernel 2 in Triton: verify_grid and sample_residual (DESIGN.md "Kernel 2").
+"""Kernel 2 in Triton: verify_grid and sample_residual (docs/design.md, "Kernel 2").
 
 verify_grid: one program per grid, walking the grid in BLOCK-sized chunks through global
 memory (so any H x W fits): rejection flags and the first rejection; the separable Chebyshev

@@ -1,4 +1,4 @@
-// Argument checks of kernel 3 (DESIGN.md "Kernel 3"), shared by the CPU and CUDA ops.
+// Argument checks of kernel 3 (docs/design.md, "Kernel 3"), shared by the CPU and CUDA ops.
 // TORCH_CHECK_VALUE raises a Python ValueError; every message names the argument. No data is read.
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-// Argument checks of kernel 1 (DESIGN.md "Kernel 1"), shared by the CPU and CUDA ops.
+// Argument checks of kernel 1 (docs/design.md, "Kernel 1"), shared by the CPU and CUDA ops.
 // TORCH_CHECK_VALUE raises a Python ValueError; every message names the argument.
 #include <c10/util/Exception.h>
 

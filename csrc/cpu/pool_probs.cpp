@@ -1,4 +1,4 @@
-// Kernel 1 on the CPU: fused probability pooling (DESIGN.md "Kernel 1").
+// Kernel 1 on the CPU: fused probability pooling (docs/design.md, "Kernel 1").
 //
 // Rows are split across threads with at::parallel_for. Each row is read once into a per-thread
 // float buffer of V logits (never an [N, V] tensor); softmax statistics, the top-k threshold and

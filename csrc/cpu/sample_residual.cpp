@@ -1,4 +1,4 @@
-// sample_residual on the CPU (DESIGN.md "Kernel 2"): one token per row by inverse-CDF sampling
+// sample_residual on the CPU (docs/design.md, "Kernel 2"): one token per row by inverse-CDF sampling
 // of the fixed-point residual (csrc/include/specdec/verify_math.h).
 //
 // Rows are split across threads with at::parallel_for. Each row is read twice at most: one

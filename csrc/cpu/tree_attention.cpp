@@ -1,4 +1,4 @@
-// Kernel 3 on the CPU: tree-masked attention over a raster-slot KV cache (DESIGN.md "Kernel 3").
+// Kernel 3 on the CPU: tree-masked attention over a raster-slot KV cache (docs/design.md, "Kernel 3").
 //
 // FlashAttention-style blocking: one work item is (batch, query head, tile of kQueryTile
 // queries), spread over threads with at::parallel_for. An item walks the keys in tiles of

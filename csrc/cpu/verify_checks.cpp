@@ -1,4 +1,4 @@
-// Argument checks of kernel 2 (DESIGN.md "Kernel 2"), shared by the CPU and CUDA ops.
+// Argument checks of kernel 2 (docs/design.md, "Kernel 2"), shared by the CPU and CUDA ops.
 // TORCH_CHECK_VALUE raises a Python ValueError; every message names the argument. No data is
 // read here (NaN scores and uniforms outside [0, 1) are refused by the Python API).
 #include <c10/util/Exception.h>

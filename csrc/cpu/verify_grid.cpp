@@ -1,4 +1,4 @@
-// Kernel 2 on the CPU: parallel 2-D acceptance/rejection (DESIGN.md "Kernel 2").
+// Kernel 2 on the CPU: parallel 2-D acceptance/rejection (docs/design.md, "Kernel 2").
 //
 // Grids are split across threads with at::parallel_for; each grid is handled in O(H * W)
 // whatever the radius: the Chebyshev dilation of mode="local" is separable (a row pass, then a

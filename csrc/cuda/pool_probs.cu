@@ -1,4 +1,4 @@
-// Kernel 1 on CUDA: fused probability pooling (DESIGN.md "Kernel 1").
+// Kernel 1 on CUDA: fused probability pooling (docs/design.md, "Kernel 1").
 //
 // One thread block per logits row. The row is streamed from global memory: one pass for the
 // softmax statistics (online max/sum, with the NaN/+inf check folded in), plus 32 counting

@@ -1,4 +1,4 @@
-// sample_residual on CUDA (DESIGN.md "Kernel 2"): one thread block per row.
+// sample_residual on CUDA (docs/design.md, "Kernel 2"): one thread block per row.
 //
 // Pass 1 sums the fixed-point residual units of the row (csrc/include/specdec/verify_math.h),
 // and, only where that sum is zero, those of p (the fallback). Pass 2 walks the row in chunks of

@@ -1,4 +1,4 @@
-// Kernel 3 on CUDA: tree-masked attention over a raster-slot KV cache (DESIGN.md "Kernel 3").
+// Kernel 3 on CUDA: tree-masked attention over a raster-slot KV cache (docs/design.md, "Kernel 3").
 //
 // FlashAttention-2 style forward. A block of 4 warps owns kBlockM = 64 queries of one
 // (batch, query head); warp w owns query rows 16w..16w+15. Keys are walked in tiles of

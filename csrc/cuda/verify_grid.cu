@@ -1,4 +1,4 @@
-// Kernel 2 on CUDA: parallel 2-D acceptance/rejection (DESIGN.md "Kernel 2").
+// Kernel 2 on CUDA: parallel 2-D acceptance/rejection (docs/design.md, "Kernel 2").
 //
 // One thread block per grid, one launch for the batch. Phases, separated by __syncthreads:
 //   1. rejection flags and the first rejected raster index (block min);

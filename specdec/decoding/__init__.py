@@ -1,4 +1,4 @@
-"""Decoders on the ARImageModel protocol and the specdec kernels (DESIGN.md "Decoders").
+"""Decoders on the ARImageModel protocol and the specdec kernels (docs/design.md, "Models and decoders").
 
     import specdec.decoding as dec
     from specdec.models import default
@@ -27,8 +27,8 @@ _MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, 
 #: Sampling used with the embedded default family (CFG as the models were trained for it).
 DEFAULT_SAMPLING = Sampling(cfg_scale=2.0, temperature=1.0, top_k=0)
 
-#: Per-method settings used on the embedded default family (tuned on it; see the README's
-#: comparison table). Each is within its method's published rule except SSD's: its published
+#: Per-method settings used on the embedded default family (tuned on it; see
+#: docs/experiments.md). Each is within its method's published rule except SSD's: its published
 #: commit is lossy beyond the 15% FD target here, so the default judges with SJD's rule and
 #: carries open tails (commit="verify"), bounded by max_tail and final_passes for speed.
 DEFAULT_OPTIONS: Dict[str, dict] = {

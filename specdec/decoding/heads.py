@@ -4,7 +4,7 @@ Each head maps `[h ; e]` -> a predicted hidden state, where `h` is the target's 
 state (before the final RMSNorm) whose distribution produced token `x` at raster index `t`, and `e`
 the input embedding of `x`. Horizontal head `k` (k = 1..5) predicts the hidden state giving the
 distribution of token `t + k`, vertical head `k` (k = 1..2) that of token `t + k * W`. The draft
-distribution is the target's own final norm + LM head on the prediction (METHODS.md "ssd"):
+distribution is the target's own final norm + LM head on the prediction (docs/decoders.md, "ssd"):
 
     f(z) = W0 z + SwiGLU(RMSNorm(W0 z)),   z = [h ; e]
 

@@ -3,7 +3,7 @@
 `sd` with p(x) replaced, in the acceptance ratio only, by the delta-pooled target probability of
 kernel 1: the target mass of x's nearest codebook neighbours (by latent distance) is moved onto x
 while the moved mass stays <= delta, so each token's distribution moves by at most delta in
-total variation. Reading (METHODS.md): on rejection the residual is that of the unpooled p.
+total variation. Reading (docs/decoders.md): on rejection the residual is that of the unpooled p.
 Defaults are LANTERN's code: k = 1000 neighbours (capped at V - 1), delta = 0.1.
 """
 from __future__ import annotations

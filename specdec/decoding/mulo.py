@@ -1,4 +1,4 @@
-"""`mulo`: MuLo-SD, multi-scale local speculative decoding (METHODS.md "mulo"), lossy by design.
+"""`mulo`: MuLo-SD, multi-scale local speculative decoding (docs/decoders.md, "mulo"), lossy by design.
 
 1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the next
    `cycle_rows` low-resolution rows (reading, the default `cycle_rows=None`: the whole image in one

@@ -1,4 +1,4 @@
-"""`ssd`: Spatially Speculative Decoding (METHODS.md "ssd"), lossy by design.
+"""`ssd`: Spatially Speculative Decoding (docs/decoders.md, "ssd"), lossy by design.
 
 Small heads on the frozen target predict its pre-norm hidden state of the token to the right
 (horizontal heads, +1..+5) and below (vertical heads, +W, +2W) from `[h ; e(token)]`; the draft
@@ -32,7 +32,7 @@ distribution q is the target's own final norm + LM head on the prediction.
   Tested against AR's distribution on a tiny model (tests/test_decoding_sd.py). The price, on
   the default family: corrections cascade along a row (a changed token changes its right
   neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
-  14 final passes are added (README).
+  14 final passes are added (docs/experiments.md).
 - `max_tail` and `final_passes` bound that price (None: unbounded, exact). Open tokens more than
   `max_tail` positions behind a group's rows are fed once more with that group's first pass, so
   their keys and values follow the final tokens before them, but they are not judged again: they
@@ -42,7 +42,7 @@ distribution q is the target's own final norm + LM head on the prediction.
   about 40 of 256 on the default family with max_tail=24, final_passes=2, the family's default
   options, one image at a time; a batch settles only up to its first correction over all its
   images, so it keeps more): every other token is judged under its final context, where the
-  published rule judges none of them so. README: passes, wall clock and quality of each setting.
+  published rule judges none of them so. docs/experiments.md: passes, wall clock and quality of each setting.
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
 1 + C0 + (H - 1)(r + 1) with one vertical head, the default). Under commit="verify": 1 + C0 +

@@ -1,5 +1,5 @@
 """The one attention entry point of the models: `specdec.ops.tree_attention` when it exists,
-else a dense masked softmax implementing the same visibility rule (DESIGN.md, kernel 3)."""
+else a dense masked softmax implementing the same visibility rule (docs/design.md, kernel 3)."""
 from __future__ import annotations
 
 import math

@@ -19,12 +19,29 @@ import torch
 
 
 class ForwardOutput(NamedTuple):
-    logits: torch.Tensor  # [rows, N, V] float32
-    hidden: torch.Tensor  # [rows, N, dim] last layer, before the final norm
+    """What `prefill` and `forward_tokens` return: output n is the distribution of the raster
+    token after the one fed at n."""
+
+    logits: torch.Tensor  #: [rows, N, V] float32
+    hidden: torch.Tensor  #: [rows, N, dim] last layer, before the final norm
 
 
 @runtime_checkable
 class ARImageModel(Protocol):
+    """What a decoder needs from an autoregressive image model (docs/models.md, "The protocol").
+
+    Attributes: `grid` (H, W) of the token grid; `vocab_size` V; `prefix_len` P, the condition
+    slots before raster token 0; `hidden_dim` of the returned hidden states; `null_class`, the
+    class id of the unconditional condition (None: no classifier-free guidance).
+
+    `new_cache(batch, cfg)` returns a slot KV cache (`SlotKVCache`) of `batch` images, 2 * batch
+    rows with CFG (conditional first). `prefill(cache, cond)` writes the condition (class ids [B]
+    or embeddings [B, P, dim]) and returns the output giving token 0. `forward_tokens(cache,
+    tokens, positions, tree_mask=None, write=True)` feeds tokens [B, N] at raster positions [N]
+    or [B, N] under `tree_attention`'s visibility rule; `write=False` scores without caching.
+    `embed_tokens` and `head` (final norm + LM head, float32 logits) are what SSD's heads use.
+    """
+
     grid: Tuple[int, int]
     vocab_size: int
     prefix_len: int

@@ -1,4 +1,4 @@
-"""SSD spatial draft heads (METHODS.md "ssd").
+"""SSD spatial draft heads (docs/decoders.md, "ssd").
 
 Head o maps z = [h_t ; e_t] to a prediction of the target's pre-norm hidden state o raster
 slots later, where h_t is the pre-norm hidden state at the slot that predicts token t (slot

@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of kernel 3, tree-masked attention (DESIGN.md "Kernel 3").
+"""Pure-PyTorch reference of kernel 3, tree-masked attention (docs/design.md, "Kernel 3").
 
 Dense masked softmax: it writes the full [B, Hq, Nq, Nk] score matrix that the fused kernels
 never hold. It computes in float32 (float64 when given float64, which is how the tests build

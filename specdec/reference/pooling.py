@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of kernel 1 (DESIGN.md "Kernel 1"): the definition of truth.
+"""Pure-PyTorch reference of kernel 1 (docs/design.md, "Kernel 1"): the definition of truth.
 
 Written for clarity, not speed: it materialises the [N, V] probabilities that the fused
 kernels never write. Every backend is tested against these functions.

@@ -1,4 +1,4 @@
-"""Pure-PyTorch reference of kernel 2 (DESIGN.md "Kernel 2"): the definition of truth.
+"""Pure-PyTorch reference of kernel 2 (docs/design.md, "Kernel 2"): the definition of truth.
 
 `verify_grid` decides which drafted grid positions are kept, which are resampled, and splits
 the resampled set into 8-connected islands; `sample_residual` draws the replacement tokens.

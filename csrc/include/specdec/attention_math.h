@@ -1,4 +1,4 @@
-// The visibility rule of kernel 3 (DESIGN.md "Kernel 3"), shared by the C++ CPU and CUDA kernels.
+// The visibility rule of kernel 3 (docs/design.md, "Kernel 3"), shared by the C++ CPU and CUDA kernels.
 //
 // Key j is visible to query i iff kv_valid[j] and kv_pos[j] <= q_pos[i] and, when a tree mask
 // is given and j is one of the last Nq key slots (the draft block), bit j - (Nk - Nq) of row i

@@ -1,6 +1,6 @@
 // Scalar math of kernel 1 (probability pooling), shared by the C++ CPU and the CUDA kernels.
 //
-// Every function here is the single definition of one step of DESIGN.md "Kernel 1", so the
+// Every function here is the single definition of one step of docs/design.md, "Kernel 1", so the
 // CPU and CUDA backends cannot drift apart. Arithmetic is written operation by operation and
 // the CUDA build uses --fmad=false: a fused multiply-add would round differently from the
 // reference, and the top-k threshold compares logits exactly.
@@ -34,7 +34,7 @@ SPECDEC_HD float guided_logit(float cond, float uncond, bool has_uncond, float c
   return l / temperature;
 }
 
-// A logit that poisons its row: NaN or +inf (DESIGN.md: that row's outputs are NaN).
+// A logit that poisons its row: NaN or +inf (docs/design.md: that row's outputs are NaN).
 SPECDEC_HD bool is_poison(float l) { return l != l || l == INFINITY; }
 
 // Monotone map float -> int32 (for non-NaN inputs) used by the top-k threshold search.
