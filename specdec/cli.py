@@ -316,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Launch plainly or as `torchrun --nproc-per-node K -m specdec.cli sample ...`; "
                                    "rerunning the same command resumes (docs/sampling.md).")
     s.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
-    s.add_argument("--num", type=int, default=None, help="number of images N (with --prompts: taken from the file)")
+    # --num-images too: torchrun's own parser rejects a bare `--num` anywhere on its command line
+    # (an ambiguous prefix of its --numa-binding), so commands under torchrun spell it out.
+    s.add_argument("--num", "--num-images", dest="num", type=int, default=None,
+                   help="number of images N (with --prompts: taken from the file); write --num-images under torchrun")
     s.add_argument("--out", required=True, help="output directory (created; rerun the same command to resume)")
     cond = s.add_mutually_exclusive_group()
     cond.add_argument("--classes", nargs="+", metavar="CLASS",

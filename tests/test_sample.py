@@ -276,8 +276,9 @@ def _default_family_or_skip():
 
 
 def _command(out, num, method="mulo"):
-    return ["-m", "specdec.cli", "sample", "--method", method, "--num", str(num), "--out", str(out), "--seed", "0",
-            "--device", "cpu"]
+    # --num-images, not --num: torchrun's parser refuses `--num` (a prefix of its --numa-binding).
+    return ["-m", "specdec.cli", "sample", "--method", method, "--num-images", str(num), "--out", str(out),
+            "--seed", "0", "--device", "cpu"]
 
 
 def _run(args, **kw):
@@ -290,7 +291,7 @@ def test_torchrun_with_two_cpu_processes_writes_the_npz_of_one_process(tmp_path)
     one = _run(_command(tmp_path / "one", 5) + ["--quiet"], timeout=600)
     assert one.returncode == 0, one.stderr
     two = _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-               + _command(tmp_path / "two", 5)[1:], timeout=600)   # torch.distributed.run takes `-m MODULE`
+               + _command(tmp_path / "two", 5), timeout=600)
     assert two.returncode == 0, two.stderr
     assert np.array_equal(npz(tmp_path / "one"), npz(tmp_path / "two"))
     assert files(tmp_path / "one") == files(tmp_path / "two")
