@@ -147,6 +147,7 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
         raise SampleError(f"--out {out_dir} is not empty and holds no config.json of a sample run; choose a new --out")
     chosen = job.settings if recorded is None else settings.check_against(recorded, job.settings, out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    store.remove_temporaries(out_dir)     # no process of this run has written yet
     store.atomic_write_json(config_path, chosen)
     if job.prompts is not None:
         for p, obj in enumerate(job.prompts):

@@ -22,11 +22,16 @@ MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
 
 
-def atomic_write(path: str, data: bytes) -> None:
+def _temporary(path: str) -> str:
+    """Where `path` is written before the rename: same folder (a rename within one filesystem is
+    atomic), hidden (evaluators globbing *.png skip it), unique per process."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    # Unique per process: two processes never share a temporary file even if they race.
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    return os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    tmp = _temporary(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -36,6 +41,15 @@ def atomic_write(path: str, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def remove_temporaries(out_dir: str) -> int:
+    """Delete the temporary files killed processes left (call before any process of the new run
+    writes: a live writer's temporary file would be removed too). Returns how many."""
+    stale = glob.glob(os.path.join(glob.escape(out_dir), "**", ".*.tmp-*"), recursive=True)
+    for path in stale:
+        os.remove(path)
+    return len(stale)
 
 
 def atomic_write_json(path: str, obj) -> None:
@@ -156,7 +170,7 @@ class LineCounter:
 def write_npz(path: str, images: Iterable[np.ndarray], shape: Tuple[int, int, int, int]) -> None:
     """uint8 [N, H, W, 3] under arr_0, as np.savez writes it (what the ADM evaluator loads), but
     streamed one image at a time: 50,000 ImageNet-size images would not fit in memory at once."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = _temporary(path)
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False, "shape": shape}
     written = 0
     try:
