@@ -117,6 +117,23 @@ def render_compare(data, name):
     return lines + [""]
 
 
+def render_sample(data, name):
+    """A `specdec sample` run with K processes beside one process (benchmarks/record_sample.py)."""
+    date = data["datetime"][:19].replace("T", " ")
+    lines = [f"## Sampling: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `specdec sample --method {data['method']}`, {data['num_images']} images, "
+             f"seed {data['seed']}, {data['family']}; samples.npz identical across the runs: "
+             f"{'yes' if data['npz_identical'] else 'NO'}. End to end includes start-up and model loading; "
+             "in the run, from the first image to the gather.", "",
+             "| processes | end to end s | images/s end to end | s in the run | images/s in the run "
+             "| target passes / image | load average before |", "|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        lines.append(f"| {r['label']} | {r['end_to_end_s']:.1f} | {r['end_to_end_images_per_s']:.2f} | "
+                     f"{r['run_wall_s']:.1f} | {r['run_images_per_s']:.2f} | {r['target_forwards_per_image']:.1f} | "
+                     f"{', '.join(str(x) for x in r['loadavg_1_5_15_before'])} |")
+    return lines + [""]
+
+
 def main():
     files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=os.path.getmtime)
     out = [HEADER]
@@ -127,6 +144,8 @@ def main():
         data = _load(path)
         if isinstance(data, dict) and data.get("kind") == "specdec-compare":
             out += render_compare(data, os.path.basename(path))
+        elif isinstance(data, dict) and data.get("kind") == "specdec-sample":
+            out += render_sample(data, os.path.basename(path))
         else:
             out += render_run(data, os.path.basename(path))
     extra = os.path.join(HERE, "results", "NOTES.md")

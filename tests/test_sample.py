@@ -325,3 +325,19 @@ def test_a_killed_process_resumes_to_the_files_of_an_uninterrupted_run(tmp_path)
     whole = _run(_command(tmp_path / "whole", 16) + ["--quiet"], timeout=600)
     assert whole.returncode == 0, whole.stderr
     assert files(out) == files(tmp_path / "whole")
+
+
+def test_results_page_renders_a_sampling_record():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_results", os.path.join(ROOT, "benchmarks", "make_results.py"))
+    mr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mr)
+    run = {"label": "2 processes (torchrun, gloo)", "end_to_end_s": 60.0, "end_to_end_images_per_s": 16.7,
+           "run_wall_s": 50.0, "run_images_per_s": 20.0, "target_forwards_per_image": 25.0,
+           "loadavg_1_5_15_before": [1.0, 2.0, 3.0]}
+    text = "\n".join(mr.render_sample({"datetime": "2026-12-01T10:00:00", "machine": "test machine", "method": "mulo",
+                                       "num_images": 1000, "seed": 0, "family": "embedded", "npz_identical": True,
+                                       "runs": [run]}, "s.json"))
+    assert "| 2 processes (torchrun, gloo) | 60.0 | 16.70 | 50.0 | 20.00 | 25.0 | 1.0, 2.0, 3.0 |" in text
+    assert "identical across the runs: yes" in text
