@@ -48,16 +48,24 @@ class Request:
 
 
 class _FamilyView:
-    """The family with models loaded once for the whole run added (decode() would otherwise load
-    MuLo-SD's learned up-sampler from disk on every call)."""
+    """A family object with a few fields added, the family itself untouched (it is cached and
+    shared by everything else in the process)."""
 
-    def __init__(self, family, **extra):
+    def __init__(self, family, extra):
         self._family, self._extra = family, extra
 
     def __getattr__(self, name):
         if name in self._extra:
             return self._extra[name]
         return getattr(self._family, name)
+
+
+def _with(family, extra: dict):
+    """The family with the models loaded once for the whole run (decode() would otherwise load
+    MuLo-SD's learned up-sampler from disk on every call)."""
+    if not extra:
+        return family
+    return dict(family, **extra) if isinstance(family, dict) else _FamilyView(family, extra)
 
 
 @dataclass
@@ -95,7 +103,7 @@ def resolve(family, req: Request, device: torch.device) -> Job:
 
     target = _get(family, "target")
     num_classes, names = target.num_classes, tuple(_get(family, "class_names") or ())
-    prompts = None
+    prompts = classes = None
     if req.prompts is not None:
         if req.classes is not None:
             raise SampleError("--classes and --prompts exclude each other (a prompt line names its class)")
@@ -107,21 +115,19 @@ def resolve(family, req: Request, device: torch.device) -> Job:
     else:
         if req.num is None or isinstance(req.num, bool) or not isinstance(req.num, int) or req.num < 1:
             raise SampleError(f"--num must be an int >= 1, got {req.num!r}")
-        items = plan.class_items(req.num, plan.parse_classes(req.classes, num_classes, names), num_classes)
+        classes = plan.parse_classes(req.classes, num_classes, names)
+        items = plan.class_items(req.num, classes, num_classes)
 
     extra = {}
     if req.method == "mulo" and options.get("upsample") == "learned" and _get(family, "upsampler") is None:
         from specdec.decoding.upsample import load_upsampler
 
         extra["upsampler"] = load_upsampler(device=device)
-    view = _FamilyView(family, **extra) if extra else family
     model_hash = settings.weights_hash(settings.family_modules(family, extra))
-    conditioning = plan.describe_classes(plan.parse_classes(req.classes, num_classes, names)
-                                         if prompts is None else None, prompts)
     wanted = settings.make_settings(method=req.method, options=options, seed=req.seed, sampling=sampling,
-                                    conditioning=conditioning, device=device, model_hash=model_hash,
-                                    num=len(items))
-    return Job(items, prompts, view, options, call_kwargs, sampling, wanted)
+                                    conditioning=plan.describe_classes(classes, prompts), device=device,
+                                    model_hash=model_hash, num=len(items))
+    return Job(items, prompts, _with(family, extra), options, call_kwargs, sampling, wanted)
 
 
 # ----------------------------------------------------------------------------------------------
