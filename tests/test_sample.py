@@ -111,7 +111,7 @@ def test_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one(tiny, tmp_
 
     def dies_on_the_fourth_call(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 4:
+        if len(calls) == 1 + 4:   # the warm-up call, then three images, then the fourth
             raise KeyboardInterrupt   # as Ctrl-C mid-run
         return real(*args, **kwargs)
 
@@ -208,6 +208,7 @@ def test_methods_without_batching_take_batch_size_as_images_per_call(tiny, tmp_p
     (["--method", "ar", "--num", "2", "--classes", "sock"], "--classes: unknown class 'sock'"),
     (["--method", "ar", "--num", "2", "--set", "batch_size=2"], "--batch-size"),
     (["--method", "ar", "--num", "2", "--set", "tau=1"], "--set: ar does not take option(s) tau"),
+    (["--method", "mulo", "--num", "2", "--set", "tau=-1"], "tau must be"),
     (["--method", "ar", "--num", "2", "--prompts", "nope.jsonl"], "--prompts: cannot read nope.jsonl"),
     (["--method", "ar", "--num", "2", "--prompts", "text.jsonl"], "text prompts need a text-conditional model"),
     (["--method", "ar", "--num", "9", "--prompts", "one.jsonl"], "--num 9 differs from the 4 images"),
@@ -224,6 +225,7 @@ def test_bad_input_gives_one_line_naming_the_argument(tiny, tmp_path, monkeypatc
     assert cli.main(["sample", *argv, "--quiet", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "o" / "config.json").exists()     # nothing recorded: a corrected rerun may start
 
 
 # ----------------------------------------------------------------------------------------------

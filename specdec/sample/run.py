@@ -127,7 +127,20 @@ def resolve(family, req: Request, device: torch.device) -> Job:
     wanted = settings.make_settings(method=req.method, options=options, seed=req.seed, sampling=sampling,
                                     conditioning=plan.describe_classes(classes, prompts), device=device,
                                     model_hash=model_hash, num=len(items))
-    return Job(items, prompts, _with(family, extra), options, call_kwargs, sampling, wanted)
+    job = Job(items, prompts, _with(family, extra), options, call_kwargs, sampling, wanted)
+    _warm_up(job, req)
+    return job
+
+
+def _warm_up(job: Job, req: Request) -> None:
+    """Decode one image and throw it away: an option value the method refuses (tau=-1) fails
+    here, before config.json records it (a corrected rerun would then be refused as a changed
+    setting), and first-call costs (allocator, kernel caches) stay out of the timings."""
+    try:
+        decoding.decode(req.method, job.family, torch.tensor([job.items[0].cls]), seed=req.seed,
+                        sampling=job.sampling, **job.call_kwargs, **job.options)
+    except ValueError as e:
+        raise SampleError(f"--set / sampling: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -244,12 +257,20 @@ def run(family, req: Request, world: World, device: torch.device,
     """Decode the request's images on this rank's share; on rank 0 gather them and return the
     summary written to stats.json (None on the other ranks)."""
     out_dir = req.out_dir
-    job = resolve(family, req, device)
-    all_settings = world.gather(job.settings)
+    # Every rank checks its input; rank 0 reports the first problem any rank found, once.
+    try:
+        job, problem = resolve(family, req, device), None
+    except SampleError as e:
+        job, problem = None, str(e)
+    reports = world.gather((None if job is None else job.settings, problem))
     todo = None
     if world.is_main:
+        failed = [(r, p) for r, (_, p) in enumerate(reports) if p is not None]
         try:
-            todo = prepare(job, out_dir, all_settings)
+            if failed:
+                rank, problem = failed[0]
+                raise SampleError(problem if rank == 0 else f"rank {rank}: {problem}")
+            todo = prepare(job, out_dir, [s for s, _ in reports])
         except (SampleError, OSError) as e:
             todo = {"error": str(e)}
     todo = world.broadcast(todo)
