@@ -343,3 +343,17 @@ def test_results_page_renders_a_sampling_record():
                                        "runs": [run]}, "s.json"))
     assert "| 2 processes (torchrun, gloo) | 60.0 | 16.70 | 50.0 | 20.00 | 25.0 | 1.0, 2.0, 3.0 |" in text
     assert "identical across the runs: yes" in text
+
+
+def test_gather_refuses_images_it_cannot_see_and_leaves_no_npz(tiny, tmp_path):
+    """What rank 0 meets when another node wrote to a directory it does not share."""
+    from specdec.sample import run as sample_run
+
+    out = tmp_path / "g"
+    assert sample(out, num=3) == 0
+    (out / "samples.npz").unlink()
+    (out / "images/000002.png").unlink()
+    job = sample_run.resolve(tiny, sample_run.Request(method="ar", out_dir=str(out), num=3), torch.device("cpu"))
+    with pytest.raises(plan.SampleError, match="1 image\\(s\\) are missing after the run \\(first: 2\\)"):
+        sample_run.gather(job, str(out), [], {"pending": [], "attempt": "x"}, 1.0)
+    assert not (out / "samples.npz").exists() and not list(out.glob(".samples.npz.tmp-*"))

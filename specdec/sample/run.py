@@ -20,7 +20,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -220,13 +220,22 @@ def _decode_share(job: Job, req: Request, world: World, out_dir: str, todo: dict
 # ----------------------------------------------------------------------------------------------
 
 def _verified_images(job: Job, out_dir: str):
+    """Every image as uint8 [H, W, 3], in index order, each checked against its manifest hash
+    (a failed check stops write_npz, which then leaves no samples.npz behind)."""
     records = store.read_manifest(out_dir)
-    missing = [it.index for it in job.items if store.verified(out_dir, records.get(it.index), it.path) is None]
+    # A cheap look first (no reading), so that images a node wrote where rank 0 cannot see
+    # them are reported before any work; the hashes are checked as the npz is written.
+    missing = [it.index for it in job.items
+               if it.index not in records or not os.path.exists(os.path.join(out_dir, it.path))]
     if missing:
-        raise SampleError(f"{len(missing)} image(s) are missing or do not match the manifest after the run (first: "
-                          f"{missing[0]}); is --out on a filesystem every node shares? Rerun to redo them")
+        raise SampleError(f"{len(missing)} image(s) are missing after the run (first: {missing[0]}); is --out on a "
+                          "filesystem every node shares? Rerun the command to redo them")
     for it in job.items:
-        yield store.png_rgb(store.verified(out_dir, records[it.index], it.path))
+        data = store.verified(out_dir, records[it.index], it.path)
+        if data is None:
+            raise SampleError(f"{it.path} does not match its manifest hash (changed during the run?); "
+                              "rerun the command to redo it")
+        yield store.png_rgb(data)
 
 
 def gather(job: Job, out_dir: str, per_rank: List[dict], todo: dict, wall_s: float) -> dict:
@@ -252,8 +261,7 @@ def gather(job: Job, out_dir: str, per_rank: List[dict], todo: dict, wall_s: flo
     return summary
 
 
-def run(family, req: Request, world: World, device: torch.device,
-        log: Callable[[str], None] = print) -> Optional[dict]:
+def run(family, req: Request, world: World, device: torch.device) -> Optional[dict]:
     """Decode the request's images on this rank's share; on rank 0 gather them and return the
     summary written to stats.json (None on the other ranks)."""
     out_dir = req.out_dir
