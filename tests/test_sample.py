@@ -347,7 +347,7 @@ def test_results_page_renders_a_sampling_record():
 
 def test_gather_refuses_images_it_cannot_see_and_leaves_no_npz(tiny, tmp_path):
     """What rank 0 meets when another node wrote to a directory it does not share."""
-    from specdec.sample import run as sample_run
+    from specdec.sample import runner as sample_run
 
     out = tmp_path / "g"
     assert sample(out, num=3) == 0
