@@ -189,6 +189,43 @@ def _run_date(path):
     return data.get("datetime", "")[:19] if isinstance(data, dict) else ""
 
 
+def render_sample(data, name):
+    """A `specdec sample` run with K processes beside one process (benchmarks/record_sample.py)."""
+    date = data["datetime"][:19].replace("T", " ")
+    lines = [f"## Sampling: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `specdec sample --method {data['method']}`, {data['num_images']} images, "
+             f"seed {data['seed']}, {data['family']}; samples.npz identical across the runs: "
+             f"{'yes' if data['npz_identical'] else 'NO'}. End to end includes start-up and model loading; "
+             "in the run, from the first image to the gather.", "",
+             "| processes | end to end s | images/s end to end | s in the run | images/s in the run "
+             "| target passes / image | load average before |", "|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        lines.append(f"| {r['label']} | {r['end_to_end_s']:.1f} | {r['end_to_end_images_per_s']:.2f} | "
+                     f"{r['run_wall_s']:.1f} | {r['run_images_per_s']:.2f} | {r['target_forwards_per_image']:.1f} | "
+                     f"{', '.join(str(x) for x in r['loadavg_1_5_15_before'])} |")
+    return lines + [""]
+
+
+def render_engine(data, name):
+    """The decode engine's table (benchmarks/record_engine.py): every method at each batch size,
+    eager and compiled, speed-ups against ar in the same mode and batch size of the same run."""
+    date = data["datetime"][:19].replace("T", " ")
+    lines = [f"## Decode engine: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `{data['command'].strip()}`, {data['num_images']} images per cell, "
+             f"{data['threads']} CPU thread(s), embedded default family (16x16, CFG 2), methods taking turns. "
+             "Speed-up: against `ar` in the same mode and batch size. Host round trips and ATen ops per real "
+             "target pass (a batched pass counts once), counted eagerly (torch.compile does not run under the "
+             "counter; a fullgraph compiled step holds no host read).", "",
+             "| method | batch | mode | s / image | images / s | speed-up vs ar | target passes / image "
+             "| host round trips / pass | ATen ops / pass | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(data["rows"], key=lambda r: (r["batch_size"], r["mode"] != "eager", r["method"] != "ar")):
+        ops = "-" if r["aten_ops_per_pass"] is None else f"{r['aten_ops_per_pass']:.0f}"
+        lines.append(f"| {r['method']} | {r['batch_size']} | {r['mode']} | {r['s_per_image']:.3f} | "
+                     f"{r['images_per_s']:.2f} | {r['speedup_vs_ar']:.2f}x | {r['target_passes_per_image']:.1f} | "
+                     f"{r['round_trips_per_pass']:.2f} | {ops} | {r['compile_s']:.1f} |")
+    return lines + [""]
+
+
 def main():
     files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=lambda p: (_run_date(p), os.path.basename(p)))
     out = [HEADER]
@@ -202,6 +239,10 @@ def main():
         data = _load(path)
         if isinstance(data, dict) and data.get("kind") == "specdec-compare":
             out += render_compare(data, os.path.basename(path))
+        elif isinstance(data, dict) and data.get("kind") == "specdec-sample":
+            out += render_sample(data, os.path.basename(path))
+        elif isinstance(data, dict) and data.get("kind") == "specdec-engine":
+            out += render_engine(data, os.path.basename(path))
         else:
             out += render_run(data, os.path.basename(path))
     extra = os.path.join(HERE, "results", "NOTES.md")

@@ -266,6 +266,46 @@ def cmd_compare(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# sample
+# ---------------------------------------------------------------------------------------------
+
+def cmd_sample(args) -> int:
+    """Thin: the work is specdec.sample's. Errors are one line, printed by rank 0 alone when rank 0
+    refused the run, and by the rank concerned (named) otherwise."""
+    from specdec import sample
+
+    options = parse_sets(args.set, per_method=False)
+    world = None
+    try:
+        world, device = sample.join(args.device)
+        args.device = str(device)
+        fam = _family(args)
+        req = sample.Request(method=args.method, out_dir=args.out, num=args.num, seed=args.seed,
+                             sampling=_sampling(args), options=options, batch_size=args.batch_size,
+                             classes=args.classes, prompts=args.prompts, show_progress=not args.quiet)
+        summary = sample.run(fam, req, world, device)
+    except sample.Refused:
+        return 2
+    except (ValueError, OSError) as e:
+        who = "" if world is None or world.is_main else f" (rank {world.rank})"
+        print(f"specdec sample{who}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdec sample: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        if world is not None:
+            world.close()
+    if summary is not None:
+        t = summary["total"]
+        print(f"sample: {summary['num']} images in {os.path.join(args.out, 'samples.npz')} "
+              f"({summary['skipped_as_done']} already done; {t['images']} decoded by {summary['world_size']} "
+              f"process(es) in {t['wall_s']:.1f} s, {t['images_per_s']:.2f} images/s, "
+              f"{t['target_forwards_per_image']:.1f} target passes/image)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specdec.decoding import METHODS
 
@@ -303,12 +343,34 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", metavar="METHOD.KEY=VALUE", help="method option, e.g. mulo.tau=0.1")
     c.add_argument("--no-warmup", action="store_true", help="skip the one-image warm-up run per method")
     common(c)
+
+    s = sub.add_parser("sample", help="generate an evaluation set (PNGs + samples.npz), one process or under torchrun",
+                       description="Launch plainly or as `torchrun --nproc-per-node K -m specdec.cli sample ...`; "
+                                   "rerunning the same command resumes (docs/sampling.md).")
+    s.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
+    # --num-images too: torchrun's own parser rejects a bare `--num` anywhere on its command line
+    # (an ambiguous prefix of its --numa-binding), so commands under torchrun spell it out.
+    s.add_argument("--num", "--num-images", dest="num", type=int, default=None,
+                   help="number of images N (with --prompts: taken from the file); write --num-images under torchrun")
+    s.add_argument("--out", required=True, help="output directory (created; rerun the same command to resume)")
+    cond = s.add_mutually_exclusive_group()
+    cond.add_argument("--classes", nargs="+", metavar="CLASS",
+                      help="class ids or names, cycled: image i gets classes[i %% len] (default: class i %% num_classes)")
+    cond.add_argument("--prompts", metavar="FILE",
+                      help='JSONL, one {"class": id, "n": samples} per line: GenEval-style folders per prompt')
+    s.add_argument("--batch-size", type=int, default=1, help="images per decode call (default 1)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
+    common(s)
+    # Under torchrun each rank takes the GPU of its local rank when there is one.
+    s.set_defaults(device="auto")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "sample":
+            return cmd_sample(args)
         return cmd_generate(args) if args.command == "generate" else cmd_compare(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"specdec {args.command}: error: {e}", file=sys.stderr)

@@ -1,0 +1,98 @@
+"""The settings that decide a run's images, recorded in DIR/config.json and compared when a
+command is run again against the same directory: method, its options after defaults, seed,
+sampling, conditioning, device type and a hash of the models' weights. A difference is an error
+naming each setting that differs; the number of images may grow (a longer run of the same
+settings extends the first one: image i does not depend on N) but not shrink.
+
+Batch size, world size and threads are not settings of the images (image i is keyed by the seed
+and i alone) and may change between runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Dict, Iterable, List
+
+import torch
+
+from specdec.sample.plan import SampleError
+
+#: Bumped when the directory layout or the meaning of a recorded setting changes.
+FORMAT = 1
+
+#: Family fields whose weights can change a decoded image.
+MODEL_FIELDS = ("target", "drafter", "sd_drafter", "ssd_heads", "tokenizer", "upsampler")
+
+
+def weights_hash(modules: Dict[str, torch.nn.Module]) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes) of the named modules:
+    the same on any device, and different if any weight differs."""
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        for key, t in sorted(modules[name].state_dict().items()):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}.{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def family_modules(family, extra: Dict[str, object]) -> Dict[str, torch.nn.Module]:
+    get = (lambda k: family.get(k)) if isinstance(family, dict) else (lambda k: getattr(family, k, None))
+    found = {}
+    for name in MODEL_FIELDS:
+        m = extra.get(name) if extra.get(name) is not None else get(name)
+        if isinstance(m, torch.nn.Module):
+            found[name] = m
+    return found
+
+
+def _jsonable(value):
+    """Options as JSON (tuples become lists, anything else its repr) so they compare after a round trip."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def make_settings(*, method: str, options: dict, seed: int, sampling, conditioning: dict,
+                  device: torch.device, model_hash: str, num: int) -> dict:
+    return {"format": FORMAT, "method": method, "options": _jsonable(options), "seed": seed,
+            "sampling": _jsonable(dataclasses.asdict(sampling)), **_jsonable(conditioning),
+            "device_type": device.type, "model_sha256": model_hash, "num": num}
+
+
+#: Keys that may differ between a directory and a new command.
+FREE = {"num"}
+
+
+def differences(recorded: dict, wanted: dict) -> List[str]:
+    keys = sorted((set(recorded) | set(wanted)) - FREE)
+    return [k for k in keys if recorded.get(k) != wanted.get(k)]
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_against(recorded: dict, wanted: dict, out_dir: str) -> dict:
+    """The settings to record for this run: `wanted`, whose num may be larger than the recorded
+    one (extending the run) but not smaller (samples.npz would no longer cover the images/ the
+    directory holds). Raises SampleError naming every setting that differs."""
+    diff = differences(recorded, wanted)
+    if diff:
+        detail = "; ".join(f"{k}: {_short(recorded.get(k))} there, {_short(wanted.get(k))} now" for k in diff)
+        raise SampleError(f"--out {out_dir} holds a run with other settings ({detail}); "
+                          "rerun with the same settings to resume it, or choose a new --out")
+    if wanted["num"] < recorded.get("num", 0):
+        raise SampleError(f"--num {wanted['num']} is below the {recorded['num']} images --out {out_dir} was started "
+                          "with; a run may only grow (take the first images of its samples.npz instead)")
+    return wanted
+
+
+def check_ranks_agree(per_rank: Iterable[dict]) -> None:
+    """Every rank must decode with the same settings (same weights on every node, for one)."""
+    per_rank = list(per_rank)
+    for rank, s in enumerate(per_rank[1:], 1):
+        diff = differences(per_rank[0], s)
+        if diff:
+            raise SampleError(f"rank {rank} differs from rank 0 in {', '.join(diff)} "
+                              "(is every node running the same code and weights?)")
