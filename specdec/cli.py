@@ -276,6 +276,8 @@ def cmd_sample(args) -> int:
     from specdec import sample
 
     options = parse_sets(args.set, per_method=False)
+    if args.compile:
+        options["compile"] = True       # a recorded setting: a resumed run keeps its mode
     world = None
     try:
         world, device = sample.join(args.device)
@@ -358,7 +360,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="class ids or names, cycled: image i gets classes[i %% len] (default: class i %% num_classes)")
     cond.add_argument("--prompts", metavar="FILE",
                       help='JSONL, one {"class": id, "n": samples} per line: GenEval-style folders per prompt')
-    s.add_argument("--batch-size", type=int, default=1, help="images per decode call (default 1)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
     common(s)
     # Under torchrun each rank takes the GPU of its local rank when there is one.
