@@ -23,6 +23,22 @@ def device_description() -> str:
     return f"{brand}, {os.cpu_count()} cores, no GPU"
 
 
+def save_record(prefix: str, started, record: dict) -> str:
+    """Write an end-to-end benchmark's record as benchmarks/results/<prefix>-<machine>-<stamp>.json
+    (what make_results.py renders) and return its path."""
+    import json
+
+    from run import machine_tag
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(os.path.join(here, "results"), exist_ok=True)
+    out = os.path.join(here, "results", f"{prefix}-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=2)
+    print(f"wrote {out}")
+    return out
+
+
 def bench_devices():
     return ["cuda"] if torch.cuda.is_available() else ["cpu"]
 

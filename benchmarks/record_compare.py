@@ -15,8 +15,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_helpers import device_description  # noqa: E402
-from run import machine_tag  # noqa: E402
+from bench_helpers import device_description, save_record  # noqa: E402
 
 
 def main(argv=None):
@@ -39,12 +38,7 @@ def main(argv=None):
         "num_images": args.num_images,
         "rows": rows,
     }
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    out = os.path.join(HERE, "results", f"compare-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
-    print(f"wrote {out}")
-
+    save_record("compare", started, record)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ turns batch by batch, so a slow spell of a shared machine falls on all of them a
 import argparse
 import datetime
 import functools
-import json
 import os
 import sys
 import time
@@ -24,8 +23,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_helpers import device_description, synchronize  # noqa: E402
-from run import machine_tag  # noqa: E402
+from bench_helpers import device_description, save_record, synchronize  # noqa: E402
 
 
 def count_target_passes(model):
@@ -127,12 +125,7 @@ def main(argv=None):
         "num_images": args.num_images,
         "rows": rows,
     }
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    out = os.path.join(HERE, "results", f"engine-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(out, "w") as f:
-        json.dump(record, f, indent=2)
-    print(f"wrote {out}")
-
+    save_record("engine", started, record)
 
 if __name__ == "__main__":
     main()
