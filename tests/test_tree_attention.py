@@ -51,10 +51,11 @@ def reference64(p, scale=None):
                               scale=scale, return_lse=True)
 
 
-def run(p, backend, scale=None):
-    return specdec.ops.tree_attention(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"],
-                                      kv_valid=p["kv_valid"], tree_mask=p["tree_mask"], scale=scale,
-                                      return_lse=True, backend=backend)
+def run(p, backend, scale=None, op=None):
+    """`op` (default specdec.ops.tree_attention) on the problem `p`, with lse."""
+    op = op or specdec.ops.tree_attention
+    return op(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"], kv_valid=p["kv_valid"],
+              tree_mask=p["tree_mask"], scale=scale, return_lse=True, backend=backend)
 
 
 def assert_matches(out, lse, want_out, want_lse, dtype):

@@ -5,6 +5,8 @@ the dispatcher's routing and argument checks.
 
 Here (no GPU) the Triton decode kernel runs under TRITON_INTERPRET=1; the CUDA cases skip and run
 in benchmarks/gpu_check.sh when a GPU is lent."""
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from specdec import _attention_paths, masks
 
 from helpers import device_backend_pairs
 from test_tree_attention import assert_matches, random_problem, reference64
+from test_tree_attention import run as run_problem
 
 
 def _path_cases():
@@ -34,9 +37,8 @@ needs_cases = pytest.mark.skipif(not CASES, reason="no backend with an opt-in pa
 
 
 def run(p, backend, path, scale=None, num_splits=None):
-    return specdec.ops._tree_attention(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"],
-                                       kv_valid=p["kv_valid"], tree_mask=p["tree_mask"], scale=scale,
-                                       return_lse=True, backend=backend, path=path, num_splits=num_splits)
+    return run_problem(p, backend, scale, op=functools.partial(specdec.ops._tree_attention, path=path,
+                                                               num_splits=num_splits))
 
 
 @needs_cases

@@ -29,6 +29,70 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_keys(q, q_pos, q_rows, row_mask, lo, hi, b, k_base, v_base, sk_n, sv_n, kv_pos_ptr, valid_ptr,
+                 tree_ptr, Nq, Nk, words, scale_log2, offs_d, d_mask,
+                 HAS_VALID: tl.constexpr, HAS_TREE: tl.constexpr, DOT_FP32: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The online softmax of the program's rows over key slots [lo, hi): returns the running max
+    m (base 2), sum l and unnormalised output acc. `q_rows` is each row's query index (its
+    tree-mask row); rows outside `row_mask` are padding."""
+    q_last = tl.max(q_pos, axis=0)
+    block_start = Nk - Nq  # first key slot of the draft block
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_range = offs_n < hi
+        kv_pos = tl.load(kv_pos_ptr + b * Nk + offs_n, mask=in_range, other=_POS_FAR).to(tl.int64)
+        ok = in_range
+        if HAS_VALID:
+            ok = ok & (tl.load(valid_ptr + b * Nk + offs_n, mask=in_range, other=0) != 0)
+        first_key = tl.min(tl.where(ok, kv_pos, _POS_FAR), axis=0)
+        if first_key <= q_last:  # otherwise no query of this program sees any key of the tile
+            kv_mask = ok[:, None] & d_mask[None, :]
+            k = tl.load(k_base + offs_n[:, None] * sk_n + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=kv_mask, other=0.0)
+            if DOT_FP32:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale_log2
+            visible = ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+            if HAS_TREE:
+                col = offs_n - block_start
+                in_block = col >= 0
+                safe = tl.where(in_block, col, 0)
+                word = tl.load(tree_ptr + (b * Nq + q_rows[:, None]) * words + safe[None, :] // 32,
+                               mask=row_mask[:, None] & (in_block & in_range)[None, :], other=0)
+                bit = ((word >> (safe % 32).to(tl.int32)[None, :]) & 1) != 0
+                visible = visible & (bit | (col < 0)[None, :])
+            s = tl.where(visible, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # A query that has seen nothing yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+            m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_sub)
+            p = tl.exp2(s - m_sub[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None]
+            if DOT_FP32:
+                acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _normalise(acc, m_i, l_i):
+    """(out, lse) of a row's (acc, m, l); a row that saw nothing gets zeros and lse = -inf."""
+    seen = l_i > 0.0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+    return out, lse
+
+
+@triton.jit
 def _tree_attention_kernel(
     q_ptr, k_ptr, v_ptr, q_pos_ptr, kv_pos_ptr, valid_ptr, tree_ptr, out_ptr, lse_ptr,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n,
@@ -51,56 +115,12 @@ def _tree_attention_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
     q_pos = tl.load(q_pos_ptr + b * Nq + offs_m, mask=m_mask, other=-_POS_FAR).to(tl.int64)
-    q_last = tl.max(q_pos, axis=0)
-    block_start = Nk - Nq  # first key slot of the draft block
-
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = k_ptr + b.to(tl.int64) * sk_b + hk * sk_h
     v_base = v_ptr + b.to(tl.int64) * sv_b + hk * sv_h
-    for start_n in range(0, Nk, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        ok = offs_n < Nk
-        kv_pos = tl.load(kv_pos_ptr + b * Nk + offs_n, mask=ok, other=_POS_FAR).to(tl.int64)
-        if HAS_VALID:
-            ok = ok & (tl.load(valid_ptr + b * Nk + offs_n, mask=ok, other=0) != 0)
-        first_key = tl.min(tl.where(ok, kv_pos, _POS_FAR), axis=0)
-        if first_key <= q_last:  # otherwise no query of this program sees any key of the tile
-            kv_mask = ok[:, None] & d_mask[None, :]
-            k = tl.load(k_base + offs_n[:, None] * sk_n + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=kv_mask, other=0.0)
-            if DOT_FP32:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale_log2
-            visible = ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
-            if HAS_TREE:
-                col = offs_n - block_start
-                in_block = col >= 0
-                safe = tl.where(in_block, col, 0)
-                word = tl.load(tree_ptr + (b * Nq + offs_m[:, None]) * words + safe[None, :] // 32,
-                               mask=m_mask[:, None] & (in_block & (offs_n < Nk))[None, :], other=0)
-                bit = ((word >> (safe % 32).to(tl.int32)[None, :]) & 1) != 0
-                visible = visible & (bit | (col < 0)[None, :])
-            s = tl.where(visible, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # A query that has seen nothing yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
-            m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_sub)
-            p = tl.exp2(s - m_sub[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            if DOT_FP32:
-                acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-
-    seen = l_i > 0.0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+    m_i, l_i, acc = _attend_keys(q, q_pos, offs_m, m_mask, 0, Nk, b, k_base, v_base, sk_n, sv_n, kv_pos_ptr,
+                                 valid_ptr, tree_ptr, Nq, Nk, words, scale_log2, offs_d, d_mask,
+                                 HAS_VALID, HAS_TREE, DOT_FP32, BLOCK_M, BLOCK_N, BLOCK_D)
+    out, lse = _normalise(acc, m_i, l_i)
     row = pid_bh.to(tl.int64) * Nq + offs_m
     tl.store(out_ptr + row[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=m_mask[:, None] & d_mask[None, :])
@@ -209,60 +229,18 @@ def _split_kv_kernel(
     if DOT_FP32:
         q = q.to(tl.float32)
     q_pos = tl.load(q_pos_ptr + b * Nq + qi, mask=r_mask, other=-_POS_FAR).to(tl.int64)
-    q_last = tl.max(q_pos, axis=0)
-    block_start = Nk - Nq
-
-    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_base = k_ptr + b.to(tl.int64) * sk_b + hk * sk_h
     v_base = v_ptr + b.to(tl.int64) * sv_b + hk * sv_h
     lo = pid_s * split_len
     hi = tl.minimum(lo + split_len, Nk)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        ok = offs_n < hi
-        kv_pos = tl.load(kv_pos_ptr + b * Nk + offs_n, mask=ok, other=_POS_FAR).to(tl.int64)
-        if HAS_VALID:
-            ok = ok & (tl.load(valid_ptr + b * Nk + offs_n, mask=ok, other=0) != 0)
-        first_key = tl.min(tl.where(ok, kv_pos, _POS_FAR), axis=0)
-        if first_key <= q_last:
-            kv_mask = ok[:, None] & d_mask[None, :]
-            k = tl.load(k_base + offs_n[:, None] * sk_n + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=kv_mask, other=0.0)
-            if DOT_FP32:
-                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = s * scale_log2
-            visible = ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
-            if HAS_TREE:
-                col = offs_n - block_start
-                in_block = col >= 0
-                safe = tl.where(in_block, col, 0)
-                word = tl.load(tree_ptr + (b * Nq + qi[:, None]) * words + safe[None, :] // 32,
-                               mask=r_mask[:, None] & (in_block & ok)[None, :], other=0)
-                bit = ((word >> (safe % 32).to(tl.int32)[None, :]) & 1) != 0
-                visible = visible & (bit | (col < 0)[None, :])
-            s = tl.where(visible, s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_sub = tl.where(m_new == -float("inf"), 0.0, m_new)  # nothing seen yet: exp2 gives 0, not NaN
-            alpha = tl.exp2(m_i - m_sub)
-            p = tl.exp2(s - m_sub[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            if DOT_FP32:
-                acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+    m_i, l_i, acc = _attend_keys(q, q_pos, qi, r_mask, lo, hi, b, k_base, v_base, sk_n, sv_n, kv_pos_ptr,
+                                 valid_ptr, tree_ptr, Nq, Nk, words, scale_log2, offs_d, d_mask,
+                                 HAS_VALID, HAS_TREE, DOT_FP32, BLOCK_M, BLOCK_N, BLOCK_D)
 
     row = (b.to(tl.int64) * Hq + h) * Nq + qi   # the row of out [B, Hq, Nq] this packed row is
     out_mask = r_mask[:, None] & d_mask[None, :]
     if SINGLE:
-        seen = l_i > 0.0
-        out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-        lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
+        out, lse = _normalise(acc, m_i, l_i)
         tl.store(out_ptr + row[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=out_mask)
         tl.store(lse_ptr + row, lse, mask=r_mask)
     else:
@@ -292,9 +270,7 @@ def _merge_splits_kernel(part_o_ptr, part_m_ptr, part_l_ptr, out_ptr, lse_ptr, r
         l_all += w * tl.load(part_l_ptr + part, mask=r_mask, other=0.0)
         acc += w[:, None] * tl.load(part_o_ptr + part.to(tl.int64)[:, None] * D + offs_d[None, :], mask=mask,
                                     other=0.0)
-    seen = l_all > 0.0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_all, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, (m_all + tl.log2(tl.where(seen, l_all, 1.0))) * 0.6931471805599453, -float("inf"))
+    out, lse = _normalise(acc, m_all, l_all)
     tl.store(out_ptr + offs_r.to(tl.int64)[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mask)
     tl.store(lse_ptr + offs_r, lse, mask=r_mask)
@@ -334,7 +310,9 @@ def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, 
     if num_splits is None:
         num_splits = _attention_paths.split_count(m_tiles * b * hkv, nk, block_n,
                                                   _attention_paths.multiprocessors(q.device))
-    # Splits are whole key tiles; a split past the end of the keys would see nothing.
+    # Splits are whole key tiles (a split past the end of the keys would see nothing), at most
+    # 65535 of them (CUDA's limit on grid axis 2).
+    num_splits = min(num_splits, 65535)
     split_len = triton.cdiv(triton.cdiv(max(nk, 1), num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(nk, split_len))
     rows_total = b * hq * nq
