@@ -239,3 +239,31 @@ def test_cuda_config():
     assert _attention_paths.cuda_config("decode", q, k, None) == (1, 16)
     assert _attention_paths.cuda_config("prefill", q, k, None) == (4, 32)
     assert _attention_paths.cuda_config("decode", q, k, 3) == (1, 3)
+
+
+needs_cuda_kernels = pytest.mark.skipif(
+    not (torch.cuda.is_available() and specdec.build_info()["cuda_kernels"]),
+    reason="the compiled split op runs on CUDA tensors only (benchmarks/gpu_check.sh runs this)")
+
+
+def _cuda_problem():
+    gen = torch.Generator().manual_seed(9)
+    return random_problem(gen, 2, 4, 2, 5, 90, 16, torch.bfloat16, holes=True, tree=True, device="cuda")
+
+
+@needs_cuda_kernels
+@pytest.mark.parametrize("warps_m,splits", [(1, 1), (1, 3), (4, 1), (4, 2)])
+def test_opcheck_split_op(warps_m, splits):
+    p = _cuda_problem()
+    torch.library.opcheck(torch.ops.specdec.tree_attention_split,
+                          (p["q"], p["k"], p["v"], p["q_pos"], p["kv_pos"], p["kv_valid"], p["tree_mask"], None,
+                           warps_m, splits))
+
+
+@needs_cuda_kernels
+@pytest.mark.parametrize("warps_m,splits,match", [(2, 1, "warps_m"), (1, 0, "splits")])
+def test_split_op_checks_its_config(warps_m, splits, match):
+    p = _cuda_problem()
+    with pytest.raises(ValueError, match=match):
+        torch.ops.specdec.tree_attention_split(p["q"], p["k"], p["v"], p["q_pos"], p["kv_pos"], None, None, None,
+                                               warps_m, splits)
