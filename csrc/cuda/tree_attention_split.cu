@@ -18,8 +18,9 @@
 //
 // Per step: positions and validity to shared memory; skip the step if no valid key is at or
 // before the block's latest query (__syncthreads_or); K (row-major) and V (transposed, so a
-// B-fragment is one 32-bit load) to shared memory, invalid slots as zeros so garbage in empty
-// cache slots never reaches the output; then per warp:
+// B-fragment is one 32-bit load) to shared memory, in 16-byte loads where D and the strides
+// allow, invalid slots as zeros so garbage in empty cache slots never reaches the output; then
+// per warp:
 //   S = Q K^T  mma.sync.m16n8k16 (bf16/fp16 in, fp32 accumulate), Q's A-fragments held in
 //              registers for the whole kernel; float32: IEEE fmaf dots (the contract: no TF32)
 //              written into the same accumulator layout;
@@ -65,6 +66,7 @@ struct SplitParams {
   float* part_o;       // [splits, rows_total, D] (splits > 1 only)
   float* part_m;       // [splits, rows_total], base-2 running max
   float* part_l;       // [splits, rows_total]
+  bool vec16;          // K and V rows load as 16-byte vectors (D, strides and pointers allow it)
 };
 
 template <typename T>
@@ -82,9 +84,6 @@ struct Dev<c10::BFloat16> {
   using type = __nv_bfloat16;
 };
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename D>
 __device__ __forceinline__ D from_f(float x);
 template <>
@@ -255,12 +254,30 @@ __global__ void __launch_bounds__(kThreads, 1) split_attention_kernel(SplitParam
     }
     if (!__syncthreads_or(any_visible)) continue;  // uniform across the block
 
-    for (int idx = tid; idx < KT * DP; idx += kThreads) {
-      const int j = idx / DP, c = idx % DP;
-      const bool load = ok_s[j] && c < d;
-      const int64_t key = k0 + j;
-      ks[j * LDQ + c] = load ? kg[key * p.k_sn + c] : from_f<D>(0.0f);
-      vt[c * LDV + j] = load ? vg[key * p.v_sn + c] : from_f<D>(0.0f);
+    if (sp.vec16) {
+      // 16-byte loads (8 bf16/fp16 or 4 float32 values), coalesced along D across the warp.
+      constexpr int VE = 16 / static_cast<int>(sizeof(D));
+      for (int idx = tid; idx < KT * (DP / VE); idx += kThreads) {
+        const int j = idx / (DP / VE), c = idx % (DP / VE) * VE;
+        const int64_t key = k0 + j;
+        uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
+        if (ok_s[j] && c < d) {  // d % VE == 0: a vector is all in or all out
+          kv = *reinterpret_cast<const uint4*>(kg + key * p.k_sn + c);
+          vv = *reinterpret_cast<const uint4*>(vg + key * p.v_sn + c);
+        }
+        *reinterpret_cast<uint4*>(ks + j * LDQ + c) = kv;
+        const D* ve = reinterpret_cast<const D*>(&vv);
+#pragma unroll
+        for (int e = 0; e < VE; ++e) vt[(c + e) * LDV + j] = ve[e];
+      }
+    } else {
+      for (int idx = tid; idx < KT * DP; idx += kThreads) {
+        const int j = idx / DP, c = idx % DP;
+        const bool load = ok_s[j] && c < d;
+        const int64_t key = k0 + j;
+        ks[j * LDQ + c] = load ? kg[key * p.k_sn + c] : from_f<D>(0.0f);
+        vt[c * LDV + j] = load ? vg[key * p.v_sn + c] : from_f<D>(0.0f);
+      }
     }
     __syncthreads();
 
@@ -557,6 +574,12 @@ AttentionOut tree_attention_split_cuda(const at::Tensor& q, const at::Tensor& k,
   sp.hkv = k.size(1);
   sp.rows = q.size(2) * sp.p.group;
   sp.rows_total = q.size(0) * q.size(1) * q.size(2);
+  const int64_t ve = 16 / static_cast<int64_t>(q.element_size());
+  auto vectorisable = [ve](const at::Tensor& x) {
+    return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0 && x.stride(0) % ve == 0 &&
+           x.stride(1) % ve == 0 && x.stride(2) % ve == 0;
+  };
+  sp.vec16 = q.size(3) % ve == 0 && vectorisable(k) && vectorisable(v);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const at::TensorOptions fopts = setup.lse.options();
   switch (q.scalar_type()) {
