@@ -16,7 +16,7 @@ import specdec
 from specdec import _attention_paths, masks
 
 from helpers import device_backend_pairs
-from test_tree_attention import assert_matches, random_problem, reference64
+from test_tree_attention import assert_matches, problem_strategies, random_problem, reference64
 from test_tree_attention import run as run_problem
 
 
@@ -44,21 +44,9 @@ def run(p, backend, path, scale=None, num_splits=None):
 @needs_cases
 @pytest.mark.parametrize("device,backend,path", CASES)
 @settings(max_examples=25)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    b=st.integers(1, 2),
-    hkv=st.integers(1, 2),
-    group=st.integers(1, 4),
-    nq=st.integers(1, 24),
-    extra=st.integers(0, 150),
-    d=st.sampled_from([1, 16, 24, 64, 128]),
-    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
-    holes=st.booleans(),
-    tree=st.booleans(),
-    shuffle=st.booleans(),
-    scale=st.one_of(st.none(), st.floats(0.05, 2.0)),
-    num_splits=st.sampled_from([None, 1, 2, 3, 7]),
-)
+# Longer caches than tests/test_tree_attention.py (several splits), GQA groups up to 4.
+@given(**problem_strategies(group=st.integers(1, 4), nq=st.integers(1, 24), extra=st.integers(0, 150)),
+       num_splits=st.sampled_from([None, 1, 2, 3, 7]))
 def test_matches_float64_reference(device, backend, path, seed, b, hkv, group, nq, extra, d, dtype, holes, tree,
                                    shuffle, scale, num_splits):
     gen = torch.Generator().manual_seed(seed)

@@ -154,28 +154,35 @@ def _launch_config(nq: int, d: int, *, fp32_dots: bool, tree: bool):
     return block_m, block_n, block_d, num_warps
 
 
-def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
-    """Returns (out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] float32)."""
+def _setup(q, q_pos, kv_pos, kv_valid, tree_mask, scale):
+    """What both wrappers launch with: the outputs (out, lse), the score scale in base 2, the
+    positions and masks as the kernels read them (a mask that is absent is replaced by any
+    pointer; its HAS_* flag keeps it unread), and whether dots run in float32."""
     b, hq, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
     out = torch.empty((b, hq, nq, d), device=q.device, dtype=q.dtype)
     lse = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
-    if out.numel() == 0:
-        return out, lse
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    q_pos = q_pos.contiguous()
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
     kv_pos = kv_pos.contiguous()
     valid = kv_valid.contiguous().view(torch.uint8) if kv_valid is not None else kv_pos
     tree = tree_mask.contiguous() if tree_mask is not None else kv_pos
     fp32_dots = _interpreting() or q.dtype == torch.float32
+    return out, lse, float(scale) * _LOG2E, q_pos.contiguous(), kv_pos, valid, tree, fp32_dots
+
+
+def tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
+    """Returns (out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] float32)."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    out, lse, scale_log2, q_pos, kv_pos, valid, tree, fp32_dots = _setup(q, q_pos, kv_pos, kv_valid, tree_mask, scale)
+    if out.numel() == 0:
+        return out, lse
     block_m, block_n, block_d, num_warps = _launch_config(nq, d, fp32_dots=fp32_dots, tree=tree_mask is not None)
     grid = (triton.cdiv(nq, block_m), b * hq)
     _tree_attention_kernel[grid](
         q, k, v, q_pos, kv_pos, valid, tree, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        hq, hq // hkv, nq, nk, d, (nq + 31) // 32, float(scale) * _LOG2E,
+        hq, hq // hkv, nq, nk, d, (nq + 31) // 32, scale_log2,
         HAS_VALID=kv_valid is not None, HAS_TREE=tree_mask is not None,
         DOT_FP32=fp32_dots,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -293,17 +300,9 @@ def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, 
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
-    out = torch.empty((b, hq, nq, d), device=q.device, dtype=q.dtype)
-    lse = torch.empty((b, hq, nq), device=q.device, dtype=torch.float32)
+    out, lse, scale_log2, q_pos, kv_pos, valid, tree, fp32_dots = _setup(q, q_pos, kv_pos, kv_valid, tree_mask, scale)
     if out.numel() == 0:
         return out, lse
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    q_pos = q_pos.contiguous()
-    kv_pos = kv_pos.contiguous()
-    valid = kv_valid.contiguous().view(torch.uint8) if kv_valid is not None else kv_pos
-    tree = tree_mask.contiguous() if tree_mask is not None else kv_pos
-    fp32_dots = _interpreting() or q.dtype == torch.float32
     rows = nq * group
     block_m, block_n, block_d, num_warps = _decode_config(rows, d, fp32_dots=fp32_dots, tree=tree_mask is not None)
     m_tiles = triton.cdiv(rows, block_m)
@@ -327,7 +326,7 @@ def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, 
         q, k, v, q_pos, kv_pos, valid, tree, out, lse, part_o, part_m, part_l,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        hq, hkv, group, nq, nk, d, (nq + 31) // 32, float(scale) * _LOG2E, split_len, rows_total,
+        hq, hkv, group, nq, nk, d, (nq + 31) // 32, scale_log2, split_len, rows_total,
         HAS_VALID=kv_valid is not None, HAS_TREE=tree_mask is not None, DOT_FP32=fp32_dots, SINGLE=single,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps, num_stages=_NUM_STAGES,
     )
