@@ -29,7 +29,12 @@ if torch.cuda.is_available():
     # What a LlamaGen-class model runs on a GPU: bf16 activations, so tensor-core dots (fp32
     # inputs take IEEE fp32 dots by the contract). Not timed on CPUs, which lack the units.
     SHAPES += [("verify B2 H16 D64 Nq1024 Nk1280 bf16", 2, 16, 16, 1024, 1280, 64, False),
-               ("tree B2 H16 D64 Nq64 Nk4096 bf16", 2, 16, 16, 64, 4096, 64, True)]
+               ("tree B2 H16 D64 Nq64 Nk4096 bf16", 2, 16, 16, 64, 4096, 64, True),
+               # The decoders' calls at LlamaGen scale (issue #19): one token over a long cache
+               # with GQA, an SSD-style 16-query window, an 80-query MuLo-SD window.
+               ("decode B2 H16 Hkv4 D64 Nq1 Nk2048 bf16", 2, 16, 4, 1, 2048, 64, False),
+               ("window B2 H16 D64 Nq16 Nk1024 bf16", 2, 16, 16, 16, 1024, 64, False),
+               ("window B2 H16 D64 Nq80 Nk4096 holes bf16", 2, 16, 16, 80, 4096, 64, False)]
 
 
 def _inputs(shape, device):
@@ -102,6 +107,24 @@ def test_tree_attention_triton_tiles_before_fit(benchmark, shape, monkeypatch):
 
     monkeypatch.setattr(triton_attention, "_launch_config", _tiles_before_fit)
     _time_backend(benchmark, shape, "cuda", "triton", label="triton, 64x64 tiles (before the fit rule)")
+
+
+# The opt-in kernels of issue #19 (specdec/_attention_paths.py), none of which has run on a GPU
+# yet: timed beside the default kernels and flex at every shape. Triton's "prefill" is its
+# default kernel, so not repeated.
+OPT_IN_PATHS = [("cuda", "decode"), ("cuda", "prefill"), ("cuda", "auto"), ("triton", "decode"), ("triton", "auto")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the opt-in paths are GPU kernels")
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("backend,path", OPT_IN_PATHS, ids=[f"{b}-{p}" for b, p in OPT_IN_PATHS])
+def test_tree_attention_opt_in_path(benchmark, shape, backend, path, monkeypatch):
+    import specdec
+
+    if backend not in specdec.available_backends(torch.device("cuda")):
+        pytest.skip(f"backend {backend} unavailable here")
+    monkeypatch.setenv("SPECDEC_ATTN_PATH", path)
+    _time_backend(benchmark, shape, "cuda", backend, label=f"{backend}, SPECDEC_ATTN_PATH={path}")
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])

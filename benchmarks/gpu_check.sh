@@ -8,10 +8,11 @@
 #
 # Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
 # included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
-# (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (5) the same against
-# torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare` of every
-# method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8) OUTDIR/summary.md.
-# Step (5) runs only when GPU_CHECK_STEPS names it.
+# (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (4b) the opt-in attention
+# paths of issue #19 (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
+# same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
+# of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
+# OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
 # results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
@@ -35,7 +36,7 @@ TIMEOUT_FLAG=""
 # first time an error message formatted a number (tests/test_build.py checks the linkage).
 BUILD_CXX="${SPECDEC_CXX:-c++}"
 BUILD_CC="${SPECDEC_CC:-cc}"
-KERNEL_BENCH="not flex_compiled and not decode_two_images and not ar_one_image"
+KERNEL_BENCH="not flex_compiled and not opt_in_path and not decode_two_images and not ar_one_image"
 COMPARE_IMAGES="${COMPARE_IMAGES:-16}"  # enough for times on a GPU, not for FD
 
 STEPS=(
@@ -43,6 +44,7 @@ STEPS=(
   "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
   "limits|30|$PY benchmarks/device_limits.py $LOGS/limits.json"
   "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
+  "attn_paths|120|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k opt_in_path"
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
@@ -50,7 +52,7 @@ STEPS=(
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
-SELECTED="${GPU_CHECK_STEPS:-build tests limits bench compare compare_verify}"
+SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify}"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/device_limits.py benchmarks/conftest.py)
 

@@ -30,6 +30,10 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
+  // CUDA only, opt-in (specdec/_attention_paths.py): split-KV decode / tensor-core prefill.
+  m.def(
+      "tree_attention_split(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
+      "Tensor? tree_mask, float? scale, int warps_m, int splits) -> (Tensor out, Tensor lse)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -44,6 +48,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("pool_probs", &specdec::pool_probs_cuda);
   m.impl("tree_attention", &specdec::tree_attention_cuda);
+  m.impl("tree_attention_split", &specdec::tree_attention_split_cuda);
   m.impl("sampling_probs", &specdec::sampling_probs_cuda);
   m.impl("verify_grid", &specdec::verify_grid_cuda);
   m.impl("sample_residual", &specdec::sample_residual_cuda);
@@ -53,6 +58,8 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) {
 #ifdef SPECDEC_WITH_CUDA
   mod.attr("with_cuda") = true;
+  mod.def("split_attention_configs", &specdec::tree_attention_split_configs,
+          "(dtype, padded D, warps_m, dynamic shared bytes, keys per step) of the split attention kernel");
 #else
   mod.attr("with_cuda") = false;
 #endif

@@ -7,8 +7,10 @@
 #include "specdec/verify_math.h"
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 namespace specdec {
 
@@ -76,6 +78,17 @@ AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
                                  const at::Tensor& q_pos, const at::Tensor& kv_pos,
                                  const std::optional<at::Tensor>& kv_valid,
                                  const std::optional<at::Tensor>& tree_mask, std::optional<double> scale);
+// The opt-in kernel of issue #19 (csrc/cuda/tree_attention_split.cu): GQA heads packed into M,
+// keys split `splits` ways; warps_m 1 is the decode block, 4 the prefill block.
+AttentionOut tree_attention_split_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& q_pos, const at::Tensor& kv_pos,
+                                       const std::optional<at::Tensor>& kv_valid,
+                                       const std::optional<at::Tensor>& tree_mask, std::optional<double> scale,
+                                       int64_t warps_m, int64_t splits);
+// (dtype, padded head dim, warps_m, dynamic shared-memory bytes, keys per step) of every
+// instantiation of that kernel, for benchmarks/machine_code.py's report.
+using SplitConfig = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;
+std::vector<SplitConfig> tree_attention_split_configs();
 #endif
 
 }  // namespace specdec

@@ -30,6 +30,10 @@ def _fake_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale):
     return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
 
 
+def _fake_tree_attention_split(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, warps_m, splits):
+    return _fake_tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+
+
 def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
     b = p.shape[0]
     return (p.new_empty(p.shape, dtype=torch.bool), p.new_empty(p.shape, dtype=torch.bool),
@@ -46,6 +50,7 @@ _FAKES = {
     "verify_grid": _fake_verify_grid,
     "sample_residual": _fake_sample_residual,
     "tree_attention": _fake_tree_attention,
+    "tree_attention_split": _fake_tree_attention_split,
     "pool_probs": _fake_pool_probs,
     "sampling_probs": _fake_sampling_probs,
 }

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from specdec import _backends, _library, _validation
+from specdec import _attention_paths, _backends, _library, _validation
 from specdec._types import PooledProbs
 from specdec.reference import pooling as _ref_pooling
 from specdec.reference import verification as _ref_verification
@@ -229,15 +229,39 @@ def tree_attention(
         out [B, Hq, Nq, D] in q's dtype (accumulated in float32), and with ``return_lse``
         ``(out, lse)`` with lse [B, Hq, Nq] float32. A query that sees no key gives zeros and
         lse = -inf.
+
+    On the GPU backends SPECDEC_ATTN_PATH=decode|prefill|auto opts in to the kernels of issue #19
+    (split-KV decoding, tensor-core prefill; see specdec._attention_paths); they have not run on
+    a GPU yet, so the default stays the kernel that has.
     """
+    return _tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask,
+                           scale=scale, return_lse=return_lse, backend=backend, path=None)
+
+
+def _tree_attention(q, k, v, *, q_pos, kv_pos, kv_valid=None, tree_mask=None, scale=None, return_lse=False,
+                    backend=None, path=None, num_splits=None):
+    """tree_attention with the GPU kernel chosen explicitly: `path` as SPECDEC_ATTN_PATH (None
+    reads it), `num_splits` fixes the key splits of the decode path (None: by shape)."""
     q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale = _validation.tree_attention_args(
         q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+    path = _attention_paths.resolve(path, q.shape[2], q.shape[1], k.shape[1])
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
     chosen = _backends.resolve(backend, q.device)
     if chosen == "reference":
         return _ref_attention.tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid,
                                              tree_mask=tree_mask, scale=scale, return_lse=return_lse)
+    args = (q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
     if chosen == "triton":
-        out, lse = _triton("attention").tree_attention(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+        attention = _triton("attention")
+        if path == "decode":
+            out, lse = attention.tree_attention_split_kv(*args, num_splits=num_splits)
+        else:  # Triton's "prefill" is its default kernel
+            out, lse = attention.tree_attention(*args)
+    elif chosen == "cuda" and path != "default":
+        warps_m, splits = _attention_paths.cuda_config(path, q, k, num_splits)
+        out, lse = _compiled_op("tree_attention_split")(*args, warps_m, splits)
     else:
-        out, lse = _compiled_op("tree_attention")(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale)
+        out, lse = _compiled_op("tree_attention")(*args)
     return (out, lse) if return_lse else out

@@ -51,10 +51,11 @@ def reference64(p, scale=None):
                               scale=scale, return_lse=True)
 
 
-def run(p, backend, scale=None):
-    return specdec.ops.tree_attention(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"],
-                                      kv_valid=p["kv_valid"], tree_mask=p["tree_mask"], scale=scale,
-                                      return_lse=True, backend=backend)
+def run(p, backend, scale=None, op=None):
+    """`op` (default specdec.ops.tree_attention) on the problem `p`, with lse."""
+    op = op or specdec.ops.tree_attention
+    return op(p["q"], p["k"], p["v"], q_pos=p["q_pos"], kv_pos=p["kv_pos"], kv_valid=p["kv_valid"],
+              tree_mask=p["tree_mask"], scale=scale, return_lse=True, backend=backend)
 
 
 def assert_matches(out, lse, want_out, want_lse, dtype):
@@ -68,22 +69,27 @@ def assert_matches(out, lse, want_out, want_lse, dtype):
     assert torch.all(out[~finite] == 0)
 
 
+def problem_strategies(**overrides):
+    """hypothesis strategies of random_problem's sizes and options (plus seed and scale)."""
+    return dict(dict(
+        seed=st.integers(0, 2**31 - 1),
+        b=st.integers(1, 2),
+        hkv=st.integers(1, 2),
+        group=st.integers(1, 3),
+        nq=st.integers(1, 40),
+        extra=st.integers(0, 80),
+        d=st.sampled_from([1, 16, 24, 64, 128]),
+        dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+        holes=st.booleans(),
+        tree=st.booleans(),
+        shuffle=st.booleans(),
+        scale=st.one_of(st.none(), st.floats(0.05, 2.0)),
+    ), **overrides)
+
+
 @pytest.mark.parametrize("device,backend", PAIRS)
 @settings(max_examples=20)
-@given(
-    seed=st.integers(0, 2**31 - 1),
-    b=st.integers(1, 2),
-    hkv=st.integers(1, 2),
-    group=st.integers(1, 3),
-    nq=st.integers(1, 40),
-    extra=st.integers(0, 80),
-    d=st.sampled_from([1, 16, 24, 64, 128]),
-    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
-    holes=st.booleans(),
-    tree=st.booleans(),
-    shuffle=st.booleans(),
-    scale=st.one_of(st.none(), st.floats(0.05, 2.0)),
-)
+@given(**problem_strategies())
 def test_matches_float64_reference(device, backend, seed, b, hkv, group, nq, extra, d, dtype, holes, tree,
                                    shuffle, scale):
     gen = torch.Generator().manual_seed(seed)
