@@ -18,12 +18,14 @@ using PoolOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 void check_pool_args(const at::Tensor& logits, const std::optional<at::Tensor>& tokens,
                      const std::optional<at::Tensor>& neighbors,
                      const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                     double temperature, int64_t top_k, std::optional<double> delta);
+                     double temperature, int64_t top_k, std::optional<double> delta,
+                     double top_p);
 
 PoolOut pool_probs_cpu(const at::Tensor& logits, const at::Tensor& tokens,
                        const std::optional<at::Tensor>& neighbors,
                        const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                       double temperature, int64_t top_k, std::optional<double> delta);
+                       double temperature, int64_t top_k, std::optional<double> delta,
+                     double top_p);
 at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
                               double cfg_scale, double temperature, int64_t top_k);
 
@@ -62,7 +64,8 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                         const std::optional<at::Tensor>& neighbors,
                         const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                        double temperature, int64_t top_k, std::optional<double> delta);
+                        double temperature, int64_t top_k, std::optional<double> delta,
+                     double top_p);
 at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
                                double cfg_scale, double temperature, int64_t top_k);
 VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
