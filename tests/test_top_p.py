@@ -301,3 +301,42 @@ def test_sampling_validates_top_p():
             Sampling(top_p=bad)
     s = Sampling(top_p=0.8, top_k=5)
     assert ModelRunner._kw(type("R", (), {"sampling": s})(), None)["top_p"] == 0.8
+
+
+# ---- CUDA v2 (shared-memory) kernels: opt-in, compiled here, run only where a GPU is ---------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the v2 kernels have never run on one)")
+@pytest.mark.parametrize("v", [7, 1000, 16384, 65536])  # 65536 float32 exceeds shared memory: v1 fallback
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_shared_memory_kernels_match_the_reference(monkeypatch, v, dtype):
+    import specdec
+
+    if not specdec.build_info()["cuda_kernels"]:
+        pytest.skip("extension built without CUDA kernels")
+    monkeypatch.setenv("SPECDEC_CUDA_POOL_V2", "1")
+    logits, uncond, tokens = _rows(11, 6, v, dtype, True)
+    neighbors = torch.randint(0, v, (v, 16), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    for kw in (dict(), dict(top_k=50), dict(top_p=0.8), dict(top_k=100, top_p=0.5, delta=0.2)):
+        kw = dict(cfg_scale=2.0, **kw)
+        got = ops.pool_probs(logits.cuda(), tokens.cuda(), neighbors.cuda(), uncond_logits=uncond.cuda(),
+                             backend="cuda", **kw)
+        want = ref.pool_probs(logits, tokens, neighbors, uncond_logits=uncond, **kw)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b, rtol=2e-5, atol=2e-6, equal_nan=True)
+        kw.pop("delta", None)
+        p = ops.sampling_probs(logits.cuda(), uncond_logits=uncond.cuda(), backend="cuda", **kw).cpu()
+        want_p = ref.sampling_probs(logits, uncond_logits=uncond, **kw)
+        assert torch.equal(p > 0, want_p > 0)
+        torch.testing.assert_close(p, want_p, rtol=2e-5, atol=2e-6)
+        u = torch.rand(6, generator=torch.Generator().manual_seed(2))
+        q = torch.softmax(torch.randn(6, v, generator=torch.Generator().manual_seed(3)), 1)
+        for qq in (None, q, want_p):  # want_p as q: a zero residual, the fallback
+            got_s = ops.sample_residual(p.cuda(), None if qq is None else qq.cuda(), uniforms=u.cuda(), backend="cuda")
+            want_s = ops.sample_residual(p, qq, uniforms=u, backend="reference")
+            assert torch.equal(got_s.tokens.cpu(), want_s.tokens) and torch.equal(got_s.fallback.cpu(), want_s.fallback)
+    # Rows that do not start on a 16-byte boundary take the scalar staging loads.
+    wide = torch.cat([torch.zeros(6, 1, dtype=dtype), logits], 1).cuda()[:, 1:]
+    got = ops.pool_probs(wide, tokens.cuda(), None, top_p=0.7, backend="cuda")
+    want = ref.pool_probs(logits, tokens, None, top_p=0.7)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=2e-5, atol=2e-6)

@@ -225,9 +225,14 @@ __device__ void stage_row(const T* __restrict__ cond, const T* __restrict__ unco
         l[e] = guided_logit(static_cast<float>(c[e]), static_cast<float>(u[e]), has_uncond,
                             a.cfg_scale, a.temperature);
       }
-      float4* dst = reinterpret_cast<float4*>(sm + j * kVec);
+      if constexpr (kVec % 4 == 0) {  // float32 and 16-bit logits: 128-bit shared stores
+        float4* dst = reinterpret_cast<float4*>(sm + j * kVec);
 #pragma unroll
-      for (int e = 0; e < kVec; e += 4) dst[e / 4] = make_float4(l[e], l[e + 1], l[e + 2], l[e + 3]);
+        for (int e = 0; e < kVec; e += 4) dst[e / 4] = make_float4(l[e], l[e + 1], l[e + 2], l[e + 3]);
+      } else {  // float64 (instantiated by the dispatch, refused by check_pool_args)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) sm[j * kVec + e] = l[e];
+      }
     }
     done = nvec * kVec;
   }
