@@ -170,6 +170,16 @@ def _config(row):
                                                             "aligned" if row["aligned"] else "unaligned"])
 
 
+_DTYPES = {"N3c104HalfE": "fp16", "N3c108BFloat16E": "bf16", "f": "fp32", "d": "fp64"}
+_TABLES = {"i": "int32", "s": "int16", "": ""}
+
+
+def _instantiation(symbol: str):
+    """(logits dtype, neighbour table dtype) from a kernel's mangled template arguments."""
+    m = re.search(r"I(N3c104HalfE|N3c108BFloat16E|f|d)([is]?)EEv", symbol)
+    return (_DTYPES[m.group(1)], _TABLES[m.group(2)]) if m else ("fp32", "")
+
+
 def markdown(cuda: list, triton: list) -> str:
     lines = ["# Resource usage of the pooling kernels (sm_90a, `cuobjdump -res-usage` / `-sass`)", "",
              "Compiled without a GPU (nvcc 13.0 for the extension, Triton lowered with "
@@ -177,12 +187,19 @@ def markdown(cuda: list, triton: list) -> str:
              "LDG.E.128 = 128-bit global loads in the SASS; spills = STACK or LOCAL bytes > 0. "
              "The CUDA v2 kernels are opt-in (`SPECDEC_CUDA_POOL_V2=1`) and have never run on a GPU.", "",
              "## CUDA (specdec._C)", "",
-             "| op | kernel | path | instantiation | registers | static shared (B) | stack (B) | local (B) | LDG.E.128 |",
+             "| op | kernel | path | logits | registers | static shared (B) | stack (B) | local (B) | LDG.E.128 |",
              "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    merged = {}  # instantiations that differ only in the neighbour table's dtype share a row
     for r in cuda:
-        inst = re.findall(r"I(.*)EEv", r["symbol"])
-        lines.append(f"| {r['op']} | {r['kernel']} | {r['path']} | `{inst[0] if inst else r['symbol'][:40]}` | "
-                     f"{r.get('REG')} | {r.get('SHARED')} | {r.get('STACK')} | {r.get('LOCAL')} | {r['ldg128']} |")
+        logits, table = _instantiation(r["symbol"])
+        if logits == "fp64":
+            continue  # instantiated by AT_DISPATCH, refused by the argument checks: never launched
+        key = (r["op"], r["kernel"], r["path"], logits, r.get("REG"), r.get("SHARED"), r.get("STACK"),
+               r.get("LOCAL"), r["ldg128"])
+        merged.setdefault(key, []).append(table)
+    for (op, kernel, path, logits, reg, shared, stack, local, ldg), tables in merged.items():
+        inst = logits + (f", neighbours {'/'.join(t for t in tables if t)}" if any(tables) else "")
+        lines.append(f"| {op} | {kernel} | {path} | {inst} | {reg} | {shared} | {stack} | {local} | {ldg} |")
     lines += ["", "Dynamic shared memory of the v2 kernels: V x 4 bytes per block (64 KiB at V = 16384), "
               "within the opt-in limit (227 KiB on H100/H200, 163 KiB on A100); larger rows use v1.", "",
               "## Triton (specdec.triton_kernels)", "",
