@@ -80,6 +80,7 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--num-images", "1"], "num-images must be >= 2"),
     (["compare", "--methods", "ar", "--set", "tau=1"], "METHOD.KEY=VALUE"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.tau=-1"], "tau must be"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
@@ -103,3 +104,12 @@ def test_the_shipped_default_family_decodes():
     H, W = fam.target.grid
     assert out.tokens.shape == (2, H, W) and out.images.shape[0] == 2
     assert out.stats.target_forwards_per_image < H * W
+
+
+def test_top_p_flag_reaches_the_sampling_settings():
+    args = cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0", "--out", "x.png",
+                                          "--top-k", "50", "--top-p", "0.8"])
+    s = cli._sampling(args)
+    assert (s.top_k, s.top_p) == (50, 0.8)
+    assert cli._sampling(cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",
+                                                         "--out", "x.png"])).top_p == 1.0
