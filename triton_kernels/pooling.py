@@ -37,7 +37,9 @@ def _guided_logits(cond_ptr, uncond_ptr, offs, mask, cfg_scale, temperature, HAS
         u = tl.load(uncond_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
         masked = (c == -float("inf")) | (u == -float("inf"))
         c = tl.where(masked, -float("inf"), u + cfg_scale * (c - u))
-    return c / temperature
+    # IEEE division: Triton lowers `/` on float32 to div.full.f32 (up to 2 ulp off on a GPU), and
+    # the top-k and top-p decisions compare these logits exactly against the reference's.
+    return tl.math.div_rn(c, temperature)
 
 
 @triton.jit
