@@ -30,19 +30,28 @@ def _inputs(n, v, k, cfg, device):
     return move(logits), move(tokens), move(neighbors), move(uncond)
 
 
+# Nucleus sampling as LlamaGen and Janus expose it (top_p after top-k): the two bisections of the
+# kernels against the reference's sort, on the LlamaGen CFG shape and the embedded default's.
+TOP_P_CASES = [
+    ("llamagen+cfg N1024 V16384 K1000 top_p=0.9", SHAPES[1], dict(top_p=0.9)),
+    ("llamagen+cfg N1024 V16384 K1000 top_k=1000 top_p=0.9", SHAPES[1], dict(top_k=1000, top_p=0.9)),
+    ("default+cfg N256 V256 K255 top_p=0.9", SHAPES[3], dict(top_p=0.9)),
+]
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
 @pytest.mark.parametrize("device,backend", backend_params())
-def test_pool_probs(benchmark, shape, device, backend):
+def test_pool_probs(benchmark, shape, device, backend, sampling=None, group=None):
     name, n, v, k, cfg = shape
     logits, tokens, neighbors, uncond = _inputs(n, v, k, cfg, device)
-    kw = dict(uncond_logits=uncond, cfg_scale=4.0 if cfg else 1.0, delta=0.1, backend=backend)
+    kw = dict(uncond_logits=uncond, cfg_scale=4.0 if cfg else 1.0, delta=0.1, backend=backend, **(sampling or {}))
 
     def run():
         out = ops.pool_probs(logits, tokens, neighbors, **kw)
         synchronize(device)
         return out
 
-    benchmark.group = f"pool_probs {name}"
+    benchmark.group = group or f"pool_probs {name}"
     benchmark.extra_info["backend"] = backend
     benchmark.extra_info["device"] = device
     # Bytes the op must move: the logits row(s) once, tokens, the K neighbour ids of each token.
@@ -50,3 +59,10 @@ def test_pool_probs(benchmark, shape, device, backend):
     benchmark.extra_info["bytes"] = n * v * itemsize * (2 if cfg else 1) + n * k * 4 + n * 8 + 4 * n * 4
     benchmark.pedantic(run, rounds=5, warmup_rounds=1, iterations=1)
     record_device_time(benchmark, run, device)
+
+
+@pytest.mark.parametrize("case", TOP_P_CASES, ids=[c[0] for c in TOP_P_CASES])
+@pytest.mark.parametrize("device,backend", backend_params())
+def test_pool_probs_top_p(benchmark, case, device, backend):
+    name, shape, sampling = case
+    test_pool_probs(benchmark, shape, device, backend, sampling=sampling, group=f"pool_probs {name}")

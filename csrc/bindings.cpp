@@ -15,11 +15,11 @@
 TORCH_LIBRARY(specdec, m) {
   m.def(
       "pool_probs(Tensor logits, Tensor tokens, Tensor? neighbors, Tensor? uncond_logits, "
-      "float cfg_scale, float temperature, int top_k, float? delta) "
+      "float cfg_scale, float temperature, int top_k, float? delta, float top_p=1.0) "
       "-> (Tensor pooled, Tensor p_token, Tensor row_max, Tensor row_lse)");
   m.def(
       "sampling_probs(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
-      "int top_k) -> Tensor");
+      "int top_k, float top_p=1.0) -> Tensor");
   m.def(
       "verify_grid(Tensor p, Tensor? q, Tensor? uniforms, Tensor? valid, str rule, float tau, "
       "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "

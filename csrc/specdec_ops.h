@@ -20,14 +20,16 @@ using PoolOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 void check_pool_args(const at::Tensor& logits, const std::optional<at::Tensor>& tokens,
                      const std::optional<at::Tensor>& neighbors,
                      const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                     double temperature, int64_t top_k, std::optional<double> delta);
+                     double temperature, int64_t top_k, std::optional<double> delta,
+                     double top_p);
 
 PoolOut pool_probs_cpu(const at::Tensor& logits, const at::Tensor& tokens,
                        const std::optional<at::Tensor>& neighbors,
                        const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                       double temperature, int64_t top_k, std::optional<double> delta);
+                       double temperature, int64_t top_k, std::optional<double> delta,
+                       double top_p);
 at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
-                              double cfg_scale, double temperature, int64_t top_k);
+                              double cfg_scale, double temperature, int64_t top_k, double top_p);
 
 // Kernel 2 (verify_grid, sample_residual); scalar math in specdec/verify_math.h.
 using VerifyOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -64,9 +66,10 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                         const std::optional<at::Tensor>& neighbors,
                         const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                        double temperature, int64_t top_k, std::optional<double> delta);
+                        double temperature, int64_t top_k, std::optional<double> delta,
+                        double top_p);
 at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
-                               double cfg_scale, double temperature, int64_t top_k);
+                               double cfg_scale, double temperature, int64_t top_k, double top_p);
 VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& uniforms,
                            const std::optional<at::Tensor>& valid, std::string_view rule,

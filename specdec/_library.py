@@ -16,12 +16,12 @@ from specdec import _backends, _extension
 OPS_AVAILABLE = _extension.has_cpu_kernels()
 
 
-def _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta):
+def _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p=1.0):
     n = logits.shape[0]
     return tuple(logits.new_empty((n,), dtype=torch.float32) for _ in range(4))
 
 
-def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k):
+def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.0):
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
 

@@ -7,6 +7,7 @@ because it is large and reused across calls.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -78,8 +79,18 @@ def logits_2d(logits, name: str = "logits") -> torch.Tensor:
     return logits if logits.stride(1) == 1 else logits.contiguous()
 
 
-def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k):
-    """Checks of steps 1-3 of kernel 1; returns normalised (logits, uncond, cfg, temp, top_k)."""
+def check_top_p(top_p) -> float:
+    """top_p must be a real number in (0, 1]; 1 disables the nucleus cut."""
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+        fail(f"top_p must be a float in (0, 1], got {top_p!r}")
+    value = float(top_p)
+    if not 0.0 < value <= 1.0:  # also refuses NaN
+        fail(f"top_p must be a float in (0, 1] (1 disables it), got {top_p!r}")
+    return value
+
+
+def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.0):
+    """Checks of steps 1-3 of kernel 1; returns normalised (logits, uncond, cfg, temp, top_k, top_p)."""
     logits = logits_2d(logits)
     if uncond_logits is not None:
         uncond_logits = logits_2d(uncond_logits, "uncond_logits")
@@ -94,13 +105,14 @@ def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k):
         fail(f"temperature must be positive and finite, got {temperature!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         fail(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
-    return logits, uncond_logits, cfg_scale, temperature, top_k
+    top_p = check_top_p(top_p)
+    return logits, uncond_logits, cfg_scale, temperature, top_k, top_p
 
 
-def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta):
+def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p=1.0):
     """Checks of kernel 1; returns the normalised arguments in the same order."""
-    logits, uncond_logits, cfg_scale, temperature, top_k = sampling_args(
-        logits, uncond_logits, cfg_scale, temperature, top_k)
+    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
     n, v = logits.shape
     check_tensor(tokens, "tokens")
     if tokens.dim() != 1 or tokens.shape[0] != n:
@@ -129,7 +141,7 @@ def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, 
             fail(f"delta must be None or a number >= 0, got {delta!r}")
         if math.isnan(delta) or delta < 0:
             fail(f"delta must be None or >= 0, got {delta!r}")
-    return logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta
+    return logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p
 
 
 _ATTN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -94,7 +94,7 @@ def _sampling(args):
     from specdec.decoding import DEFAULT_SAMPLING, Sampling
 
     return Sampling(cfg_scale=DEFAULT_SAMPLING.cfg_scale if args.cfg_scale is None else args.cfg_scale,
-                    temperature=args.temperature, top_k=args.top_k)
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
 
 def _engine_options(args, methods: List[str]) -> Dict[str, dict]:
@@ -327,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--compile", action="store_true",
                         help="run the decoder's steps through torch.compile (CUDA graphs on a GPU); methods: "
                              "those with a `compile` option")
+        sp.add_argument("--top-p", type=float, default=1.0, help="nucleus after top-k, in (0, 1]; 1 = off")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
     g = sub.add_parser("generate", help="generate images of one class with one method")

@@ -42,6 +42,7 @@ def pool_probs(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     delta: Optional[float] = None,
     backend: Optional[str] = None,
 ) -> PooledProbs:
@@ -57,6 +58,11 @@ def pool_probs(
         cfg_scale: guidance scale s in l = u + s * (c - u).
         temperature: must be > 0; logits are divided by it.
         top_k: keep the top_k largest logits per row (ties kept); 0 keeps all.
+        top_p: in (0, 1]; after top-k, keep token v iff the mass of the tokens strictly more
+            probable than v is < top_p (the smallest nucleus reaching top_p, ties kept); the
+            kept logits are renormalised by their softmax. 1 keeps all (and costs nothing).
+            Masses are exact fixed point (see specdec.reference.pooling.top_p_mask), so the
+            nucleus is the same set on every backend.
         delta: None moves the mass of all K neighbours; a number >= 0 moves the longest prefix of
             neighbours whose mass stays <= delta (LANTERN's total-variation bound).
 
@@ -64,18 +70,20 @@ def pool_probs(
         PooledProbs(pooled, p_token, row_max, row_lse), float32 [N] each. A row whose guided
         logits hold NaN or +inf (or no finite value) gives NaN in all four, for that row only.
     """
-    args = _validation.pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta)
-    logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta = args
+    args = _validation.pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k,
+                                 delta, top_p)
+    logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p = args
     chosen = _backends.resolve(backend, logits.device)
     if chosen == "reference":
         return _ref_pooling.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits,
-                                       cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, delta=delta)
+                                       cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, delta=delta,
+                                       top_p=top_p)
     if chosen == "triton":
         out = _triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                            temperature, top_k, delta)
+                                            temperature, top_k, delta, top_p)
     else:
         out = _compiled_op("pool_probs")(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                         temperature, top_k, delta)
+                                         temperature, top_k, delta, top_p)
     return PooledProbs(*out)
 
 
@@ -86,19 +94,21 @@ def sampling_probs(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     backend: Optional[str] = None,
 ) -> torch.Tensor:
     """Steps 1-3 of kernel 1 written out: the sampling distribution p[N, V] (float32) after
-    CFG, temperature and top-k. Meant for the few rows that must be resampled."""
-    logits, uncond_logits, cfg_scale, temperature, top_k = _validation.sampling_args(
-        logits, uncond_logits, cfg_scale, temperature, top_k)
+    CFG, temperature, top-k and top-p (see pool_probs). Meant for the few rows that must be
+    resampled."""
+    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = _validation.sampling_args(
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
     chosen = _backends.resolve(backend, logits.device)
     if chosen == "reference":
         return _ref_pooling.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
-                                           temperature=temperature, top_k=top_k)
+                                           temperature=temperature, top_k=top_k, top_p=top_p)
     if chosen == "triton":
-        return _triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k)
-    return _compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k)
+        return _triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    return _compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
 
 
 def verify_grid(

@@ -22,6 +22,7 @@ import specdec
 import specdec.triton_kernels
 
 TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_machine_code():
@@ -43,7 +44,10 @@ results = []
 for spec in getattr(mod, "LOWERING_SPECS", []):
     fn, signature, constexprs = spec[:3]
     options = spec[3] if len(spec) > 3 else {}
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+    # spec[4]: arguments a typical launch specialises as multiples of 16 (aligned tensors, V % 16 == 0)
+    aligned = spec[4] if len(spec) > 4 else ()
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=options)
     ptx = k.asm["ptx"]
     cubin = f"{sys.argv[2]}/{len(results)}.cubin"
@@ -53,7 +57,8 @@ for spec in getattr(mod, "LOWERING_SPECS", []):
                     "config": {k: v for k, v in constexprs.items() if k.isupper()} | options,
                     "cubin_bytes": len(k.asm["cubin"]), "mma": ("mma" in ptx) or ("wgmma" in ptx),
                     # Attention programs: 16-bit dots must reach the tensor cores, float32 ones must not.
-                    "expect_tensor_cores": None if "DOT_FP32" not in constexprs else not constexprs["DOT_FP32"]})
+                    "expect_tensor_cores": None if "DOT_FP32" not in constexprs else not constexprs["DOT_FP32"],
+                    "aligned": bool(aligned)})
 print(json.dumps(results))
 """
 
@@ -64,14 +69,25 @@ def _env_without_interpreter():
     return env
 
 
+_LOWERED = {}
+
+
+def _lowered(module, tmp_path_factory):
+    """Lowering results of one module, computed once per session (lowering is the slow part)."""
+    if module not in _LOWERED:
+        out = tmp_path_factory.mktemp(f"lower-{module}")
+        proc = subprocess.run([sys.executable, "-c", _LOWER_SCRIPT, module, str(out)], capture_output=True,
+                              text=True, env=_env_without_interpreter(), timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        _LOWERED[module] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _LOWERED[module]
+
+
 @pytest.mark.parametrize("module", TRITON_MODULES)
-def test_triton_kernels_lower_to_sm90a(module, tmp_path):
+def test_triton_kernels_lower_to_sm90a(module, tmp_path_factory):
     """...and every launch config keeps its tiles in registers: spilled to local memory, they made
     the float32 attention 7-23x slower than SDPA on an H200 (9.8 KB of stack per thread)."""
-    proc = subprocess.run([sys.executable, "-c", _LOWER_SCRIPT, module, str(tmp_path)], capture_output=True,
-                          text=True, env=_env_without_interpreter(), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _lowered(module, tmp_path_factory)
     if module.startswith("_"):
         return
     assert results, f"specdec.triton_kernels.{module} lists no LOWERING_SPECS"
@@ -92,7 +108,57 @@ def test_triton_kernels_lower_to_sm90a(module, tmp_path):
                 assert ops == 0, f"{r['kernel']} {r['config']}: tensor-core ops in a float32 (IEEE) program"
 
 
-_cuobjdump = machine_code.cuobjdump
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("sass_report", os.path.join(ROOT, "benchmarks", "sass_report.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+SASS = _sass_report()
+
+
+def _cuobjdump():
+    return SASS.tool("cuobjdump")
+
+
+def _sass_tools_or_skip():
+    missing = [t for t in ("cuobjdump", "nvdisasm") if SASS.tool(t) is None]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+
+
+@pytest.mark.parametrize("module", ["pooling", "verification"])
+def test_triton_pooling_kernels_use_128bit_loads(module, tmp_path_factory):
+    """Issue #19 item 5: at an aligned launch (16-byte aligned rows, V % 16 == 0: LlamaGen's
+    V = 16384) the row-streaming loads of pool_probs, sampling_probs and sample_residual are
+    128-bit (LDG.E.128), and no config spills (checked for all specs above)."""
+    _sass_tools_or_skip()
+    rows = [r for r in _lowered(module, tmp_path_factory) if r["kernel"] in SASS.TRITON_POOLING]
+    assert rows, f"no pooling kernel among the LOWERING_SPECS of {module}"
+    assert any(r["aligned"] for r in rows), "no aligned launch config is lowered"
+    for r in rows:
+        (text,) = SASS.sass_functions(r["cubin"]).values()
+        (usage,) = SASS.res_usage(r["cubin"]).values()
+        assert not SASS.spills(usage), f"{r['kernel']} {r['config']} spills: {usage}"
+        if r["aligned"]:
+            assert SASS.LDG_128.search(text), f"{r['kernel']} {r['config']}: no LDG.E.128 in its SASS"
+
+
+@pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_cuda_pooling_kernels_use_128bit_loads_and_do_not_spill(arch):
+    """Issue #19 item 5, CUDA: every instantiation of the pooling kernels is free of spills, and the
+    shared-memory (v2) kernels read their rows with LDG.E.128 (v1 streams with scalar loads)."""
+    _sass_tools_or_skip()
+    if arch[3:] not in [a.replace(".", "") for a in specdec.build_info()["cuda_archs"]]:
+        pytest.skip(f"extension not built for {arch}")
+    rows = SASS.cuda_rows(specdec._extension.extension().__file__, arch)
+    assert {r["kernel"] for r in rows} == set(SASS.CUDA_POOLING), sorted({r["kernel"] for r in rows})
+    for r in rows:
+        assert not SASS.spills(r), f"{r['symbol']} spills: {r}"
+        if "smem" in r["kernel"]:
+            assert r["ldg128"] > 0, f"{r['symbol']}: no LDG.E.128 in its {arch} SASS"
 
 
 @pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")

@@ -83,6 +83,7 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
     (["compare", "--methods", "ar,sd", "--num-images", "2", "--compile"], "--compile is not available for sd"),
     (["generate", "--method", "mulo", "--class", "0", "--out", "x.png", "--compile"], "--compile is not available"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
@@ -116,3 +117,12 @@ def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
     assert "batch size 2, eager" in out
     rows = json.loads((tmp_path / "t.json").read_text())
     assert rows[0]["target_forwards"] == 16
+
+
+def test_top_p_flag_reaches_the_sampling_settings():
+    args = cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0", "--out", "x.png",
+                                          "--top-k", "50", "--top-p", "0.8"])
+    s = cli._sampling(args)
+    assert (s.top_k, s.top_p) == (50, 0.8)
+    assert cli._sampling(cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",
+                                                         "--out", "x.png"])).top_p == 1.0

@@ -267,7 +267,8 @@ _LAUNCH_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
 
 
 def _lowering_specs():
-    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a."""
+    """(kernel, signature, constexprs, options[, aligned]) that tests/test_build.py lowers to sm_90a
+    (aligned: the arguments a typical launch specialises as multiples of 16, see pooling.py)."""
     specs = []
     for ratio in (False, True):
         for mode in (0, 1, 2):
@@ -290,6 +291,8 @@ def _lowering_specs():
                  "HAS_Q": "constexpr", "HAS_U": "constexpr", "BLOCK_V": "constexpr"},
                 {"HAS_Q": has_q, "HAS_U": has_u, "BLOCK_V": 2048},
                 {"num_warps": 8, "enable_fp_fusion": False},
+                # 16-byte aligned rows (V a multiple of 16): 128-bit loads, checked in the SASS
+                ("p_ptr", "q_ptr", "u_ptr", "tokens_ptr", "fallback_ptr", "V"),
             ))
     return specs
 

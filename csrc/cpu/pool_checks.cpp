@@ -17,7 +17,8 @@ bool is_float_logits(at::ScalarType t) {
 void check_pool_args(const at::Tensor& logits, const std::optional<at::Tensor>& tokens,
                      const std::optional<at::Tensor>& neighbors,
                      const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                     double temperature, int64_t top_k, std::optional<double> delta) {
+                     double temperature, int64_t top_k, std::optional<double> delta,
+                     double top_p) {
   TORCH_CHECK_VALUE(logits.dim() == 2, "logits must be 2-D [N, V], got ", logits.dim(), "-D");
   TORCH_CHECK_VALUE(is_float_logits(logits.scalar_type()),
                     "logits must be float32, float16 or bfloat16, got ", logits.scalar_type());
@@ -62,6 +63,8 @@ void check_pool_args(const at::Tensor& logits, const std::optional<at::Tensor>& 
   TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature > 0.0,
                     "temperature must be positive and finite, got ", temperature);
   TORCH_CHECK_VALUE(top_k >= 0, "top_k must be >= 0 (0 disables it), got ", top_k);
+  TORCH_CHECK_VALUE(top_p > 0.0 && top_p <= 1.0, "top_p must be a float in (0, 1] (1 disables it), got ",
+                    top_p);
   if (delta.has_value()) {
     TORCH_CHECK_VALUE(!std::isnan(*delta) && *delta >= 0.0,
                       "delta must be None or >= 0, got ", *delta);

@@ -1,10 +1,17 @@
 // Kernel 1 on CUDA: fused probability pooling (docs/design.md, "Kernel 1").
 //
-// One thread block per logits row. The row is streamed from global memory: one pass for the
-// softmax statistics (online max/sum, with the NaN/+inf check folded in), plus 32 counting
-// passes of a bisection on the float bit pattern when top-k is on (exact k-th largest value,
-// ties kept, no sort and no V-sized buffer). The neighbour prefix sums are a block scan over
-// the K gathered probabilities. Nothing of size [N, V] is written by pool_probs.
+// One thread block per logits row. Two kernels share every step through a row accessor:
+// - v1 (the default, run on H200s): the row is streamed from global memory: one pass for the
+//   softmax statistics (online max/sum, with the NaN/+inf check folded in), plus 32 counting
+//   passes of a bisection on the float bit pattern when top-k is on (exact k-th largest value,
+//   ties kept, no sort and no V-sized buffer), and, when top_p < 1, a max pass, a weight pass and
+//   up to 32 passes of a bisection for the nucleus cut;
+// - v2 (opt-in with SPECDEC_CUDA_POOL_V2=1; it has NEVER RUN ON A GPU, only compiled): the row's
+//   guided logits are staged once in shared memory with 128-bit loads, so the bisections, the
+//   softmax and the K-neighbour gather all read shared memory and DRAM sees each row once. Rows
+//   whose float32 logits do not fit in the opt-in shared memory of the device fall back to v1.
+// The neighbour prefix sums are a block scan over the K gathered probabilities. Nothing of size
+// [N, V] is written by pool_probs.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -13,6 +20,8 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <climits>
+#include <cstring>
+#include <type_traits>
 
 #include "specdec/cuda_block.cuh"
 #include "specdec/pool_math.h"
@@ -30,14 +39,26 @@ struct RowArgs {
   int64_t stride, ustride;
   float cfg_scale, temperature;
   int64_t top_k;
+  double top_p;
 };
 
+// v1's view of a row: guided logits recomputed from global memory at each read.
 template <typename T>
-__device__ __forceinline__ float logit_at(const T* cond, const T* uncond, const RowArgs& a,
-                                          int64_t i) {
-  return guided_logit(static_cast<float>(cond[i]), uncond ? static_cast<float>(uncond[i]) : 0.0f,
-                      uncond != nullptr, a.cfg_scale, a.temperature);
-}
+struct GlobalRow {
+  const T* cond;
+  const T* uncond;
+  float cfg_scale, temperature;
+  __device__ __forceinline__ float operator()(int64_t i) const {
+    return guided_logit(static_cast<float>(cond[i]), uncond ? static_cast<float>(uncond[i]) : 0.0f,
+                        uncond != nullptr, cfg_scale, temperature);
+  }
+};
+
+// v2's view: the guided logits staged in shared memory.
+struct SharedRow {
+  const float* l;
+  __device__ __forceinline__ float operator()(int64_t i) const { return l[i]; }
+};
 
 struct RowSoftmax {
   bool ok;
@@ -45,32 +66,67 @@ struct RowSoftmax {
   float max, lse;
 };
 
-// Steps 1-3 for the row at cond/uncond; identical result in every thread of the block.
-template <typename T>
-__device__ RowSoftmax row_softmax(const T* cond, const T* uncond, const RowArgs& a) {
+// Step 2b: the nucleus cut, the smallest key t >= threshold_key whose weight strictly above is
+// below top_p * (total weight) (pool_math.h "top-p"); the max's key always qualifies.
+template <typename Row>
+__device__ int32_t top_p_cut(const Row& row, int64_t v, int32_t threshold_key, float m, double top_p) {
+  int64_t total = 0;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+    const float l = row(i);
+    total += kept_by_top_k(l, threshold_key) ? top_p_weight(l, m) : 0;
+  }
+  total = block_reduce(total, cuda::Int64SumOp(), int64_t{0});
+  const double threshold = nucleus_threshold(top_p, total);
+  int64_t lo = threshold_key, hi = ordered_key(m);
+  while (lo < hi) {  // uniform across the block: every thread sees the same sums
+    const int64_t mid = lo + (hi - lo) / 2;
+    int64_t above = 0;
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+      const float l = row(i);
+      above += ordered_key(l) > mid ? top_p_weight(l, m) : 0;  // key > mid >= threshold_key: kept
+    }
+    above = block_reduce(above, cuda::Int64SumOp(), int64_t{0});
+    if (inside_nucleus(above, threshold)) hi = mid; else lo = mid + 1;
+  }
+  return static_cast<int32_t>(lo);
+}
+
+// Steps 1-3 for one row; identical result in every thread of the block.
+template <typename Row>
+__device__ RowSoftmax row_softmax(const Row& row, const RowArgs& a) {
   int32_t threshold_key = INT_MIN;
   const bool use_top_k = a.top_k > 0 && a.top_k < a.v;
-  if (use_top_k) {
+  const bool use_top_p = a.top_p < 1.0;
+  if (use_top_k || use_top_p) {
     int poison = 0;
-    for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) poison |= is_poison(logit_at(cond, uncond, a, i));
-    if (block_reduce(poison, cuda::OrOp(), 0)) return {false, 0, NAN, NAN};
-    // Largest key t with count(key >= t) >= top_k is exactly the key of the k-th largest logit.
-    int64_t lo = INT_MIN, hi = INT_MAX;
-    while (lo < hi) {
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      int count = 0;
-      for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
-        count += ordered_key(logit_at(cond, uncond, a, i)) >= mid;
-      }
-      count = block_reduce(count, cuda::CountOp(), 0);
-      if (count >= a.top_k) lo = mid; else hi = mid - 1;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
+      const float l = row(i);
+      poison |= is_poison(l);
+      m = fmaxf(m, l);
     }
-    threshold_key = static_cast<int32_t>(lo);
+    if (block_reduce(poison, cuda::OrOp(), 0)) return {false, 0, NAN, NAN};
+    m = block_reduce(m, cuda::MaxOp(), -INFINITY);
+    if (m == -INFINITY) return {false, 0, NAN, NAN};
+    if (use_top_k) {
+      // Largest key t with count(key >= t) >= top_k is exactly the key of the k-th largest logit.
+      int64_t lo = INT_MIN, hi = INT_MAX;
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        int count = 0;
+        for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) count += ordered_key(row(i)) >= mid;
+        count = block_reduce(count, cuda::CountOp(), 0);
+        if (count >= a.top_k) lo = mid; else hi = mid - 1;
+      }
+      threshold_key = static_cast<int32_t>(lo);
+    }
+    // Top-k keeps the max, so m is the max of the kept entries too.
+    if (use_top_p) threshold_key = top_p_cut(row, a.v, threshold_key, m, a.top_p);
   }
   SoftmaxStats s{-INFINITY, 0.0f};
   int poison = 0;
   for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
-    const float l = logit_at(cond, uncond, a, i);
+    const float l = row(i);
     poison |= is_poison(l);
     if (kept_by_top_k(l, threshold_key)) s = softmax_stats_add(s, l);
   }
@@ -80,24 +136,23 @@ __device__ RowSoftmax row_softmax(const T* cond, const T* uncond, const RowArgs&
   return {true, threshold_key, s.max, softmax_lse(s)};
 }
 
-template <typename T, typename Nb>
-__global__ void __launch_bounds__(kThreads) pool_probs_kernel(
-    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a,
-    const void* __restrict__ tokens, bool tokens_int64, int64_t tokens_stride,
-    const Nb* __restrict__ neighbors, int64_t k, float delta, float* __restrict__ pooled,
-    float* __restrict__ p_token, float* __restrict__ row_max, float* __restrict__ row_lse) {
-  const int64_t r = blockIdx.x;
-  const T* cond = logits + r * a.stride;
-  const T* uncond = uncond_logits ? uncond_logits + r * a.ustride : nullptr;
-  const int64_t x = tokens_int64 ? static_cast<const int64_t*>(tokens)[r * tokens_stride]
-                                 : static_cast<const int32_t*>(tokens)[r * tokens_stride];
-  // Out-of-range ids are rejected by the Python API; here they only must not read out of bounds.
-  RowSoftmax st = (x >= 0 && x < a.v) ? row_softmax(cond, uncond, a) : RowSoftmax{false, 0, NAN, NAN};
+struct PoolOutPtrs {
+  float* pooled;
+  float* p_token;
+  float* row_max;
+  float* row_lse;
+};
+
+// Steps 3-4 for row r, token x (already checked to lie in [0, V)).
+template <typename Row, typename Nb>
+__device__ void pool_row(const Row& row, const RowArgs& a, int64_t r, int64_t x,
+                         const Nb* __restrict__ neighbors, int64_t k, float delta, PoolOutPtrs out) {
+  const RowSoftmax st = row_softmax(row, a);
   if (!st.ok) {
-    if (threadIdx.x == 0) pooled[r] = p_token[r] = row_max[r] = row_lse[r] = NAN;
+    if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
     return;
   }
-  const float px = prob_from_logit(logit_at(cond, uncond, a, x), st.threshold_key, st.lse);
+  const float px = prob_from_logit(row(x), st.threshold_key, st.lse);
   float moved = 0.0f;
   int bad_neighbor = 0;
   if (neighbors != nullptr) {
@@ -109,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) pool_probs_kernel(
       if (j < k) {
         const int64_t y = row_nb[j];
         if (y >= 0 && y < a.v) {
-          p = prob_from_logit(logit_at(cond, uncond, a, y), st.threshold_key, st.lse);
+          p = prob_from_logit(row(y), st.threshold_key, st.lse);
         } else {
           bad_neighbor = 1;
         }
@@ -125,11 +180,130 @@ __global__ void __launch_bounds__(kThreads) pool_probs_kernel(
   }
   if (threadIdx.x == 0) {
     const bool ok = !bad_neighbor;
-    pooled[r] = ok ? px + moved : NAN;
-    p_token[r] = ok ? px : NAN;
-    row_max[r] = ok ? st.max : NAN;
-    row_lse[r] = ok ? st.lse : NAN;
+    out.pooled[r] = ok ? px + moved : NAN;
+    out.p_token[r] = ok ? px : NAN;
+    out.row_max[r] = ok ? st.max : NAN;
+    out.row_lse[r] = ok ? st.lse : NAN;
   }
+}
+
+__device__ __forceinline__ int64_t token_of(const void* tokens, bool tokens_int64, int64_t stride, int64_t r) {
+  return tokens_int64 ? static_cast<const int64_t*>(tokens)[r * stride]
+                      : static_cast<const int32_t*>(tokens)[r * stride];
+}
+
+template <typename T>
+__device__ __forceinline__ GlobalRow<T> global_row(const T* logits, const T* uncond_logits,
+                                                   const RowArgs& a, int64_t r) {
+  return {logits + r * a.stride, uncond_logits ? uncond_logits + r * a.ustride : nullptr,
+          a.cfg_scale, a.temperature};
+}
+
+// ---- v2: the row staged in shared memory --------------------------------------------------------
+
+// Writes the row's guided logits (float32) to sm[0, V). With `vectorized` (the host checked that
+// both rows start on 16-byte boundaries) each thread moves 16 bytes per load: LDG.E.128.
+template <typename T>
+__device__ void stage_row(const T* __restrict__ cond, const T* __restrict__ uncond, const RowArgs& a,
+                          bool vectorized, float* sm) {
+  constexpr int kVec = 16 / sizeof(T);
+  const bool has_uncond = uncond != nullptr;
+  int64_t done = 0;
+  if (vectorized) {
+    const int64_t nvec = a.v / kVec;
+    const uint4* c4 = reinterpret_cast<const uint4*>(cond);
+    const uint4* u4 = reinterpret_cast<const uint4*>(uncond);
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+      const uint4 craw = c4[j];
+      const uint4 uraw = has_uncond ? u4[j] : craw;
+      T c[kVec], u[kVec];
+      memcpy(c, &craw, 16);
+      memcpy(u, &uraw, 16);
+      float l[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        l[e] = guided_logit(static_cast<float>(c[e]), static_cast<float>(u[e]), has_uncond,
+                            a.cfg_scale, a.temperature);
+      }
+      if constexpr (kVec % 4 == 0) {  // float32 and 16-bit logits: 128-bit shared stores
+        float4* dst = reinterpret_cast<float4*>(sm + j * kVec);
+#pragma unroll
+        for (int e = 0; e < kVec; e += 4) dst[e / 4] = make_float4(l[e], l[e + 1], l[e + 2], l[e + 3]);
+      } else {  // float64 (instantiated by the dispatch, refused by check_pool_args)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) sm[j * kVec + e] = l[e];
+      }
+    }
+    done = nvec * kVec;
+  }
+  const GlobalRow<T> row{cond, uncond, a.cfg_scale, a.temperature};
+  for (int64_t i = done + threadIdx.x; i < a.v; i += blockDim.x) sm[i] = row(i);
+  __syncthreads();
+}
+
+template <typename T, typename Nb>
+__global__ void __launch_bounds__(kThreads) pool_probs_smem_kernel(
+    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a, bool vectorized,
+    const void* __restrict__ tokens, bool tokens_int64, int64_t tokens_stride,
+    const Nb* __restrict__ neighbors, int64_t k, float delta, PoolOutPtrs out) {
+  extern __shared__ float4 staged[];  // float4: 16-byte alignment for the vector stores
+  float* sm = reinterpret_cast<float*>(staged);
+  const int64_t r = blockIdx.x;
+  const int64_t x = token_of(tokens, tokens_int64, tokens_stride, r);
+  // Out-of-range ids are rejected by the Python API; here they only must not read out of bounds.
+  if (!(x >= 0 && x < a.v)) {
+    if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
+    return;
+  }
+  const GlobalRow<T> g = global_row(logits, uncond_logits, a, r);
+  stage_row(g.cond, g.uncond, a, vectorized, sm);
+  pool_row(SharedRow{sm}, a, r, x, neighbors, k, delta, out);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) sampling_probs_smem_kernel(
+    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a, bool vectorized,
+    float* __restrict__ probs) {
+  extern __shared__ float4 staged[];
+  float* sm = reinterpret_cast<float*>(staged);
+  const int64_t r = blockIdx.x;
+  const GlobalRow<T> g = global_row(logits, uncond_logits, a, r);
+  stage_row(g.cond, g.uncond, a, vectorized, sm);
+  const RowSoftmax st = row_softmax(SharedRow{sm}, a);
+  float* out = probs + r * a.v;
+  int64_t done = 0;
+  if (vectorized && a.v % 4 == 0) {  // then probs rows start on 16-byte boundaries too
+    float4* out4 = reinterpret_cast<float4*>(out);
+    const float4* sm4 = reinterpret_cast<const float4*>(sm);
+    for (int64_t j = threadIdx.x; j < a.v / 4; j += blockDim.x) {
+      const float4 l = sm4[j];
+      out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.lse),
+                                    prob_from_logit(l.y, st.threshold_key, st.lse),
+                                    prob_from_logit(l.z, st.threshold_key, st.lse),
+                                    prob_from_logit(l.w, st.threshold_key, st.lse))
+                      : make_float4(NAN, NAN, NAN, NAN);
+    }
+    done = a.v;
+  }
+  for (int64_t i = done + threadIdx.x; i < a.v; i += blockDim.x) {
+    out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.lse) : NAN;
+  }
+}
+
+// ---- v1: the row streamed from global memory (the default) ---------------------------------------
+
+template <typename T, typename Nb>
+__global__ void __launch_bounds__(kThreads) pool_probs_kernel(
+    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a,
+    const void* __restrict__ tokens, bool tokens_int64, int64_t tokens_stride,
+    const Nb* __restrict__ neighbors, int64_t k, float delta, PoolOutPtrs out) {
+  const int64_t r = blockIdx.x;
+  const int64_t x = token_of(tokens, tokens_int64, tokens_stride, r);
+  if (!(x >= 0 && x < a.v)) {
+    if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
+    return;
+  }
+  pool_row(global_row(logits, uncond_logits, a, r), a, r, x, neighbors, k, delta, out);
 }
 
 template <typename T>
@@ -137,23 +311,46 @@ __global__ void __launch_bounds__(kThreads) sampling_probs_kernel(
     const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a,
     float* __restrict__ probs) {
   const int64_t r = blockIdx.x;
-  const T* cond = logits + r * a.stride;
-  const T* uncond = uncond_logits ? uncond_logits + r * a.ustride : nullptr;
-  const RowSoftmax st = row_softmax(cond, uncond, a);
+  const GlobalRow<T> row = global_row(logits, uncond_logits, a, r);
+  const RowSoftmax st = row_softmax(row, a);
   float* out = probs + r * a.v;
   for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
-    out[i] = st.ok ? prob_from_logit(logit_at(cond, uncond, a, i), st.threshold_key, st.lse) : NAN;
+    out[i] = st.ok ? prob_from_logit(row(i), st.threshold_key, st.lse) : NAN;
   }
 }
 
+// ---- host side -------------------------------------------------------------------------------------
+
 RowArgs make_row_args(const at::Tensor& logits, const std::optional<at::Tensor>& uncond,
-                      double cfg_scale, double temperature, int64_t top_k) {
+                      double cfg_scale, double temperature, int64_t top_k, double top_p) {
   return RowArgs{logits.size(1), logits.stride(0), uncond.has_value() ? uncond->stride(0) : 0,
-                 static_cast<float>(cfg_scale), static_cast<float>(temperature), top_k};
+                 static_cast<float>(cfg_scale), static_cast<float>(temperature), top_k, top_p};
 }
 
 void check_cuda(const at::Tensor& logits) {
   TORCH_CHECK_VALUE(logits.is_cuda(), "logits must be a CUDA tensor for the cuda backend");
+}
+
+bool rows_16b_aligned(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * t.element_size()) % 16 == 0;
+}
+
+// Dynamic shared memory for one staged row of v2, or 0 when v2 is off or the row does not fit.
+template <typename Kernel>
+size_t v2_shared_bytes(Kernel kernel, int64_t v) {
+  if (!pool_v2_enabled()) return 0;
+  const size_t bytes = static_cast<size_t>(v) * sizeof(float);
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (bytes + attr.sharedSizeBytes > static_cast<size_t>(optin)) return 0;
+  if (bytes > 48 * 1024) {  // above the default limit the kernel must opt in
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -161,8 +358,10 @@ void check_cuda(const at::Tensor& logits) {
 PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                         const std::optional<at::Tensor>& neighbors,
                         const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                        double temperature, int64_t top_k, std::optional<double> delta) {
-  check_pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta);
+                        double temperature, int64_t top_k, std::optional<double> delta,
+                        double top_p) {
+  check_pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta,
+                  top_p);
   check_cuda(logits);
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t n = logits.size(0);
@@ -170,17 +369,27 @@ PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
   at::Tensor pooled = at::empty({n}, opts), p_token = at::empty({n}, opts),
              row_max = at::empty({n}, opts), row_lse = at::empty({n}, opts);
   if (n == 0) return {pooled, p_token, row_max, row_lse};
-  const RowArgs a = make_row_args(logits, uncond_logits, cfg_scale, temperature, top_k);
+  const RowArgs a = make_row_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p);
   const float d = delta.has_value() ? static_cast<float>(*delta) : INFINITY;
   const int64_t k = neighbors.has_value() ? neighbors->size(1) : 0;
+  const PoolOutPtrs out{pooled.data_ptr<float>(), p_token.data_ptr<float>(), row_max.data_ptr<float>(),
+                        row_lse.data_ptr<float>()};
+  const bool vectorized = rows_16b_aligned(logits) && (!uncond_logits || rows_16b_aligned(*uncond_logits));
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "pool_probs_cuda", [&] {
     const scalar_t* u = uncond_logits.has_value() ? uncond_logits->data_ptr<scalar_t>() : nullptr;
     auto launch = [&](auto* nb) {
-      pool_probs_kernel<<<n, kThreads, 0, stream>>>(
-          logits.data_ptr<scalar_t>(), u, a, tokens.data_ptr(), tokens.scalar_type() == at::kLong,
-          tokens.stride(0), nb, k, d, pooled.data_ptr<float>(), p_token.data_ptr<float>(),
-          row_max.data_ptr<float>(), row_lse.data_ptr<float>());
+      using Nb = std::remove_const_t<std::remove_pointer_t<decltype(nb)>>;
+      const size_t smem = v2_shared_bytes(pool_probs_smem_kernel<scalar_t, Nb>, a.v);
+      if (smem > 0) {
+        pool_probs_smem_kernel<scalar_t, Nb><<<n, kThreads, smem, stream>>>(
+            logits.data_ptr<scalar_t>(), u, a, vectorized, tokens.data_ptr(),
+            tokens.scalar_type() == at::kLong, tokens.stride(0), nb, k, d, out);
+      } else {
+        pool_probs_kernel<scalar_t, Nb><<<n, kThreads, 0, stream>>>(
+            logits.data_ptr<scalar_t>(), u, a, tokens.data_ptr(), tokens.scalar_type() == at::kLong,
+            tokens.stride(0), nb, k, d, out);
+      }
     };
     if (!neighbors.has_value()) {
       launch(static_cast<const int32_t*>(nullptr));
@@ -195,20 +404,27 @@ PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
 }
 
 at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
-                               double cfg_scale, double temperature, int64_t top_k) {
+                               double cfg_scale, double temperature, int64_t top_k, double top_p) {
   check_pool_args(logits, std::nullopt, std::nullopt, uncond_logits, cfg_scale, temperature, top_k,
-                  std::nullopt);
+                  std::nullopt, top_p);
   check_cuda(logits);
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t n = logits.size(0);
   at::Tensor probs = at::empty({n, logits.size(1)}, logits.options().dtype(at::kFloat));
   if (n == 0) return probs;
-  const RowArgs a = make_row_args(logits, uncond_logits, cfg_scale, temperature, top_k);
+  const RowArgs a = make_row_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p);
+  const bool vectorized = rows_16b_aligned(logits) && (!uncond_logits || rows_16b_aligned(*uncond_logits));
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "sampling_probs_cuda", [&] {
     const scalar_t* u = uncond_logits.has_value() ? uncond_logits->data_ptr<scalar_t>() : nullptr;
-    sampling_probs_kernel<<<n, kThreads, 0, stream>>>(logits.data_ptr<scalar_t>(), u, a,
-                                                      probs.data_ptr<float>());
+    const size_t smem = v2_shared_bytes(sampling_probs_smem_kernel<scalar_t>, a.v);
+    if (smem > 0) {
+      sampling_probs_smem_kernel<scalar_t><<<n, kThreads, smem, stream>>>(
+          logits.data_ptr<scalar_t>(), u, a, vectorized, probs.data_ptr<float>());
+    } else {
+      sampling_probs_kernel<scalar_t><<<n, kThreads, 0, stream>>>(logits.data_ptr<scalar_t>(), u, a,
+                                                                  probs.data_ptr<float>());
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return probs;

@@ -33,6 +33,7 @@ class Sampling:
     cfg_scale: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
+    top_p: float = 1.0  #: nucleus after top-k (LlamaGen's and Janus's samplers); 1 = off
 
     def __post_init__(self):
         if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
@@ -41,6 +42,9 @@ class Sampling:
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                or not 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
 
     @property
     def guided(self) -> bool:
@@ -301,7 +305,7 @@ class ModelRunner:
     # ---- distributions through the kernels ----
     def _kw(self, o: Outputs):
         s = self.sampling
-        return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k)
+        return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
     def probs(self, o: Outputs) -> torch.Tensor:
         """The sampling distribution [B, N, V] (CFG, temperature, top-k) of every output."""

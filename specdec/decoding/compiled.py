@@ -56,7 +56,7 @@ class TokenStep:
             out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False)
             logits = out.logits[:, -1]
             cond, uncond = logits.chunk(2) if guided else (logits, None)
-            p = kernels.sampling_probs(cond, uncond, s.cfg_scale, s.temperature, s.top_k, backend)
+            p = kernels.sampling_probs(cond, uncond, s, backend)
             return kernels.sample_residual(p, None, uniforms, backend).tokens.long()
 
         if compile:

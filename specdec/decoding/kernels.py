@@ -32,15 +32,17 @@ def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.
     return ops.sample_residual(p, q, uniforms=uniforms, backend=backend)
 
 
-def sampling_probs(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], cfg_scale: float,
-                   temperature: float, top_k: int, backend: Optional[str] = None) -> torch.Tensor:
-    """ops.sampling_probs on checked settings (a Sampling), straight to the registered op on cpu/cuda."""
+def sampling_probs(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], sampling,
+                   backend: Optional[str] = None) -> torch.Tensor:
+    """ops.sampling_probs with the settings of a (checked) `Sampling`, straight to the registered
+    op on cpu/cuda."""
+    s = sampling
     if _compiled(backend, logits.device) and hasattr(torch.ops.specdec, "sampling_probs"):
         uncond = None if uncond_logits is None else uncond_logits.contiguous()
-        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(cfg_scale), float(temperature),
-                                                int(top_k))
-    return ops.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale, temperature=temperature,
-                              top_k=top_k, backend=backend)
+        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(s.cfg_scale),
+                                                float(s.temperature), int(s.top_k), float(s.top_p))
+    return ops.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=s.cfg_scale, temperature=s.temperature,
+                              top_k=s.top_k, top_p=s.top_p, backend=backend)
 
 
 __all__ = ["sample_residual", "sampling_probs"]

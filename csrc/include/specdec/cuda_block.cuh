@@ -5,9 +5,23 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
 #include "specdec/pool_math.h"
 
 namespace specdec {
+
+// SPECDEC_CUDA_POOL_V2=1 selects the pooling kernels that stage each row in shared memory with
+// 128-bit loads (pool_probs, sampling_probs, sample_residual). Off by default: those kernels
+// have been compiled (sm_80, sm_90a) and checked in SASS, but have never run on a GPU. Read at
+// every launch, so a test can switch it with os.environ.
+inline bool pool_v2_enabled() {
+  const char* e = std::getenv("SPECDEC_CUDA_POOL_V2");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
 namespace cuda {
 
 constexpr int kWarp = 32;
@@ -24,6 +38,12 @@ struct CountOp {
 };
 struct OrOp {
   __device__ int operator()(int a, int b) const { return a | b; }
+};
+struct Int64SumOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+};
+struct Int64MinOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
 };
 
 template <typename V, typename Op>

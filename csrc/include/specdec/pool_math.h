@@ -56,6 +56,43 @@ SPECDEC_HD bool kept_by_top_k(float l, int32_t threshold_key) {
   return ordered_key(l) >= threshold_key;
 }
 
+// Step 2b, top-p (nucleus). The keep rule "the mass of the tokens strictly more probable than v
+// is < top_p" is a discrete decision, so it is evaluated on fixed-point weights that every
+// backend computes bit for bit: only exactly rounded float32 + - * (no library exp, whose last
+// bit differs between CPU, CUDA and Triton) relative to the row max (exact on every backend),
+// summed in int64 (order-free). specdec/reference/pooling.py (top_p_weights, top_p_mask) is
+// the definition and triton_kernels/pooling.py repeats it; all three use the same operations
+// in the same order, and the builds disable FMA contraction.
+//   w(v) = trunc(2^30 * 2^f) >> -n  with t = (l - max) * log2(e), n = trunc(t - 0.5),
+//          f = t - n in (-0.5, 0.5], 2^f by a degree-7 Taylor polynomial; w = 0 for t < -32;
+//   keep v  iff  double(sum of w over keys > key(v)) < top_p * double(sum of all w).
+// The max has w = 2^30 exactly, so the argmax and its ties are always kept.
+SPECDEC_HD int64_t top_p_weight(float l, float row_max) {
+  const float t = (l - row_max) * 1.4426950216293335f;
+  if (!(t >= -32.0f)) return 0;  // -inf (masked) tokens and negligible ones weigh nothing
+  const int32_t n = static_cast<int32_t>(t - 0.5f);  // truncation toward zero
+  const float f = t - static_cast<float>(n);
+  float p = 1.5252733646775596e-05f;
+  p = p * f + 0.0001540352968731895f;
+  p = p * f + 0.0013333557872101665f;
+  p = p * f + 0.009618128649890423f;
+  p = p * f + 0.05550410971045494f;
+  p = p * f + 0.24022650718688965f;
+  p = p * f + 0.6931471824645996f;
+  p = p * f + 1.0f;
+  return static_cast<int64_t>(p * 1073741824.0f) >> (-n);
+}
+
+// The nucleus threshold of a row whose weights sum to `total`: one IEEE double product.
+SPECDEC_HD double nucleus_threshold(double top_p, int64_t total) {
+  return top_p * static_cast<double>(total);
+}
+
+// A key t is at or above the nucleus cut iff the weight strictly above it is below the threshold.
+SPECDEC_HD bool inside_nucleus(int64_t weight_above, double threshold) {
+  return static_cast<double>(weight_above) < threshold;
+}
+
 // Step 3: probability of one entry given the softmax statistics of its row.
 SPECDEC_HD float prob_from_logit(float l, int32_t threshold_key, float row_lse) {
   if (!kept_by_top_k(l, threshold_key)) return 0.0f;
