@@ -12,11 +12,13 @@
 # paths of issue #19 (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
 # same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
 # of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
+# (7b) the decode engine's table (benchmarks/record_engine.py: every method at batch 1 and 16,
+# eager and compiled, compiled = CUDA graphs; never run on a GPU before), (8)
 # OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
 # results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
-# the stripped extension and Triton's cache. Each step has a timeout; about 6 minutes in all.
+# the stripped extension and Triton's cache. Each step has a timeout; about 8-9 minutes in all.
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/gpu_check.sh OUTDIR [--dry-run]}"
@@ -48,13 +50,14 @@ STEPS=(
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
+  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16"
 )
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
-SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify}"
+SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine}"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
-                benchmarks/device_limits.py benchmarks/conftest.py)
+                benchmarks/device_limits.py benchmarks/conftest.py benchmarks/record_engine.py)
 
 if [[ $DRY == 1 ]]; then
   status=0
@@ -129,7 +132,7 @@ so=$(ls specdec/_C*.so 2>/dev/null | head -1)
   grep -E "passed|failed|error" "$LOGS/tests.log" 2>/dev/null | tail -n 1
   echo
   [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
-  for name in compare compare_verify; do
+  for name in compare compare_verify engine; do
     [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
   done
 } >"$OUT/summary.md"
