@@ -11,7 +11,7 @@ import torch
 from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import ops
 from specdec.decoding import sd, ssd
-from specdec.decoding.common import Sampling
+from specdec.decoding.common import DecodeResult, DecodeStats, ImageStreams, ModelRunner, Sampling
 
 VOCAB = 3
 SAMPLING = Sampling(cfg_scale=1.5, temperature=1.0)
@@ -154,9 +154,22 @@ def test_two_sample_test_has_power(ar_4x4):
 # ---- SSD: the published rule is lossy, commit="verify" is not ------------------------------------
 
 def _ssd_4x4(commit):
+    """20,000 SSD images in one batch. The public decode() runs commit="verify" one image at a time
+    (in a batch, the span a pass settles ends at the first correction over all images, so images
+    would steer each other's passes and tokens would depend on the batch); its loop, decode_rows,
+    is the same code for any batch and stays exact in distribution in lockstep, which is what makes
+    a 20,000-sample test affordable."""
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
-    return ssd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), heads=tiny_heads(16, width=4, seed=5),
-                      rounds=1, chunk=2, commit=commit, seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES)
+    heads = tiny_heads(16, width=4, seed=5)
+    classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
+    if commit == "write":
+        return ssd.decode(target, classes, heads=heads, rounds=1, chunk=2, commit=commit, seed=4, sampling=SAMPLING,
+                          batch_size=GRID_4X4_SAMPLES)
+    stats = DecodeStats("ssd")
+    runner = ModelRunner(target, SAMPLING, batch=GRID_4X4_SAMPLES)
+    x = ssd.decode_rows(runner, heads, classes, ImageStreams(4, range(GRID_4X4_SAMPLES)), stats, rounds=1, chunk=2,
+                        round_q="previous", commit=commit)
+    return DecodeResult(x.view(GRID_4X4_SAMPLES, 4, 4), None, stats)
 
 
 def _pvalues_against_ar(ar_tokens, out):
