@@ -245,6 +245,12 @@ def main():
             out += render_engine(data, os.path.basename(path))
         else:
             out += render_run(data, os.path.basename(path))
+    # Machine-code reports (registers, shared memory, spills, 128-bit loads, tensor-core
+    # instructions), made without a GPU by benchmarks/machine_code.py and benchmarks/sass_report.py.
+    for report in sorted(glob.glob(os.path.join(HERE, "results", "res-usage-*.md"))):
+        text = open(report).read().strip().splitlines()
+        out += ["## " + text[0].lstrip("# ").strip(), "", f"File `results/{os.path.basename(report)}`.", ""]
+        out += [("#" + line) if line.startswith("## ") else line for line in text[1:]] + [""]
     extra = os.path.join(HERE, "results", "NOTES.md")
     if os.path.exists(extra):
         out += ["## Notes", "", open(extra).read()]

@@ -1,4 +1,4 @@
-"""top_p (nucleus) in pool_probs and sampling_probs (DESIGN.md "Kernel 1", step 2): every backend
+"""top_p (nucleus) in pool_probs and sampling_probs (docs/design.md "Kernel 1", step 2): every backend
 against the reference, the reference against the rule written out independently, edge cases,
 argument checks, and decoders that never emit a token outside the nucleus.
 
