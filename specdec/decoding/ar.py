@@ -38,7 +38,7 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     pos = torch.zeros(1, dtype=torch.long, device=runner.device)
     for u in range(start + 1, end):
         pos.fill_(u - 1)
-        x[:, u] = step(x[:, u - 1:u], pos, uniforms(gen, (B,), runner.device))
+        x[:, u] = step(x[:, u - 1:u], pos, uniforms(gen, (B,), runner.device), reach=u - 1)
     return x
 
 

@@ -11,7 +11,7 @@ system temporary directory) makes later runs skip most of the compilation.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -52,8 +52,8 @@ class TokenStep:
         model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
         guided = s.guided
 
-        def step(tokens, position, uniforms):
-            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False)
+        def step(tokens, position, uniforms, reach=None):
+            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
             logits = out.logits[:, -1]
             cond, uncond = logits.chunk(2) if guided else (logits, None)
             p = kernels.sampling_probs(cond, uncond, s, backend)
@@ -65,9 +65,14 @@ class TokenStep:
             step = compile_step(step, cache.device)
         self._step = step
 
-    def __call__(self, tokens, position, uniforms):
+    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
+        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
+        eager step then reads only the cache prefix up to it; the compiled step ignores it and
+        reads the whole cache (one shape for every step, so one graph)."""
         self.runner.forwards += 1
-        if self.compiled and self._calls == 0:
+        if not self.compiled:
+            return self._step(tokens, position, uniforms, reach)
+        if self._calls == 0:
             start = time.perf_counter()
             out = self._step(tokens, position, uniforms)
             self.compile_s = time.perf_counter() - start

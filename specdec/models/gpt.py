@@ -256,7 +256,8 @@ class LlamaGenGPT(nn.Module):
 
     def forward_tokens(self, cache: SlotKVCache, tokens: torch.Tensor, positions: torch.Tensor, *,
                        tree_mask: Optional[torch.Tensor] = None, write: bool = True,
-                       backend: Optional[str] = None, checked: bool = True) -> ForwardOutput:
+                       backend: Optional[str] = None, checked: bool = True,
+                       reach: Optional[int] = None) -> ForwardOutput:
         """Feed tokens [B, N] (or [rows, N]) at raster positions [N] or [B, N].
 
         Query i sees the valid cached slots at positions <= its own plus the new tokens at
@@ -268,9 +269,11 @@ class LlamaGenGPT(nn.Module):
         `checked=False` is the decoders' fast path: shapes and dtypes are still checked, but not
         the values (token ids and positions in range, positions not repeated), which would read
         them back to the host on every pass; attention then reads the whole cache (a fixed key
-        count, the same shapes every pass) instead of the prefix the positions reach."""
+        count, the same shapes every pass) instead of the prefix the positions reach, unless the
+        caller passes `reach`, a host-side bound on the positions it knows without reading them
+        (AR's step index): then only slots up to that position are read, as in the checked path."""
         if not checked:
-            return self._forward_unchecked(cache, tokens, positions, tree_mask, write, backend)
+            return self._forward_unchecked(cache, tokens, positions, tree_mask, write, backend, reach)
         if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[0] == cache.batch and cache.cfg:
@@ -307,13 +310,14 @@ class LlamaGenGPT(nn.Module):
         return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend,
                          limit=hi + self.prefix_len + 1)
 
-    def _forward_unchecked(self, cache, tokens, positions, tree_mask, write, backend) -> ForwardOutput:
+    def _forward_unchecked(self, cache, tokens, positions, tree_mask, write, backend, reach=None) -> ForwardOutput:
         if tokens.shape[0] == cache.batch and cache.cfg:
             tokens = torch.cat([tokens, tokens])
         slots = cache.check_slots(positions.long() + self.prefix_len, "positions", check_range=False)
         if tree_mask is not None and tree_mask.shape[0] == cache.batch and cache.cfg:
             tree_mask = torch.cat([tree_mask, tree_mask])
-        return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend, limit=cache.n_slots)
+        limit = cache.n_slots if reach is None else min(cache.n_slots, reach + self.prefix_len + 1)
+        return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend, limit=limit)
 
     def _run(self, cache, h, slots, tree_mask, write, backend, limit=None) -> ForwardOutput:
         cos_sin = rotation_factors(self.rope_table(h.device)[slots])
