@@ -19,16 +19,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TENSOR_CORE_OPS = ("HMMA", "HGMMA")
 
 
-def cuobjdump():
-    """Path of cuobjdump (the nvidia-cuda-cuobjdump wheel, a CUDA install or Triton's copy), or None."""
+def tool(name: str):
+    """Path of a CUDA binary tool (cuobjdump, nvdisasm) from PATH, the nvidia-cuda-* wheels or
+    Triton's copy, or None."""
     import torch
 
     site = os.path.dirname(os.path.dirname(torch.__file__))
-    for cand in (shutil.which("cuobjdump"), *glob.glob(os.path.join(site, "nvidia", "*", "bin", "cuobjdump")),
-                 *glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", "cuobjdump"))):
+    for cand in (shutil.which(name), *glob.glob(os.path.join(site, "nvidia", "*", "bin", name)),
+                 *glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", name))):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
+
+
+def cuobjdump():
+    """Path of cuobjdump, or None."""
+    return tool("cuobjdump")
 
 
 def _run(args):

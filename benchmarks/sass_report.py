@@ -11,14 +11,15 @@ tests/test_build.py asserts on the same facts; run this file to write the markdo
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine_code import tool  # noqa: E402  (the one lookup of cuobjdump / nvdisasm)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "benchmarks", "results", "res-usage-pooling.md")
@@ -34,18 +35,6 @@ CUDA_POOLING = {
 }
 TRITON_POOLING = {"_pool_probs_kernel", "_sampling_probs_kernel", "_sample_residual_kernel"}
 LDG_128 = re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b")
-
-
-def tool(name: str):
-    """Path of a CUDA binary tool (cuobjdump, nvdisasm) from PATH or the pip wheels, else None."""
-    import torch
-
-    site = os.path.dirname(os.path.dirname(torch.__file__))
-    for cand in (shutil.which(name), *glob.glob(os.path.join(site, "nvidia", "*", "bin", name)),
-                 *glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", name))):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 def _tool_env():
