@@ -134,12 +134,17 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
     ar_b = torch.arange(B, device=device)
     rows_b = torch.arange(rows, device=device) % B
     streams = gen
-    while chunk >= 1 and bool((c < end).any()):
+    per_image = isinstance(streams, ImageStreams) and len(streams) > 1
+    while chunk >= 1:
+        # The loop-control read: which images are still going (one read per pass, for both uses).
+        going = (c < end).tolist()
+        if not any(going):
+            break
         n = chunk
         nb = (end - c).clamp(min=0, max=n)                                    # real drafts per row
-        if isinstance(streams, ImageStreams) and len(streams) > 1:
+        if per_image:
             # Images that are done draw nothing more here: SSD goes on from this stream after row 0.
-            gen = streams.only((nb > 0).tolist())
+            gen = streams.only(going)
         if isinstance(drafter, HeadsDrafter):
             drafter.hid_prev = hid_prev
         d, q = drafter.draft(x, c, n, gen)                                    # [B, n], [B, n, V]
