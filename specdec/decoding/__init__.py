@@ -20,6 +20,7 @@ import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, zipar
 from specdec.decoding.common import DecodeResult, DecodeStats, Sampling
+from specdec.models.conditions import Prompts
 
 METHODS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
 _MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, "mulo": mulo, "ssd": ssd}
@@ -45,7 +46,7 @@ DEFAULT_OPTIONS: Dict[str, dict] = {
 def method_options(method: str):
     """Names of the options `method` accepts."""
     fn = _MODULES[check_method(method)].decode
-    skip = {"target", "classes", "seed", "first_index", "sampling", "backend", "progress", "tokenizer"}
+    skip = {"target", "classes", "prompts", "negative_prompts", "seed", "first_index", "sampling", "backend", "progress", "tokenizer"}
     return [p for p in inspect.signature(fn).parameters if p not in skip]
 
 
@@ -78,12 +79,15 @@ def _family_resources(method: str, family, options: dict) -> dict:
     return res
 
 
-def decode(method: str, family, classes, *, seed: int = 0, first_index: int = 0, sampling: Optional[Sampling] = None,
-           backend: Optional[str] = None, progress: Optional[Callable[[int], None]] = None,
-           **options) -> DecodeResult:
-    """Run `method` on the family's target for `classes` (one image per entry). Image i depends
-    only on (seed, first_index + i): `first_index` is the offset of classes[0] in a longer run
-    decoded in several calls (see `specdec.decoding.common.concat_results`).
+def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None, seed: int = 0,
+           first_index: int = 0, sampling: Optional[Sampling] = None, backend: Optional[str] = None,
+           progress: Optional[Callable[[int], None]] = None, **options) -> DecodeResult:
+    """Run `method` on the family's target for `classes` (one image per entry), or, for a
+    text-conditional target, for `prompts` (one image per prompt: strings when the target has a
+    processor, else 1-D token-id tensors or whatever its prefill takes) with optional
+    `negative_prompts` (CFG's unconditional prompt per image; None: the model's own). Image i
+    depends only on (seed, first_index + i): `first_index` is the offset of the first image in a
+    longer run decoded in several calls (see `specdec.decoding.common.concat_results`).
 
     Options default to DEFAULT_OPTIONS[method]; anything passed overrides them. Unknown options
     raise a ValueError listing the accepted ones."""
@@ -98,10 +102,29 @@ def decode(method: str, family, classes, *, seed: int = 0, first_index: int = 0,
     for key, value in _family_resources(method, family, opts).items():
         if opts.get(key) is None and key in allowed + ["tokenizer"]:
             opts[key] = value
-    classes = torch.as_tensor(classes)
-    return _MODULES[method].decode(target, classes, seed=seed, first_index=first_index,
+    conditions = _conditions(target, classes, prompts, negative_prompts)
+    return _MODULES[method].decode(target, conditions, seed=seed, first_index=first_index,
                                    sampling=sampling or DEFAULT_SAMPLING,
                                    backend=backend, progress=progress, **opts)
+
+
+def _conditions(target, classes, prompts, negative_prompts):
+    """Class ids as a tensor, or the prompts as a `Prompts` batch (encoded by the target's
+    `encode_prompts` when it has one: tokenisation and chat templates are the model's business)."""
+    if (classes is None) == (prompts is None):
+        raise ValueError("pass exactly one of classes (class-conditional models) and prompts (text-conditional ones)")
+    if prompts is None:
+        if negative_prompts is not None:
+            raise ValueError("negative_prompts needs prompts")
+        return torch.as_tensor(classes)
+    if isinstance(prompts, Prompts):
+        return prompts
+    if isinstance(prompts, (str, torch.Tensor)):
+        prompts = [prompts]
+    encode = getattr(target, "encode_prompts", None)
+    if encode is not None:
+        return encode(list(prompts), None if negative_prompts is None else list(negative_prompts))
+    return Prompts(list(prompts), None if negative_prompts is None else list(negative_prompts))
 
 
 __all__ = ["METHODS", "DEFAULT_OPTIONS", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Sampling",

@@ -19,6 +19,7 @@ import torch
 
 from specdec import ops
 from specdec.decoding import kernels
+from specdec.models.conditions import is_prompts
 from specdec.models.protocol import split_cfg
 
 
@@ -250,7 +251,7 @@ class ModelRunner:
         self.sampling = sampling
         self.backend = backend
         self.batch = batch
-        if sampling.guided and getattr(model, "null_class", None) is None:
+        if sampling.guided and not supports_guidance(model):
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
@@ -293,14 +294,13 @@ class ModelRunner:
     def invalidate(self, positions: torch.Tensor) -> None:
         """Forget the cache entries of raster positions [N] or [B, N]."""
         if positions.numel():
-            self.cache.invalidate(positions.to(self.device).long() + self.model.prefix_len)
+            self.cache.invalidate_positions(positions)
 
     def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
-        """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per row)."""
-        b, n = mask.nonzero(as_tuple=True)
-        slots = positions[b, n].to(self.device).long() + self.model.prefix_len
-        for half in range(self.cache.rows // self.batch):
-            self.cache.valid[b + half * self.batch, slots] = False
+        """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per
+        row; no host read)."""
+        if positions.numel():
+            self.cache.invalidate_positions(positions, where=mask)
 
     # ---- distributions through the kernels ----
     def _kw(self, o: Outputs):
@@ -324,13 +324,23 @@ class ModelRunner:
         return type(out)(*(t.view(B, N) for t in out))
 
 
+def supports_guidance(model) -> bool:
+    """Whether `model` has an unconditional input for CFG: a null class, or (text-conditional
+    models, `supports_cfg`) an unconditional prompt."""
+    flag = getattr(model, "supports_cfg", None)
+    return bool(flag) if flag is not None else getattr(model, "null_class", None) is not None
+
+
 def check_grid_model(model, name: str = "model") -> None:
     for attr in ("grid", "vocab_size", "prefix_len", "new_cache", "prefill", "forward_tokens"):
         if not hasattr(model, attr):
             raise ValueError(f"{name} does not implement the ARImageModel protocol (no `{attr}`)")
 
 
-def check_classes(model, classes) -> torch.Tensor:
+def check_classes(model, classes):
+    """Class ids as an int64 tensor [B], range-checked; a `Prompts` batch passes as it is."""
+    if is_prompts(classes):
+        return classes
     if not isinstance(classes, torch.Tensor):
         classes = torch.as_tensor(classes)
     if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64) or classes.numel() == 0:

@@ -1,5 +1,6 @@
 """Models for the decoders: the ARImageModel protocol, a LlamaGen-style GPT, the embedded
 tokenizer and default family (`default()`), LlamaGen checkpoint loaders and the quality evaluator."""
+from specdec.models.conditions import Prompts
 from specdec.models.default import DefaultFamily, default
 from specdec.models.evaluator import FashionClassifier, QualityEvaluator, QualityReport, frechet_distance
 from specdec.models.gpt import LLAMAGEN_CONFIGS, GPTConfig, LlamaGenGPT
@@ -12,7 +13,7 @@ from specdec.models.sampling import sample_ar, sample_logits
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.vq import VQConfig, VQTokenizer
 
-__all__ = ["ARImageModel", "CheckpointMismatchError", "DefaultFamily", "FashionClassifier", "ForwardOutput",
+__all__ = ["ARImageModel", "CheckpointMismatchError", "Prompts", "DefaultFamily", "FashionClassifier", "ForwardOutput",
            "GPTConfig", "LLAMAGEN_CONFIGS", "LlamaGenGPT", "LlamaGenVQ", "LlamaGenVQConfig",
            "QualityEvaluator", "QualityReport", "SSDHeads", "SSDHeadsConfig", "SlotKVCache", "VQConfig",
            "VQTokenizer", "cfg_logits", "default", "frechet_distance", "llamagen_manifest", "load_llamagen",

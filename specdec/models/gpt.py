@@ -209,7 +209,8 @@ class LlamaGenGPT(nn.Module):
             raise ValueError("cfg=True needs a model with a null class (class_dropout_prob > 0)")
         p = self.tok_embeddings.weight
         return SlotKVCache(self.config.n_layer, batch, self.layers[0].attention.n_kv_head, self.n_slots,
-                           self.config.head_dim, cfg=cfg, dtype=dtype or p.dtype, device=device or p.device)
+                           self.config.head_dim, cfg=cfg, dtype=dtype or p.dtype, device=device or p.device,
+                           prefix_len=self.prefix_len)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_embeddings(tokens.long())

@@ -6,23 +6,31 @@ rejected and overwrite them later (local resampling). Attention reads only valid
 positions <= the query's (the `tree_attention` rule), so stale entries are harmless once
 invalidated. With classifier-free guidance the cache holds 2B rows: conditional rows first,
 then the unconditional ones.
+
+The cache also owns the map from raster positions to slots (`position_slots`): raster token u
+lives in slot `prefix_len + u`. `prefix_len` is the model's for class-conditional models and is
+set by the prefill for prompts of varying length (the longest prompt of the batch; shorter ones
+are left-padded with invalid slots). A model whose sequence interleaves other tokens with the
+raster tokens (Emu3's row ends) subclasses the cache and overrides `position_slots` and
+`invalidate_positions`.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
 
 class SlotKVCache:
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, n_slots: int, head_dim: int, *,
-                 cfg: bool = False, dtype=torch.float32, device=None):
+                 cfg: bool = False, dtype=torch.float32, device=None, prefix_len: int = 0):
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.batch = batch
         self.cfg = cfg
         self.rows = 2 * batch if cfg else batch
         self.n_slots = n_slots
+        self.prefix_len = prefix_len   #: slots before raster token 0 (see position_slots)
         shape = (self.rows, n_kv_heads, n_slots, head_dim)
         self.k: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -62,6 +70,25 @@ class SlotKVCache:
     def invalidate(self, slots: torch.Tensor) -> None:
         """Mark slots [N] or [batch, N] as empty: later queries no longer see them."""
         self.set_valid(slots, False)
+
+    def position_slots(self, positions: torch.Tensor) -> torch.Tensor:
+        """The slots of raster positions (any shape, int) -> int64 of the same shape."""
+        return positions.to(self.device).long() + self.prefix_len
+
+    def invalidate_positions(self, positions: torch.Tensor, where: Optional[torch.Tensor] = None) -> None:
+        """Forget raster positions [N] or [batch, N]; with `where` (bool, the shape of positions
+        [batch, N]) only the set entries, a different count per image, with no host read (positions
+        distinct within a row)."""
+        slots = self.check_slots(self.position_slots(positions), "positions", check_range=False)
+        if where is None:
+            self.valid.scatter_(1, slots, False)
+            return
+        if where.shape != positions.shape or positions.dim() != 2:
+            raise ValueError(f"where must be bool [batch, N] like positions, got {tuple(where.shape)}")
+        keep = ~where.to(self.device)
+        if keep.shape[0] != self.rows:
+            keep = torch.cat([keep] * (self.rows // keep.shape[0]))
+        self.valid.scatter_(1, slots, self.valid.gather(1, slots) & keep)
 
     def reset(self) -> None:
         self.valid.zero_()
