@@ -141,3 +141,26 @@ def test_train_all_schedules_two_jobs_after_their_inputs():
 def test_train_all_stops_at_a_failing_script():
     with pytest.raises(RuntimeError, match="'vq' failed"):
         train_main.schedule(["vq", "target"], 2, lambda n: _FakeProc(n, 1, rc=3 if n == "vq" else 0), poll_seconds=0)
+
+
+def test_protocol_distillation_pairs_equal_the_teacher_forced_ones():
+    """SSD heads for any wrapped model are distilled through the model's cache protocol
+    (prefill + one causal pass); on the embedded target that must give the hidden states of the
+    uncached teacher-forced pass the shipped heads were trained on, both CFG halves."""
+    from specdec.models import default
+    from specdec.train.ssd import protocol_distillation_data
+
+    target = default().target
+    classes = torch.tensor([1, 4, 7])
+    tokens = sample_ar(target, classes, cfg_scale=2.0, generator=torch.Generator().manual_seed(3)).flatten(1)
+    h_in, rows = protocol_distillation_data(target, classes, tokens, guided=True, chunk=2)
+    expected = torch.cat([target.teacher_forward(tokens[:, :-1], c).hidden
+                          for c in (classes, torch.full_like(classes, target.null_class))])[:, target.prefix_len - 1:]
+    assert h_in.shape == expected.shape == (6, 256, target.hidden_dim)
+    torch.testing.assert_close(h_in, expected, atol=1e-4, rtol=1e-4)
+    assert torch.equal(rows, torch.cat([tokens, tokens]))
+
+
+def test_ssd_script_rejects_a_missing_prompt_file(tmp_path, keep_threads):
+    with pytest.raises(SystemExit, match="--prompts"):
+        train_main.main(["ssd", "--model", str(tmp_path), "--prompts", str(tmp_path / "none.txt"), "--steps", "1"])
