@@ -155,15 +155,21 @@ def main(argv=None) -> None:
     log(f"saved {path}")
 
 
+def read_prompt_file(path) -> list:
+    """The non-empty lines of a prompt file (--prompts of the scripts that take --model)."""
+    if not path or not os.path.isfile(path):
+        raise SystemExit(f"--prompts: {path!r} is not a file (one prompt per line)")
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    if not lines:
+        raise SystemExit(f"--prompts: {path} holds no prompt")
+    return lines
+
+
 def _wrapped_model_data(args, cfg_scale: float, log):
     """(target, h_in, tokens, conditional rows) distilled from a transformers model's own
     generations for the prompts of --prompts (plain AR through specdec's adapter)."""
-    if not args.prompts or not os.path.isfile(args.prompts):
-        raise SystemExit(f"--prompts: {args.prompts!r} is not a file (one prompt per line)")
-    with open(args.prompts, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    if not lines:
-        raise SystemExit(f"--prompts: {args.prompts} holds no prompt")
+    lines = read_prompt_file(args.prompts)
     from specdec.decoding import decode
     from specdec.decoding.common import Sampling
     from specdec.models.hf import load_pretrained

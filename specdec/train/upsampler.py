@@ -1,6 +1,7 @@
 """Train MuLo-SD's learned up-sampler: 8x8 low-resolution codes -> 16x16 high-resolution token logits.
 
     python -m specdec.train upsampler [--data DIR] [--steps N]
+    python -m specdec.train upsampler --model JANUS_FOLDER --prompts prompts.txt --out heads/ [--device cuda]
 
 Pairs come from Fashion-MNIST through the shipped tokenizer: the 16x16 resize of an image gives the
 low-resolution codes (what the drafter produces), the 32x32 image the high-resolution target. The
@@ -8,6 +9,10 @@ loss is in pixel space after VQ decoding, as the MuLo-SD paper found token class
 trains poorly: the softmax over the codebook gives an expected code vector per position, which
 the frozen VQ decoder turns into an image compared with the real one (MSE); a small cross-entropy
 term on the real high-resolution codes keeps the argmax on actual codes.
+
+With --model (any model specdec wraps, specdec.models.hf), the pairs are the model's own
+generations and their down-sampled views; the pixel loss needs the family's tokenizer to offer
+`decode_code_vectors` (code vectors -> images), else the loss is the cross-entropy alone.
 """
 from __future__ import annotations
 
@@ -23,35 +28,30 @@ from specdec.train.data import load_split, to_model_images
 from specdec.train.gpt_training import load_tokenizer, tokenize
 
 
-def main(argv=None) -> None:
-    p = common.base_parser("train the learned up-sampler of MuLo-SD")
-    p.add_argument("--ce-weight", type=float, default=0.1)
-    args = p.parse_args(argv)
-    common.setup(args)
-    log = common.Log("upsampler")
-    steps, batch = args.steps or 400, args.batch_size or 64
-    tok = load_tokenizer(args.out).requires_grad_(False)
-    images, _ = load_split("train", args.data)
-    images = images[: args.limit or 20000]
-    high_img = to_model_images(images, 32)
-    low = tokenize(tok, images, 16).view(-1, 8, 8)
-    high = tokenize(tok, images, 32).view(-1, 16, 16)
-    log(f"{low.shape[0]} pairs of 8x8 -> 16x16 codes")
-    cb = tok.codebook.detach()
-    net = TokenUpsampler(tok.codebook_size, cb.shape[1], factor=2)
+def fit_upsampler(codebook: torch.Tensor, low: torch.Tensor, high: torch.Tensor, *, factor: int, steps: int,
+                  batch_size: int, gen: torch.Generator, log, decode_vectors=None, high_images=None,
+                  ce_weight: float = 0.1) -> TokenUpsampler:
+    """Train a TokenUpsampler on pairs low [N, h, w] -> high [N, factor h, factor w] codes of one
+    codebook [V, D]. With `decode_vectors` (code vectors [B, D, H, W] -> images, differentiable)
+    and the real `high_images`, the loss is MSE in pixel space on the expected code vectors plus
+    `ce_weight` x cross-entropy on the real codes; without them, cross-entropy alone."""
+    cb = codebook.detach().float()
+    net = TokenUpsampler(cb.shape[0], cb.shape[1], factor=factor).to(cb.device)
     net.codebook.copy_(cb)
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.01)
-    gen = torch.Generator().manual_seed(args.seed)
+    pixel = decode_vectors is not None and high_images is not None
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = common.cosine_lr(step, steps, 2e-3, warmup=30)
-        idx = torch.randint(0, low.shape[0], (batch,), generator=gen)
-        logits = net(low[idx])                                        # [b, V, 16, 16]
-        soft = torch.einsum("bvhw,vd->bdhw", logits.softmax(1), cb)   # expected code vectors
-        recon = tok.decoder(soft)
-        loss_px = F.mse_loss(recon, high_img[idx])
+        idx = torch.randint(0, low.shape[0], (batch_size,), generator=gen)
+        logits = net(low[idx])                                        # [b, V, H, W]
         loss_ce = F.cross_entropy(logits, high[idx])
-        loss = loss_px + args.ce_weight * loss_ce
+        if pixel:
+            soft = torch.einsum("bvhw,vd->bdhw", logits.softmax(1), cb)   # expected code vectors
+            loss_px = F.mse_loss(decode_vectors(soft), high_images[idx])
+            loss = loss_px + ce_weight * loss_ce
+        else:
+            loss_px, loss = torch.zeros(()), loss_ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -59,10 +59,68 @@ def main(argv=None) -> None:
             with torch.no_grad():
                 acc = (logits.argmax(1) == high[idx]).float().mean().item()
             log(f"step {step}/{steps} pixel mse {loss_px.item():.4f} ce {loss_ce.item():.3f} token acc {acc:.3f}")
-    net.eval()
+    return net.eval()
+
+
+def main(argv=None) -> None:
+    p = common.base_parser("train the learned up-sampler of MuLo-SD")
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--model", default=None,
+                   help="a transformers save_pretrained folder: pairs from its own generations (with --prompts)")
+    p.add_argument("--prompts", default=None, help="with --model: a text file, one prompt per line")
+    p.add_argument("--samples", type=int, default=256, help="with --model: generations to train on")
+    p.add_argument("--factor", type=int, default=2, help="with --model: resolution ratio r of target and drafter")
+    p.add_argument("--cfg-scale", type=float, default=2.0, help="with --model: guidance of the generations")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    common.setup(args)
+    log = common.Log("upsampler")
+    steps, batch = args.steps or 400, args.batch_size or 64
+    gen = torch.Generator().manual_seed(args.seed)
+    if args.model is not None:
+        net = _fit_on_wrapped_model(args, steps, batch, gen, log)
+    else:
+        tok = load_tokenizer(args.out).requires_grad_(False)
+        images, _ = load_split("train", args.data)
+        images = images[: args.limit or 20000]
+        high_img = to_model_images(images, 32)
+        low = tokenize(tok, images, 16).view(-1, 8, 8)
+        high = tokenize(tok, images, 32).view(-1, 16, 16)
+        log(f"{low.shape[0]} pairs of 8x8 -> 16x16 codes")
+        net = fit_upsampler(tok.codebook, low, high, factor=2, steps=steps, batch_size=batch, gen=gen, log=log,
+                            decode_vectors=tok.decoder, high_images=high_img, ce_weight=args.ce_weight)
+    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, WEIGHTS_NAME)
-    save_weights(net, path, net.config, steps=steps, train_seconds=log.elapsed(), train_cpu_seconds=log.cpu())
+    save_weights(net.cpu(), path, net.config, steps=steps, train_seconds=log.elapsed(), train_cpu_seconds=log.cpu())
     log(f"saved {path}")
+
+
+def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, log) -> TokenUpsampler:
+    """Pairs from a wrapped model's own generations: the target's grids are the high-resolution
+    codes, their down-sampled views (VQ decode, area-resize by 1/r, VQ encode) the low ones."""
+    from specdec.decoding import decode
+    from specdec.decoding.common import Sampling
+    from specdec.decoding.upsample import downsample
+    from specdec.train.ssd import read_prompt_file
+
+    lines = read_prompt_file(args.prompts)
+    from specdec.models.hf import load_pretrained
+
+    family = load_pretrained(args.model, device=args.device)
+    tok = family.tokenizer
+    if tok is None or not hasattr(tok, "encode"):
+        raise SystemExit(f"--model: {args.model} has no VQ encoder, which the up-sampler's pairs need")
+    prompts = [lines[i % len(lines)] for i in range(args.samples)]
+    out = decode("ar", family, prompts=prompts, sampling=Sampling(cfg_scale=args.cfg_scale), seed=args.seed,
+                 batch_size=8, progress=lambda n: log(f"generated {n}/{args.samples} images"))
+    high = out.tokens.to(args.device)
+    with torch.no_grad():
+        low = downsample(high, args.factor, tokenizer=tok)
+        images = tok.decode(high)
+    log(f"{low.shape[0]} pairs of {tuple(low.shape[1:])} -> {tuple(high.shape[1:])} codes")
+    return fit_upsampler(family.codebook, low, high, factor=args.factor, steps=steps, batch_size=batch, gen=gen,
+                         log=log, decode_vectors=getattr(tok, "decode_code_vectors", None), high_images=images,
+                         ce_weight=args.ce_weight)
 
 
 if __name__ == "__main__":
