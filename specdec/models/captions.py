@@ -95,3 +95,71 @@ def left_pad(captions: Sequence[torch.Tensor], slots: int, *, device=None, dtype
         feats[i, slots - c.shape[0]:] = c.to(device=device, dtype=dtype)
         valid[i, slots - c.shape[0]:] = True
     return feats, valid
+
+
+def _prefix_lengths(masks: torch.Tensor, what: str) -> List[int]:
+    """Lengths of right-padded masks [N, T] (ones, then zeros: T5's attention masks)."""
+    m = masks.bool()
+    lengths = m.sum(1)
+    prefix = torch.arange(m.shape[1])[None] < lengths[:, None]
+    if not torch.equal(m, prefix):
+        raise ValueError(f"{what} must be right-padded (ones, then zeros), as T5's attention masks are")
+    if int(lengths.min()) < 1:
+        raise ValueError(f"{what} has a caption with no valid token")
+    return lengths.tolist()
+
+
+def _captions(obj: dict, embs_key: str, masks_key: str, path: str) -> List[torch.Tensor]:
+    embs = obj[embs_key]
+    if not isinstance(embs, torch.Tensor) or embs.dim() not in (2, 3) or not embs.is_floating_point():
+        raise ValueError(f"{path}: {embs_key} must be a float tensor [N, T, caption_dim] (or [T, caption_dim])")
+    if embs.dim() == 2:
+        embs = embs[None]
+    masks = obj.get(masks_key)
+    if masks is None:
+        return list(embs)
+    if not isinstance(masks, torch.Tensor):
+        raise ValueError(f"{path}: {masks_key} must be a tensor [N, T]")
+    masks = masks.reshape(-1, masks.shape[-1])
+    if tuple(masks.shape) != tuple(embs.shape[:2]):
+        raise ValueError(f"{path}: {masks_key} {tuple(masks.shape)} does not match {embs_key} {tuple(embs.shape)}")
+    # Each caption is its first sum(mask) features, as LlamaGen's sample_t2i.py reads T5's output.
+    return [e[:n] for e, n in zip(embs, _prefix_lengths(masks, f"{path}: {masks_key}"))]
+
+
+def read_caption_embeddings(path: str):
+    """Caption features for LlamaGen text-to-image from a file, as a `Prompts` batch.
+
+    The file (safetensors, or a torch .pt read with weights_only=True) holds `caption_embs`
+    [N, T, caption_dim] and optionally `emb_masks` [N, T], the pair LlamaGen's
+    `T5Embedder.get_text_embeddings` returns (T5's features right-padded, mask ones then zeros);
+    optionally `negative_embs` / `negative_masks` likewise, one negative caption per caption; a .pt
+    may also hold a bare tensor [N, T, caption_dim] or [T, caption_dim] (every token valid)."""
+    import os
+
+    from specdec.models.conditions import Prompts
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file: {path}")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            obj = load_file(path)
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:   # a corrupt or foreign file: say which, in one line
+        raise ValueError(f"{path}: cannot be read as caption embeddings ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if isinstance(obj, torch.Tensor):
+        obj = {"caption_embs": obj}
+    if not isinstance(obj, dict) or "caption_embs" not in obj:
+        raise ValueError(f"{path}: expected a tensor or a dict with 'caption_embs' (and optionally 'emb_masks'), "
+                         f"got {sorted(obj) if isinstance(obj, dict) else type(obj).__name__}")
+    cond = _captions(obj, "caption_embs", "emb_masks", path)
+    negative = None
+    if "negative_embs" in obj:
+        negative = _captions(obj, "negative_embs", "negative_masks", path)
+        if len(negative) != len(cond):
+            raise ValueError(f"{path}: {len(negative)} negative captions for {len(cond)} captions")
+    return Prompts(cond, negative)
