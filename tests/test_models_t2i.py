@@ -198,6 +198,8 @@ def test_caption_errors_name_the_argument():
         model.prefill(cache, Prompts([torch.randn(9, CAPTION_DIM)]))
     with pytest.raises(ValueError, match=r"negative_prompts\[0\]"):
         model.prefill(model.new_cache(1, cfg=True), Prompts([torch.randn(2, CAPTION_DIM)], [torch.randn(2, 3)]))
+    with pytest.raises(ValueError, match="negative captions"):
+        model.prefill(cache, Prompts(captions([2])), uncond=torch.zeros(1, SLOTS, 32))
     with pytest.raises(ValueError, match="prompts has 2 entries"):
         model.prefill(cache, Prompts(captions([2, 3])))
     with pytest.raises(ValueError, match="text-to-image"):
@@ -355,3 +357,28 @@ def test_compiled_ar_keeps_cfg_interval_in_one_graph():
     eager = decoding.decode("ar", fam, prompts=prompts, sampling=s, batch_size=3, seed=1)
     compiled = decoding.decode("ar", fam, prompts=prompts, sampling=s, batch_size=3, seed=1, compile=True)
     assert torch.equal(compiled.tokens, eager.tokens)
+
+
+def test_caption_files_read_as_llamagen_reads_t5_output(tmp_path):
+    from specdec.models import read_caption_embeddings
+
+    caps, neg = captions([3, 8]), captions([2, 1], seed=9)
+    embs, masks = t5_style(caps)
+    nembs, nmasks = t5_style(neg)
+    torch.save({"caption_embs": embs, "emb_masks": masks, "negative_embs": nembs, "negative_masks": nmasks},
+               str(tmp_path / "c.pt"))
+    p = read_caption_embeddings(str(tmp_path / "c.pt"))
+    assert [c.shape[0] for c in p.cond] == [3, 8] and all(torch.equal(a, b) for a, b in zip(p.cond, caps))
+    assert all(torch.equal(a, b) for a, b in zip(p.negative, neg))
+    torch.save(embs[0], str(tmp_path / "bare.pt"))                        # one caption, every token valid
+    assert read_caption_embeddings(str(tmp_path / "bare.pt")).cond[0].shape == (SLOTS, CAPTION_DIM)
+    holes = masks.clone()
+    holes[0, 1] = 0
+    torch.save({"caption_embs": embs, "emb_masks": holes}, str(tmp_path / "holes.pt"))
+    with pytest.raises(ValueError, match="right-padded"):
+        read_caption_embeddings(str(tmp_path / "holes.pt"))
+    torch.save({"embs": embs}, str(tmp_path / "keys.pt"))
+    with pytest.raises(ValueError, match="caption_embs"):
+        read_caption_embeddings(str(tmp_path / "keys.pt"))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_caption_embeddings(str(tmp_path / "none.pt"))

@@ -284,6 +284,8 @@ class LlamaGenGPT(nn.Module):
         if self.text_conditional or is_prompts(cond):
             if is_prompts(cond) and len(cond) != cache.batch:
                 raise ValueError(f"prompts has {len(cond)} entries for a cache of batch {cache.batch}")
+            if uncond is not None:
+                raise ValueError("uncond is for embedding conditions; a Prompts batch carries its negative captions")
             emb, valid = self.caption_inputs(cond, with_uncond=cache.cfg)
             slots = torch.arange(self.prefix_len, device=cache.device).expand(cache.rows, -1)
             out = self._run(cache, emb, slots, None, True, backend, prefix_valid=valid.to(cache.device))
