@@ -2,9 +2,12 @@
 
     specdec generate --method mulo --class 7 --num 8 --seed 0 --out sneakers.png
     specdec compare --methods ar,sd,lantern,sjd,zipar,mulo,ssd --num-images 40 --seed 0 --json out/compare.json
+    specdec generate --model t2i_XL_stage1_256.pt --vq vq_ds16_t2i.pt --caption-embeddings caps.pt --method ar --out t2i.png
+    specdec generate --model ./janus-pro-saved --prompt "a red fox" --method ar --out fox.png
 
 Both run on the embedded default family (`specdec.models.default()`), on CPU unless --device says
-otherwise. `--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
+otherwise; `generate --model PATH` runs on a LlamaGen checkpoint (class-conditional or
+text-to-image, with --vq for its VQ) or a transformers `save_pretrained` folder (docs/models.md). `--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
 option (see `specdec.decoding.DEFAULT_OPTIONS`).
 """
 from __future__ import annotations
@@ -94,7 +97,8 @@ def _sampling(args):
     from specdec.decoding import DEFAULT_SAMPLING, Sampling
 
     return Sampling(cfg_scale=DEFAULT_SAMPLING.cfg_scale if args.cfg_scale is None else args.cfg_scale,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    cfg_interval=args.cfg_interval, cfg_rule=args.cfg_rule)
 
 
 def _engine_options(args, methods: List[str]) -> Dict[str, dict]:
@@ -116,9 +120,23 @@ def _engine_options(args, methods: List[str]) -> Dict[str, dict]:
     return out
 
 
+def check_device(device: str) -> torch.device:
+    """--device as a torch device that exists here (a one-line error otherwise)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 def _family(args):
     from specdec.models.default import default
 
+    check_device(args.device)
     torch.set_num_threads(args.threads) if args.threads else None
     return default(device=args.device)
 
@@ -128,8 +146,13 @@ def _family(args):
 # ---------------------------------------------------------------------------------------------
 
 def cmd_generate(args) -> int:
+    if args.model is not None:
+        return cmd_generate_model(args)
     from specdec import decoding, images
 
+    used = [flag for flag, value in _model_flags(args).items() if value]
+    if used:
+        raise ValueError(f"{', '.join(used)} need(s) --model (without it generate runs the embedded default family)")
     decoding.check_method(args.method)
     options = parse_sets(args.set, per_method=False)
     fam = _family(args)
@@ -148,6 +171,143 @@ def cmd_generate(args) -> int:
     s = out.stats
     name = fam.class_names[args.class_id] if hasattr(fam, "class_names") else str(args.class_id)
     print(f"{args.method}: {args.num} x {name!r} -> {args.out}  ({s.target_forwards_per_image:.1f} target passes/image, "
+          f"{s.wall_s / s.images:.3f} s/image)")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# generate --model
+# ---------------------------------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _model_flags(args) -> Dict[str, object]:
+    return {"--vq": args.vq, "--prompt": args.prompt, "--negative-prompt": args.negative_prompt,
+            "--caption-embeddings": args.caption_embeddings}
+
+
+def _size(text: str, flag: str):
+    """A LlamaGen size name, or a dict of config fields written as a Python literal (other sizes)."""
+    if text.lstrip().startswith("{"):
+        value = _value(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"{flag}: expected a size name or a dict of config fields, got {text!r}")
+        return value
+    return text
+
+
+def load_model_family(args):
+    """The family of --model: a LlamaGen checkpoint file (with --vq) or a transformers folder."""
+    path = args.model
+    device = check_device(args.device)
+    dtype = _DTYPES[args.dtype]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--model {path}: no such file or directory")
+    if os.path.isdir(path):
+        if args.vq is not None:
+            raise ValueError("--vq is for LlamaGen checkpoints; a transformers folder brings its own VQ")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise ValueError(f"--model {path}: a folder must be saved with transformers' save_pretrained "
+                             "(no config.json in it)")
+        try:
+            from specdec.models.hf import load_pretrained
+        except ImportError as e:
+            raise ValueError(f"--model {path}: transformers folders need specdec.models.hf, which this "
+                             f"install lacks ({e})") from None
+        try:
+            return load_pretrained(path, device=device, dtype=dtype)
+        except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:
+            raise ValueError(f"--model {path}: {type(e).__name__}: {e}") from None
+    if args.vq is not None and not os.path.exists(args.vq):
+        raise FileNotFoundError(f"--vq {args.vq}: no such file")
+    from specdec.models.llamagen_family import load_llamagen_family
+
+    try:
+        return load_llamagen_family(path, args.vq, gpt_size=_size(args.gpt_size, "--gpt-size"),
+                                    grid_size=args.grid_size, vq_size=_size(args.vq_size, "--vq-size"),
+                                    device=device, dtype=dtype, trust_pickle=args.trust_pickle)
+    except (OSError, RuntimeError, TypeError) as e:   # e.g. no checkpoint at all, a bad size dict
+        raise ValueError(f"--model {path}: {type(e).__name__}: {e}") from None
+
+
+def model_conditions(args, target):
+    """(classes, prompts, negative_prompts, description) for `decode`: each condition --num times."""
+    from specdec.models.conditions import Prompts
+    from specdec.models.gpt import LlamaGenGPT
+
+    n = args.num
+    # LlamaGen t2i takes caption features; a target with `encode_prompts` (the transformers
+    # adapters) takes text.
+    llamagen_t2i = (isinstance(target, LlamaGenGPT) and target.text_conditional
+                    and not hasattr(target, "encode_prompts"))
+    class_conditional = getattr(target, "num_classes", None) is not None
+    if llamagen_t2i:
+        if args.prompt or args.negative_prompt:
+            raise ValueError("LlamaGen text-to-image takes T5 caption features, not text: pass --caption-embeddings "
+                             "FILE (specdec does not run T5; see docs/models.md)")
+        if args.class_id is not None:
+            raise ValueError("--class is for class-conditional models; this LlamaGen model is text-to-image")
+        if args.caption_embeddings is None:
+            raise ValueError("this LlamaGen model is text-to-image: pass --caption-embeddings FILE "
+                             "(.safetensors or .pt with caption_embs [N, T, 2048] and emb_masks [N, T])")
+        from specdec.models.captions import read_caption_embeddings
+
+        caps = read_caption_embeddings(args.caption_embeddings)
+        neg = None if caps.negative is None else [c for c in caps.negative for _ in range(n)]
+        return None, Prompts([c for c in caps.cond for _ in range(n)], neg), None, f"{len(caps)} caption(s)"
+    if args.caption_embeddings is not None:
+        raise ValueError("--caption-embeddings is for LlamaGen text-to-image checkpoints")
+    if class_conditional:
+        if args.prompt or args.negative_prompt:
+            raise ValueError("--prompt is for text-conditional models; this model is class-conditional: pass --class")
+        if args.class_id is None:
+            raise ValueError("this model is class-conditional: pass --class")
+        if not 0 <= args.class_id < target.num_classes:
+            raise ValueError(f"--class must lie in [0, {target.num_classes}), got {args.class_id}")
+        return torch.full((n,), args.class_id, dtype=torch.long), None, None, f"class {args.class_id}"
+    if args.class_id is not None:
+        raise ValueError("--class is for class-conditional models; this model is text-conditional: pass --prompt")
+    if not args.prompt:
+        raise ValueError("this model is text-conditional: pass --prompt TEXT (repeatable)")
+    negative = None
+    if args.negative_prompt:
+        if len(args.negative_prompt) not in (1, len(args.prompt)):
+            raise ValueError(f"--negative-prompt: give one for all prompts or one per --prompt "
+                             f"({len(args.prompt)}), got {len(args.negative_prompt)}")
+        per = args.negative_prompt * (len(args.prompt) if len(args.negative_prompt) == 1 else 1)
+        negative = [q for q in per for _ in range(n)]
+    return None, [p for p in args.prompt for _ in range(n)], negative, f"{len(args.prompt)} prompt(s)"
+
+
+def cmd_generate_model(args) -> int:
+    from specdec import decoding, images
+
+    decoding.check_method(args.method)
+    options = parse_sets(args.set, per_method=False)
+    if args.num < 1:
+        raise ValueError(f"--num must be >= 1, got {args.num}")
+    tokens_only = args.out.endswith(".pt")
+    sampling = _sampling(args)
+    engine = _engine_options(args, [args.method])[args.method]
+    torch.set_num_threads(args.threads) if args.threads else None
+    fam = load_model_family(args)
+    classes, prompts, negative, what = model_conditions(args, fam.target)
+    if not tokens_only and getattr(fam, "tokenizer", None) is None:
+        raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq); write the token "
+                         "grids instead with --out FILE.pt")
+    total = args.num * (1 if classes is not None else len(prompts))
+    bar = Progress(total, args.method, enabled=not args.quiet)
+    out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative, seed=args.seed,
+                          sampling=sampling, progress=bar, **{**engine, **options})
+    bar.close()
+    if tokens_only:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+        torch.save({"tokens": out.tokens}, args.out)
+    else:
+        images.save_grid(out.images, args.out, nrow=min(args.num, 8))
+    s = out.stats
+    print(f"{args.method}: {args.num} x {what} -> {args.out}  ({s.target_forwards_per_image:.1f} target passes/image, "
           f"{s.wall_s / s.images:.3f} s/image)")
     return 0
 
@@ -328,15 +488,37 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the decoder's steps through torch.compile (CUDA graphs on a GPU); methods: "
                              "those with a `compile` option")
         sp.add_argument("--top-p", type=float, default=1.0, help="nucleus after top-k, in (0, 1]; 1 = off")
+        sp.add_argument("--cfg-interval", type=float, default=-1,
+                        help="LlamaGen's cfg_interval: guidance stops after raster token N+1 (-1: every token)")
+        sp.add_argument("--cfg-rule", choices=("always", "llamagen"), default="always",
+                        help="'llamagen': guidance only when --cfg-scale > 1, as LlamaGen samples")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
-    g = sub.add_parser("generate", help="generate images of one class with one method")
+    g = sub.add_parser("generate", help="generate images of one class (or prompt) with one method")
     g.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
-    g.add_argument("--class", dest="class_id", type=int, required=True, help="class id")
-    g.add_argument("--num", type=int, default=8)
-    g.add_argument("--out", required=True, help="PNG file for the image grid")
+    g.add_argument("--class", dest="class_id", type=int, default=None,
+                   help="class id (required for class-conditional models)")
+    g.add_argument("--num", type=int, default=8, help="images per class, prompt or caption")
+    g.add_argument("--out", required=True, help="PNG file for the image grid (with --model, FILE.pt: the token grids)")
     g.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
+    m = g.add_argument_group("a model of your own (docs/models.md)")
+    m.add_argument("--model", default=None, metavar="PATH",
+                   help="a LlamaGen GPT checkpoint (.pt/.safetensors) or a transformers save_pretrained folder")
+    m.add_argument("--vq", default=None, metavar="PATH", help="the LlamaGen VQ checkpoint of --model")
+    m.add_argument("--gpt-size", default="GPT-XL", help="LlamaGen GPT size of --model (GPT-B, GPT-L, GPT-XL, ...; or a dict of GPTConfig fields)")
+    m.add_argument("--vq-size", default="VQ-16", help="LlamaGen VQ size of --vq (VQ-16, VQ-8)")
+    m.add_argument("--grid-size", type=int, default=16,
+                   help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
+    m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights and activations of --model")
+    m.add_argument("--trust-pickle", action="store_true",
+                   help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
+    m.add_argument("--prompt", action="append", metavar="TEXT", help="text prompt (repeatable), text-conditional models")
+    m.add_argument("--negative-prompt", action="append", metavar="TEXT",
+                   help="CFG's unconditional prompt: one for all prompts or one per --prompt")
+    m.add_argument("--caption-embeddings", default=None, metavar="FILE",
+                   help="LlamaGen text-to-image: T5 caption features (.safetensors/.pt: caption_embs, emb_masks)")
     common(g)
+    g.set_defaults(generate_parser=g)
 
     c = sub.add_parser("compare", help="run several methods on the same classes and seeds, print one table")
     c.add_argument("--methods", default=",".join(METHODS))
@@ -369,13 +551,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "generate" and args.model is None and args.class_id is None:
+        args.generate_parser.error("the following arguments are required: --class")   # as when it was required
     try:
         if args.command == "sample":
             return cmd_sample(args)
         return cmd_generate(args) if args.command == "generate" else cmd_compare(args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"specdec {args.command}: error: {e}", file=sys.stderr)
+        message = " ".join(str(e).splitlines())   # one line, whatever the exception wrote
+        print(f"specdec {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -35,6 +35,13 @@ class Sampling:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0  #: nucleus after top-k (LlamaGen's and Janus's samplers); 1 = off
+    #: LlamaGen's `cfg_interval`: when > -1, guidance stops after raster token cfg_interval + 1
+    #: (token t is guided iff t - 1 <= cfg_interval; later tokens use the conditional logits).
+    #: -1 = guidance for every token (the default).
+    cfg_interval: float = -1
+    #: "always": guidance whenever cfg_scale != 1 (the default); "llamagen": only when
+    #: cfg_scale > 1, as LlamaGen's generate does (cfg_scale <= 1 then samples the conditional logits).
+    cfg_rule: str = "always"
 
     def __post_init__(self):
         if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
@@ -46,10 +53,35 @@ class Sampling:
         if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                 or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
+        if (isinstance(self.cfg_interval, bool) or not isinstance(self.cfg_interval, (int, float))
+                or not math.isfinite(self.cfg_interval)):
+            raise ValueError(f"cfg_interval must be a finite number (-1: guidance for every token), got "
+                             f"{self.cfg_interval!r}")
+        if self.cfg_rule not in ("always", "llamagen"):
+            raise ValueError(f"cfg_rule must be 'always' or 'llamagen', got {self.cfg_rule!r}")
 
     @property
     def guided(self) -> bool:
+        if self.cfg_rule == "llamagen":
+            return self.cfg_scale > 1.0
         return self.cfg_scale != 1.0
+
+    @property
+    def has_cfg_interval(self) -> bool:
+        return self.guided and self.cfg_interval > -1
+
+
+def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
+                            positions: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's cfg_interval: the unconditional logits [B, N, V] with the conditional ones in
+    place at the outputs fed at raster `positions` ([N] or [B, N]; the output predicts the token
+    after, t = position + 1) that come after the interval, so that guidance gives exactly the
+    conditional logits there (uncond + s * (cond - cond) = cond). A tensor op: no host read."""
+    off = positions.to(cond.device) > sampling.cfg_interval
+    if off.dim() == 2 and off.shape[0] != cond.shape[0]:   # [rows, N] positions of a CFG cache
+        off = off[:cond.shape[0]]
+    off = off.view(1, -1, 1) if off.dim() == 1 else off[..., None]
+    return torch.where(off, cond, uncond)
 
 
 @dataclass
@@ -289,7 +321,10 @@ class ModelRunner:
         self.forwards += 1
         out = self.model.forward_tokens(self.cache, tokens.to(self.device), positions.to(self.device),
                                         tree_mask=tree_mask, write=write, backend=self.backend, **self._fast)
-        return self._split(out)
+        o = self._split(out)
+        if self.sampling.has_cfg_interval:
+            o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
+        return o
 
     def invalidate(self, positions: torch.Tensor) -> None:
         """Forget the cache entries of raster positions [N] or [B, N]."""

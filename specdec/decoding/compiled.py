@@ -51,11 +51,14 @@ class TokenStep:
         self._calls = 0
         model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
         guided = s.guided
+        interval = s.has_cfg_interval
 
         def step(tokens, position, uniforms, reach=None):
             out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
             logits = out.logits[:, -1]
             cond, uncond = logits.chunk(2) if guided else (logits, None)
+            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
+                uncond = torch.where(position > s.cfg_interval, cond, uncond)
             p = kernels.sampling_probs(cond, uncond, s, backend)
             return kernels.sample_residual(p, None, uniforms, backend).tokens.long()
 

@@ -5,6 +5,8 @@ from specdec.models.default import DefaultFamily, default
 from specdec.models.evaluator import FashionClassifier, QualityEvaluator, QualityReport, frechet_distance
 from specdec.models.gpt import LLAMAGEN_CONFIGS, GPTConfig, LlamaGenGPT
 from specdec.models.kv_cache import SlotKVCache
+from specdec.models.captions import read_caption_embeddings
+from specdec.models.llamagen_family import LlamaGenFamily, load_llamagen_family
 from specdec.models.llamagen_vq import LlamaGenVQ, LlamaGenVQConfig
 from specdec.models.loaders import (CheckpointMismatchError, llamagen_manifest, load_llamagen,
                                     load_llamagen_vq, read_state_dict)
@@ -14,7 +16,7 @@ from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.vq import VQConfig, VQTokenizer
 
 __all__ = ["ARImageModel", "CheckpointMismatchError", "Prompts", "DefaultFamily", "FashionClassifier", "ForwardOutput",
-           "GPTConfig", "LLAMAGEN_CONFIGS", "LlamaGenGPT", "LlamaGenVQ", "LlamaGenVQConfig",
+           "GPTConfig", "LLAMAGEN_CONFIGS", "LlamaGenFamily", "LlamaGenGPT", "LlamaGenVQ", "LlamaGenVQConfig",
            "QualityEvaluator", "QualityReport", "SSDHeads", "SSDHeadsConfig", "SlotKVCache", "VQConfig",
            "VQTokenizer", "cfg_logits", "default", "frechet_distance", "llamagen_manifest", "load_llamagen",
-           "load_llamagen_vq", "read_state_dict", "sample_ar", "sample_logits", "split_cfg"]
+           "load_llamagen_family", "load_llamagen_vq", "read_caption_embeddings", "read_state_dict", "sample_ar", "sample_logits", "split_cfg"]

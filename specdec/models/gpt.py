@@ -7,6 +7,11 @@ checkpoints load as they are (see loaders.py): `tok_embeddings`, `cls_embedding.
 no biases. The numerics follow it too: RMSNorm in fp32, SwiGLU, the 2-D rotary embedding of
 rope.py (which zeroes q and k of the prefix slots).
 
+`model_type="t2i"` is LlamaGen's text-to-image variant: `cls_embedding` is then the caption
+embedder of captions.py (`cls_embedding.cap_proj.{fc1,fc2}`, `cls_embedding.uncond_embedding`),
+the prefix is `cls_token_num` (120) caption slots, and the condition is a `Prompts` batch of
+caption features [L_i, caption_dim], left-padded with invalid slots (see captions.py).
+
 Slots: the condition occupies slots [0, P) (P = cls_token_num), raster token u occupies slot P + u.
 The output at slot s is the distribution of the token that follows it: the prefix's last slot
 predicts token 0, token u's slot predicts token u + 1.
@@ -22,6 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specdec.models.attention import attend
+from specdec.models.captions import CaptionEmbedder, left_pad
+from specdec.models.conditions import is_prompts
 from specdec.numerics import RowLinear, batch_invariant_enabled
 from specdec.models.kv_cache import SlotKVCache
 from specdec.models.protocol import ForwardOutput
@@ -48,6 +55,8 @@ class GPTConfig:
     cls_token_num: int = 1
     grid_size: int = 16              # tokens per side (LlamaGen's block_size = grid_size ** 2)
     initializer_range: float = 0.02
+    model_type: str = "c2i"          # "t2i": caption embedder instead of the class table (captions.py)
+    caption_dim: int = 2048          # t2i: width of the caption features (flan-t5-xl's)
 
     @property
     def head_dim(self) -> int:
@@ -71,6 +80,10 @@ LLAMAGEN_CONFIGS = {
     "GPT-XL": dict(n_layer=36, n_head=20, dim=1280),
     "GPT-XXL": dict(n_layer=48, n_head=24, dim=1536),
     "GPT-XXXL": dict(n_layer=48, n_head=40, dim=2560),
+    # LlamaGen's text-conditional sizes (its released t2i checkpoints are GPT-XL)
+    "GPT-1B": dict(n_layer=22, n_head=32, dim=2048),
+    "GPT-3B": dict(n_layer=24, n_head=32, dim=3200),
+    "GPT-7B": dict(n_layer=32, n_head=32, dim=4096),
 }
 
 
@@ -142,15 +155,21 @@ class LabelEmbedder(nn.Module):
 
 
 class LlamaGenGPT(nn.Module):
-    """Class-conditional raster AR model over a `grid_size x grid_size` token grid."""
+    """Class-conditional (or, with model_type="t2i", caption-conditional) raster AR model over a
+    `grid_size x grid_size` token grid."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         if config.head_dim % 4:
             raise ValueError(f"head_dim {config.head_dim} must be a multiple of 4 (2-D rotary embedding)")
+        if config.model_type not in ("c2i", "t2i"):
+            raise ValueError(f"model_type must be 'c2i' or 't2i', got {config.model_type!r}")
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob > 0)
+        if config.model_type == "t2i":
+            self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.cls_token_num)
+        else:
+            self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob > 0)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = RowLinear(config.dim, config.vocab_size, bias=False)
@@ -188,13 +207,24 @@ class LlamaGenGPT(nn.Module):
         return self.config.cls_token_num
 
     @property
-    def num_classes(self) -> int:
-        return self.config.num_classes
+    def text_conditional(self) -> bool:
+        return self.config.model_type == "t2i"
+
+    @property
+    def num_classes(self) -> Optional[int]:
+        return None if self.text_conditional else self.config.num_classes
 
     @property
     def null_class(self) -> Optional[int]:
-        """Class id of the unconditional (CFG) embedding, None when the model has none."""
+        """Class id of the unconditional (CFG) embedding, None when the model has none (t2i included)."""
+        if self.text_conditional:
+            return None
         return self.config.num_classes if self.config.class_dropout_prob > 0 else None
+
+    @property
+    def supports_cfg(self) -> bool:
+        """CFG needs an unconditional input: the null class, or a t2i model's uncond_embedding."""
+        return self.text_conditional or self.null_class is not None
 
     @property
     def hidden_dim(self) -> int:
@@ -205,7 +235,7 @@ class LlamaGenGPT(nn.Module):
         return self.prefix_len + self.config.grid_size ** 2
 
     def new_cache(self, batch: int, cfg: bool = False, dtype=None, device=None) -> SlotKVCache:
-        if cfg and self.null_class is None:
+        if cfg and not self.supports_cfg:
             raise ValueError("cfg=True needs a model with a null class (class_dropout_prob > 0)")
         p = self.tok_embeddings.weight
         return SlotKVCache(self.config.n_layer, batch, self.layers[0].attention.n_kv_head, self.n_slots,
@@ -221,6 +251,8 @@ class LlamaGenGPT(nn.Module):
 
     def condition_embeddings(self, classes: torch.Tensor) -> torch.Tensor:
         """[B] class ids (the null class allowed) -> [B, P, dim]."""
+        if self.text_conditional:
+            raise ValueError("a text-to-image LlamaGen model takes caption features (a Prompts batch), not class ids")
         if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"classes must be a 1-D int tensor, got {tuple(classes.shape)} {classes.dtype}")
         limit = self.num_classes + (self.null_class is not None)
@@ -229,11 +261,35 @@ class LlamaGenGPT(nn.Module):
         emb = self.cls_embedding.embedding_table(classes.long()).unsqueeze(1)
         return emb.expand(-1, self.prefix_len, -1)
 
+    def caption_inputs(self, prompts, with_uncond: bool = False):
+        """t2i: a Prompts batch -> (prefix embeddings [rows, P, dim], valid [rows, P]) of the cache
+        rows (the unconditional rows after the conditional ones when `with_uncond`)."""
+        if not self.text_conditional:
+            raise ValueError("caption features need a text-to-image model (model_type='t2i')")
+        if not is_prompts(prompts):
+            raise ValueError("a text-to-image LlamaGen model takes a Prompts batch of caption features "
+                             f"[L, {self.config.caption_dim}], got {type(prompts).__name__}")
+        captions = self.cls_embedding.rows(prompts.cond, prompts.negative, with_uncond)
+        weight = self.tok_embeddings.weight
+        feats, valid = left_pad(captions, self.prefix_len, device=weight.device, dtype=weight.dtype)
+        return self.cls_embedding(feats), valid
+
     def prefill(self, cache: SlotKVCache, cond: torch.Tensor, uncond: Optional[torch.Tensor] = None,
                 backend: Optional[str] = None) -> ForwardOutput:
-        """Write the condition into slots [0, P). `cond`: class ids [B] or embeddings [B, P, dim].
-        With a CFG cache the unconditional rows get the null class (or `uncond` embeddings).
+        """Write the condition into slots [0, P). `cond`: class ids [B] or embeddings [B, P, dim]
+        (a t2i model: a `Prompts` batch of caption features, see captions.py). With a CFG cache
+        the unconditional rows get the null class (or `uncond` embeddings; t2i: the negative
+        captions, else the model's unconditional caption).
         Returns the output at the last prefix slot: the distribution of token 0, [rows, 1, V]."""
+        if self.text_conditional or is_prompts(cond):
+            if is_prompts(cond) and len(cond) != cache.batch:
+                raise ValueError(f"prompts has {len(cond)} entries for a cache of batch {cache.batch}")
+            if uncond is not None:
+                raise ValueError("uncond is for embedding conditions; a Prompts batch carries its negative captions")
+            emb, valid = self.caption_inputs(cond, with_uncond=cache.cfg)
+            slots = torch.arange(self.prefix_len, device=cache.device).expand(cache.rows, -1)
+            out = self._run(cache, emb, slots, None, True, backend, prefix_valid=valid.to(cache.device))
+            return ForwardOutput(out.logits[:, -1:], out.hidden[:, -1:])
         if cond.dim() == 1:
             if cond.shape[0] != cache.batch:
                 raise ValueError(f"cond has {cond.shape[0]} classes for a cache of batch {cache.batch}")
@@ -320,7 +376,7 @@ class LlamaGenGPT(nn.Module):
         limit = cache.n_slots if reach is None else min(cache.n_slots, reach + self.prefix_len + 1)
         return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend, limit=limit)
 
-    def _run(self, cache, h, slots, tree_mask, write, backend, limit=None) -> ForwardOutput:
+    def _run(self, cache, h, slots, tree_mask, write, backend, limit=None, prefix_valid=None) -> ForwardOutput:
         cos_sin = rotation_factors(self.rope_table(h.device)[slots])
         q_pos = slots.to(torch.int32)
         # Slots after the last query's position are invisible to every query: attention reads
@@ -331,7 +387,8 @@ class LlamaGenGPT(nn.Module):
         in_place = write and tree_mask is None
         if in_place:
             # Write first, then attend over the cache: the new keys are found at their slots.
-            cache.valid.scatter_(1, slots, True)
+            # `prefix_valid` (a t2i prefill): caption padding slots are written but stay invalid.
+            cache.valid.scatter_(1, slots, True if prefix_valid is None else prefix_valid)
             kv_valid, kv_pos = cache.valid[:, :limit], cache.kv_pos[:, :limit]
         else:
             # Attend over [cache with the new slots hidden ; new block]: the block is last, as
@@ -358,19 +415,34 @@ class LlamaGenGPT(nn.Module):
         return ForwardOutput(self.head(h), h)
 
     # ---- training / teacher forcing (no cache) ------------------------------------------------
-    def teacher_forward(self, tokens: torch.Tensor, classes: torch.Tensor) -> ForwardOutput:
+    def teacher_forward(self, tokens: torch.Tensor, classes) -> ForwardOutput:
         """Full causal pass over [condition ; tokens [B, L]] (L <= H*W) -> outputs at all P + L
         slots. Uses torch's SDPA (differentiable) instead of tree_attention: this is the training
-        path; tests check it against the cached protocol path."""
+        path; tests check it against the cached protocol path. `classes`: class ids [B], or for a
+        t2i model a Prompts batch of B captions (their conditional rows only): the causal mask then
+        hides the caption padding slots from every query but themselves, as LlamaGen's emb_masks do."""
         B, L = tokens.shape
-        h = torch.cat([self.condition_embeddings(classes), self.embed_tokens(tokens)], dim=1)
+        mask = None
+        if self.text_conditional:
+            cond, valid = self.caption_inputs(classes)
+            S = self.prefix_len + L
+            keys = torch.cat([valid, valid.new_ones(B, L)], dim=1)                       # [B, S]
+            causal = torch.ones(S, S, dtype=torch.bool, device=valid.device).tril()
+            eye = torch.eye(S, dtype=torch.bool, device=valid.device)
+            mask = ((causal & keys[:, None, :]) | eye)[:, None]                          # [B, 1, S, S]
+        else:
+            cond = self.condition_embeddings(classes)
+        h = torch.cat([cond, self.embed_tokens(tokens)], dim=1)
         cos_sin = rotation_factors(self.rope_table(h.device)[: h.shape[1]].unsqueeze(0))
         for layer in self.layers:
             q, k, v = layer.attention.qkv(layer.attention_norm(h), cos_sin)
             if k.shape[1] != q.shape[1]:
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             h = h + layer.attention.merge(out)
             h = h + layer.feed_forward(layer.ffn_norm(h))
         return ForwardOutput(self.head(h), h)

@@ -1,6 +1,7 @@
 """Load LlamaGen checkpoints (FoundationVision/LlamaGen) into specdec's models.
 
     gpt = specdec.models.load_llamagen("c2i_L_256.pt", "GPT-L")          # grid 16 (256 px, VQ-16)
+    t2i = specdec.models.load_llamagen("t2i_XL_stage2_512.pt", "GPT-XL", grid_size=32)  # text-to-image
     vq = specdec.models.load_llamagen_vq("vq_ds16_c2i.pt")               # VQ-16
     neighbors = specdec.neighbors.knn_table(vq.codebook, k)              # LANTERN's neighbours
 
@@ -93,30 +94,59 @@ def _named(config_name, table: dict, what: str) -> dict:
     return table[config_name]
 
 
+#: LlamaGen's text-to-image prefix: 120 caption slots (its T5 feature length) of flan-t5-xl features.
+T2I_CAPTION_SLOTS = 120
+T2I_CAPTION_DIM = 2048
+
+
 def llamagen_gpt_config(config_name, *, vocab_size: int = 16384, num_classes: int = 1000,
-                        grid_size: int = 16, with_null_class: bool = True) -> GPTConfig:
+                        grid_size: int = 16, with_null_class: bool = True, model_type: str = "c2i",
+                        caption_dim: int = T2I_CAPTION_DIM, caption_slots: int = T2I_CAPTION_SLOTS) -> GPTConfig:
+    """A LlamaGen size as a GPTConfig; model_type="t2i" gives the text-to-image variant
+    (`caption_slots` prefix slots of `caption_dim` features)."""
+    fields = _named(config_name, LLAMAGEN_CONFIGS, "GPTConfig")
+    if model_type == "t2i":
+        fields = dict(dict(cls_token_num=caption_slots, caption_dim=caption_dim), **fields)
     return GPTConfig(vocab_size=vocab_size, num_classes=num_classes, grid_size=grid_size,
-                     class_dropout_prob=0.1 if with_null_class else 0.0,
-                     **_named(config_name, LLAMAGEN_CONFIGS, "GPTConfig"))
+                     class_dropout_prob=0.1 if with_null_class else 0.0, model_type=model_type, **fields)
+
+
+_T2I_KEYS = ("cls_embedding.cap_proj.fc1.weight", "cls_embedding.uncond_embedding")
 
 
 def load_llamagen(path: str, config_name, *, grid_size: int = 16, device=None, dtype=None,
                   trust_pickle: bool = False) -> LlamaGenGPT:
-    """A LlamaGen class-conditional GPT checkpoint as a LlamaGenGPT (ARImageModel).
+    """A LlamaGen GPT checkpoint, class-conditional or text-to-image, as a LlamaGenGPT (ARImageModel).
 
     n_layer/n_head/dim come from `config_name` (GPT-B, GPT-L, GPT-XL, ..., or a dict such as
     {"n_layer": 2, "n_head": 2, "dim": 64} for other sizes); vocabulary size and
     class count from the embedding shapes; `grid_size` is image size / 16 for VQ-16 (16 for the
-    256 px models, 24 for 384 px): checkpoints do not store it."""
+    256 px models, 24 for 384 px, 32 for the 512 px t2i stage-2 model): checkpoints do not store it.
+
+    A checkpoint with a caption embedder (`cls_embedding.cap_proj`, `cls_embedding.uncond_embedding`)
+    loads as the text-to-image model: caption width and slot count (LlamaGen's 2048 and 120) come
+    from the uncond_embedding's shape; it decodes from caption features (specdec.models.captions)."""
     _named(config_name, LLAMAGEN_CONFIGS, "GPTConfig")  # a bad name fails before any file I/O
     state = read_state_dict(path, trust_pickle)
-    for key in ("tok_embeddings.weight", "cls_embedding.embedding_table.weight"):
-        if key not in state:
-            raise CheckpointMismatchError(f"{path}: missing keys: {key} (is this a class-conditional LlamaGen GPT?)")
+    if "tok_embeddings.weight" not in state:
+        raise CheckpointMismatchError(f"{path}: missing keys: tok_embeddings.weight (is this a LlamaGen GPT?)")
     vocab = state["tok_embeddings.weight"].shape[0]
-    rows = state["cls_embedding.embedding_table.weight"].shape[0]
-    # LlamaGen's c2i models are trained with class dropout, so the table has a null-class row.
-    config = llamagen_gpt_config(config_name, vocab_size=vocab, num_classes=rows - 1, grid_size=grid_size)
+    if any(k in state for k in _T2I_KEYS):
+        missing = [k for k in _T2I_KEYS if k not in state]
+        if missing:
+            raise CheckpointMismatchError(f"{path}: missing keys: {', '.join(missing)} (a LlamaGen text-to-image "
+                                          "GPT has both)")
+        slots, caption_dim = state["cls_embedding.uncond_embedding"].shape
+        config = llamagen_gpt_config(config_name, vocab_size=vocab, grid_size=grid_size, model_type="t2i",
+                                     caption_dim=caption_dim, caption_slots=slots)
+    else:
+        if "cls_embedding.embedding_table.weight" not in state:
+            raise CheckpointMismatchError(f"{path}: missing keys: cls_embedding.embedding_table.weight (is this a "
+                                          "class-conditional LlamaGen GPT? a text-to-image one has "
+                                          "cls_embedding.cap_proj and cls_embedding.uncond_embedding)")
+        rows = state["cls_embedding.embedding_table.weight"].shape[0]
+        # LlamaGen's c2i models are trained with class dropout, so the table has a null-class row.
+        config = llamagen_gpt_config(config_name, vocab_size=vocab, num_classes=rows - 1, grid_size=grid_size)
     with torch.device("meta"):
         model = LlamaGenGPT(config)
     model = model.to_empty(device="cpu")

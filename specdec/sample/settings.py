@@ -52,10 +52,23 @@ def _jsonable(value):
     return json.loads(json.dumps(value, default=repr))
 
 
+#: Sampling fields added after runs were first recorded, with their defaults: left out of the
+#: record at those defaults, so that a run recorded before they existed still resumes.
+_LATER_SAMPLING_FIELDS = {"cfg_interval": -1, "cfg_rule": "always"}
+
+
+def _sampling_record(sampling) -> dict:
+    record = dataclasses.asdict(sampling)
+    for name, default in _LATER_SAMPLING_FIELDS.items():
+        if record.get(name) == default:
+            record.pop(name)
+    return _jsonable(record)
+
+
 def make_settings(*, method: str, options: dict, seed: int, sampling, conditioning: dict,
                   device: torch.device, model_hash: str, num: int) -> dict:
     return {"format": FORMAT, "method": method, "options": _jsonable(options), "seed": seed,
-            "sampling": _jsonable(dataclasses.asdict(sampling)), **_jsonable(conditioning),
+            "sampling": _sampling_record(sampling), **_jsonable(conditioning),
             "device_type": device.type, "model_sha256": model_hash, "num": num}
 
 
