@@ -34,33 +34,29 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     x = torch.zeros(B, H * W, dtype=torch.long, device=dev)
     out = runner.prefill(classes)
     x[:, 0] = draw(runner.probs(out)[:, 0], gen, runner.backend)
-    rows = torch.arange(H, device=dev)
     steps = (H - 1) * window + W
     for t in range(1, steps):
-        j_prev = t - 1 - rows * window
-        fed_rows = rows[(j_prev >= 0) & (j_prev < W)]                  # rows that produced a token at t - 1
-        real = fed_rows * W + (t - 1 - fed_rows * window)
-        j_now = t - rows * window
-        cont = rows[(j_now >= 1) & (j_now < W)]                       # rows continuing: (i, j-1) -> (i, j)
-        start = rows[(j_now == 0) & (rows >= 1)]                      # at most one row starts per step
-        positions = real
-        fake = torch.empty(0, dtype=torch.long, device=dev)
-        if start.numel() and window < W:
-            fake = (start - 1) * W + (W - 1)                          # end-of-row slot of the row above
-            positions = torch.cat([real, fake])
-        tokens = torch.cat([x[:, real], x[:, (start - 1) * W + window - 1]], 1) if fake.numel() else x[:, real]
-        out = runner.forward(tokens, positions)
-        if fake.numel():
-            runner.invalidate(fake)
+        # The schedule depends on (t, window, H, W) only: it is worked out on the host in Python
+        # ints and sent to the device as index tensors (no read-back, no data-dependent op).
+        fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
+        real = [i * W + (t - 1 - i * window) for i in fed_rows]
+        cont = [i for i in range(H) if 1 <= t - i * window < W]          # rows continuing: (i, j-1) -> (i, j)
+        start = [i for i in range(1, H) if t - i * window == 0]         # at most one row starts per step
+        fake = [(i - 1) * W + (W - 1) for i in start] if window < W else []   # end-of-row slot of the row above
+        positions = torch.tensor(real + fake, dtype=torch.long, device=dev)
+        fed = torch.tensor(real + [(i - 1) * W + window - 1 for i in start] if fake else real,
+                           dtype=torch.long, device=dev)
+        out = runner.forward(x[:, fed], positions)
+        if fake:
+            runner.invalidate(torch.tensor(fake, dtype=torch.long, device=dev))
         # Output index of each producing query (fed rows form a contiguous range starting at lo):
         # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
         # or with window == W the real end of the row above.
         lo = fed_rows[0]
-        src = cont - lo
-        if start.numel():
-            src = torch.cat([src, torch.full_like(start, real.numel()) if fake.numel() else start - 1 - lo])
-        targets = torch.cat([cont * W + (t - cont * window), start * W])
-        p = runner.probs(out.select(src))           # [B, n, V]
+        src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
+        targets = torch.tensor([i * W + (t - i * window) for i in cont] + [i * W for i in start],
+                               dtype=torch.long, device=dev)
+        p = runner.probs(out.select(torch.tensor(src, dtype=torch.long, device=dev)))   # [B, n, V]
         V = p.shape[-1]
         x[:, targets] = draw(p.reshape(-1, V), gen, runner.backend).view(B, -1)
     return x
