@@ -213,10 +213,11 @@ def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
 
 
 def verify(p, q=None, *, gen: Optional[torch.Generator] = None, backend=None, **kw):
-    """ops.verify_grid with generator-drawn uniforms for rule="ratio"."""
+    """verify_grid (the checked fast path, `kernels.verify_grid`) with generator-drawn uniforms for
+    rule="ratio"."""
     if kw.get("rule") == "ratio":
         kw["uniforms"] = uniforms(gen, tuple(p.shape), p.device)
-    return ops.verify_grid(p, q, backend=op_backend("verify_grid", backend, p.device), **kw)
+    return kernels.verify_grid(p, q, backend=op_backend("verify_grid", backend, p.device), **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class ModelRunner:
     def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
         """PooledProbs over [B, N]: p(x) of each token x and its neighbour-pooled version."""
         B, N, V = o.cond.shape
-        out = ops.pool_probs(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
+        out = kernels.pool_probs(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
                              uncond_logits=None if o.uncond is None else o.uncond.reshape(-1, V), delta=delta,
                              backend=op_backend("pool_probs", self.backend, o.cond.device), **self._kw(o))
         return type(out)(*(t.view(B, N) for t in out))
