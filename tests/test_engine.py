@@ -166,7 +166,7 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
     assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
 
 
-_NOT_YET = {"sjd", "ssd", "mulo"}
+_NOT_YET = {"mulo"}
 
 
 def _shares_passes(method, options):
