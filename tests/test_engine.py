@@ -154,8 +154,6 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
     per-batch set-up (API checks, the prefills' model checks) is not per pass and is left out."""
     if method == "ar":
         pytest.skip("ar's budget is 0 per token (test_ar_reads_nothing_back_after_the_prefill)")
-    if method in _NOT_YET:
-        pytest.xfail(f"{method} still reads back more than once per pass")
     tokens = decoding.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
                              batch_size=batch, **options).tokens
     counter = _LoopCounter(monkeypatch, fam.target)
@@ -164,9 +162,6 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
     assert torch.equal(out.tokens, tokens)       # the counted decode is an ordinary one
     assert counter.passes == out.stats.target_forwards // (batch if _shares_passes(method, options) else 1)
     assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
-
-
-_NOT_YET = {"mulo"}
 
 
 def _shares_passes(method, options):
