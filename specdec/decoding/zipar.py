@@ -24,6 +24,33 @@ def check_window(window, width: int) -> int:
     return window
 
 
+def schedule(H: int, W: int, window: int, device) -> list:
+    """The passes of the row-staggered schedule, one (positions, fed, fake, src, targets) per step
+    t >= 1: raster positions of the queries, the raster slots whose tokens they carry, the fake
+    end-of-row slots to forget afterwards (None if none), the output index of each producing
+    query, and the positions it samples. It depends on (t, window, H, W) only, so it is worked out
+    on the host once and sent to the device before the loop (no read-back, no copy per step)."""
+    def tensor(values):
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    plan = []
+    for t in range(1, (H - 1) * window + W):
+        fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
+        real = [i * W + (t - 1 - i * window) for i in fed_rows]
+        cont = [i for i in range(H) if 1 <= t - i * window < W]          # rows continuing: (i, j-1) -> (i, j)
+        start = [i for i in range(1, H) if t - i * window == 0]         # at most one row starts per step
+        fake = [(i - 1) * W + (W - 1) for i in start] if window < W else []   # end-of-row slot of the row above
+        fed = real + [(i - 1) * W + window - 1 for i in start] if fake else real
+        # Output index of each producing query (fed rows form a contiguous range starting at lo):
+        # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
+        # or with window == W the real end of the row above.
+        lo = fed_rows[0]
+        src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
+        targets = [i * W + (t - i * window) for i in cont] + [i * W for i in start]
+        plan.append((tensor(real + fake), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets)))
+    return plan
+
+
 @torch.no_grad()
 def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) -> torch.Tensor:
     """Decode B grids with the row-staggered schedule -> int64 [B, H*W]."""
@@ -34,29 +61,11 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     x = torch.zeros(B, H * W, dtype=torch.long, device=dev)
     out = runner.prefill(classes)
     x[:, 0] = draw(runner.probs(out)[:, 0], gen, runner.backend)
-    steps = (H - 1) * window + W
-    for t in range(1, steps):
-        # The schedule depends on (t, window, H, W) only: it is worked out on the host in Python
-        # ints and sent to the device as index tensors (no read-back, no data-dependent op).
-        fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
-        real = [i * W + (t - 1 - i * window) for i in fed_rows]
-        cont = [i for i in range(H) if 1 <= t - i * window < W]          # rows continuing: (i, j-1) -> (i, j)
-        start = [i for i in range(1, H) if t - i * window == 0]         # at most one row starts per step
-        fake = [(i - 1) * W + (W - 1) for i in start] if window < W else []   # end-of-row slot of the row above
-        positions = torch.tensor(real + fake, dtype=torch.long, device=dev)
-        fed = torch.tensor(real + [(i - 1) * W + window - 1 for i in start] if fake else real,
-                           dtype=torch.long, device=dev)
+    for positions, fed, fake, src, targets in schedule(H, W, window, dev):
         out = runner.forward(x[:, fed], positions)
-        if fake:
-            runner.invalidate(torch.tensor(fake, dtype=torch.long, device=dev))
-        # Output index of each producing query (fed rows form a contiguous range starting at lo):
-        # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
-        # or with window == W the real end of the row above.
-        lo = fed_rows[0]
-        src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
-        targets = torch.tensor([i * W + (t - i * window) for i in cont] + [i * W for i in start],
-                               dtype=torch.long, device=dev)
-        p = runner.probs(out.select(torch.tensor(src, dtype=torch.long, device=dev)))   # [B, n, V]
+        if fake is not None:
+            runner.invalidate(fake)
+        p = runner.probs(out.select(src))           # [B, n, V]
         V = p.shape[-1]
         x[:, targets] = draw(p.reshape(-1, V), gen, runner.backend).view(B, -1)
     return x
