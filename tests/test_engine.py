@@ -103,6 +103,72 @@ def test_ar_reads_nothing_back_after_the_prefill(fam, batch):
     assert x.shape == (batch, 16) and runner.forwards == 16
 
 
+class _LoopCounter:
+    """Counts a decode's host round trips, less those of its per-batch set-up (the argument checks
+    at the API boundary and the model's checks in each prefill, target's and drafter's, which run
+    once per batch and not per pass), and its target passes (a batched pass counts once)."""
+
+    def __init__(self, monkeypatch, target):
+        from specdec.decoding import common
+
+        self.setup, self.passes, self.count = 0, 0, None
+        for owner, name in ((common, "check_classes"), (ModelRunner, "prefill")):
+            monkeypatch.setattr(owner, name, self._setup(getattr(owner, name)))
+        forward = ModelRunner.forward
+
+        def counted(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            return forward(runner, *args, **kwargs)
+
+        monkeypatch.setattr(ModelRunner, "forward", counted)
+        prefill = ModelRunner.prefill
+
+        def counted_prefill(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            return prefill(runner, *args, **kwargs)
+
+        monkeypatch.setattr(ModelRunner, "prefill", counted_prefill)
+
+    def _setup(self, fn):
+        def excluded(*args, **kwargs):
+            before = self.count.round_trips
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.setup += self.count.round_trips - before
+        return excluded
+
+    def decode(self, *args, **kwargs):
+        with count_host_syncs() as self.count:
+            out = decoding.decode(*args, **kwargs)
+        return out, self.count.round_trips - self.setup
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("method,options", VARIANTS, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}"
+                                                           for m, o in VARIANTS])
+def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monkeypatch, method, options, batch):
+    """The budget of the decode engine for the speculative methods: at most one host round trip
+    (the loop-control read) per target pass, whatever the batch size, on the checked fast path
+    (compiled cpu backend). The loop's reads are counted from the first pass to the end; the
+    per-batch set-up (API checks, the prefills' model checks) is not per pass and is left out."""
+    if method == "ar":
+        pytest.skip("ar's budget is 0 per token (test_ar_reads_nothing_back_after_the_prefill)")
+    tokens = decoding.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
+                             batch_size=batch, **options).tokens
+    counter = _LoopCounter(monkeypatch, fam.target)
+    out, round_trips = counter.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
+                                      batch_size=batch, **options)
+    assert torch.equal(out.tokens, tokens)       # the counted decode is an ordinary one
+    assert counter.passes == out.stats.target_forwards // (batch if _shares_passes(method, options) else 1)
+    assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
+
+
+def _shares_passes(method, options):
+    """Whether the images of a batch share their target passes (stats count a pass once per image)."""
+    return method in ("sd", "lantern", "zipar") or (method == "ssd" and options.get("commit") == "write")
+
+
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
     """compile=True compiles the AR step with fullgraph=True (a graph break is an error), the
     specdec ops inside the graph; same tokens as the eager step, and the compile time reported."""

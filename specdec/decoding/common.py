@@ -187,9 +187,13 @@ class ImageStreams:
         the draw an image would make alone for its own set entries."""
         if len(self.generators) == 1:
             return self._draw(0, (int(mask.sum()),))
-        counts = mask.reshape(mask.shape[0], -1).sum(1).tolist()
+        return self.rand_counts(mask.reshape(mask.shape[0], -1).sum(1).tolist())
+
+    def rand_counts(self, counts) -> torch.Tensor:
+        """counts[b] uniforms from image b's stream, concatenated: `rand_where` for a caller that
+        already has the per-image counts on the host (no read-back)."""
         if len(counts) != len(self.generators):
-            raise ValueError(f"mask has {len(counts)} rows for {len(self.generators)} images")
+            raise ValueError(f"{len(counts)} counts for {len(self.generators)} images")
         return torch.cat([self._draw(b, (c,)) for b, c in enumerate(counts)])
 
     def image(self, b: int) -> "ImageStreams":
@@ -224,14 +228,17 @@ def draw(probs: torch.Tensor, gen: torch.Generator, backend=None) -> torch.Tenso
 
 
 def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
-                  with_distribution: bool = False, rows_of: Optional[torch.Tensor] = None):
+                  with_distribution: bool = False, rows_of: Optional[torch.Tensor] = None, counts=None):
     """One token per row from norm(max(0, p - q)) (p where that is zero) -> int64 [M].
 
     with_distribution=True also returns that residual distribution [M, V]: SSD's later rounds use
     it as the q of the token (the others skip the [M, V] work). `rows_of` [B, L] bool: the rows of
     p are the set entries of this mask over a batch (p = p_all[mask]), so each image draws its
-    own rows' uniforms from its own stream."""
-    if rows_of is not None and isinstance(gen, ImageStreams):
+    own rows' uniforms from its own stream. `counts` (host ints, one per image): the same with
+    the number of rows of each image given instead of the mask (no read-back)."""
+    if counts is not None and isinstance(gen, ImageStreams):
+        u = gen.rand_counts(list(counts)).to(p.device)
+    elif rows_of is not None and isinstance(gen, ImageStreams):
         u = gen.rand_where(rows_of).to(p.device)
     else:
         u = uniforms(gen, (p.shape[0],), p.device)
@@ -245,10 +252,11 @@ def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
 
 
 def verify(p, q=None, *, gen: Optional[torch.Generator] = None, backend=None, **kw):
-    """ops.verify_grid with generator-drawn uniforms for rule="ratio"."""
+    """verify_grid (the checked fast path, `kernels.verify_grid`) with generator-drawn uniforms for
+    rule="ratio"."""
     if kw.get("rule") == "ratio":
         kw["uniforms"] = uniforms(gen, tuple(p.shape), p.device)
-    return ops.verify_grid(p, q, backend=op_backend("verify_grid", backend, p.device), **kw)
+    return kernels.verify_grid(p, q, backend=op_backend("verify_grid", backend, p.device), **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -353,7 +361,7 @@ class ModelRunner:
     def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
         """PooledProbs over [B, N]: p(x) of each token x and its neighbour-pooled version."""
         B, N, V = o.cond.shape
-        out = ops.pool_probs(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
+        out = kernels.pool_probs(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
                              uncond_logits=None if o.uncond is None else o.uncond.reshape(-1, V), delta=delta,
                              backend=op_backend("pool_probs", self.backend, o.cond.device), **self._kw(o))
         return type(out)(*(t.view(B, N) for t in out))

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from specdec import _backends, _library, ops
-from specdec._types import SampleResult
+from specdec import _backends, _library, _validation, ops
+from specdec._types import GridVerdict, PooledProbs, SampleResult
 
 
 def _compiled(backend: Optional[str], device: torch.device) -> bool:
@@ -45,4 +45,40 @@ def sampling_probs(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], 
                               top_k=s.top_k, top_p=s.top_p, backend=backend)
 
 
-__all__ = ["sample_residual", "sampling_probs"]
+def pool_probs(logits: torch.Tensor, tokens: torch.Tensor, neighbors: Optional[torch.Tensor], *,
+               uncond_logits: Optional[torch.Tensor] = None, cfg_scale: float = 1.0, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, delta: Optional[float] = None,
+               backend: Optional[str] = None) -> PooledProbs:
+    """ops.pool_probs without the range checks of the token ids and the neighbour table (each a
+    read-back) on cpu/cuda: the decoders' tokens come from the samplers, the table was built by
+    specdec.neighbors."""
+    if _compiled(backend, logits.device) and hasattr(torch.ops.specdec, "pool_probs"):
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p = _validation.sampling_args(
+            logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+        if neighbors is not None:
+            neighbors = (neighbors.to(torch.int32) if neighbors.dtype == torch.int64 else neighbors).contiguous()
+        delta = None if delta is None else float(delta)
+        return PooledProbs(*torch.ops.specdec.pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                                         temperature, top_k, delta, top_p))
+    return ops.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
+                          temperature=temperature, top_k=top_k, top_p=top_p, delta=delta, backend=backend)
+
+
+def verify_grid(p: torch.Tensor, q: Optional[torch.Tensor] = None, *, rule: str = "threshold",
+                tau: Optional[float] = None, uniforms: Optional[torch.Tensor] = None, mode: str = "local",
+                radius: int = 1, valid: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> GridVerdict:
+    """ops.verify_grid without its NaN and uniform-range checks (one read-back per call) on
+    cpu/cuda: p and q come from the kernels, the uniforms from the image streams."""
+    if _compiled(backend, p.device) and hasattr(torch.ops.specdec, "verify_grid"):
+        p = p.float().contiguous()
+        if rule == "ratio":
+            q, uniforms, tau = q.float().contiguous(), uniforms.contiguous(), 0.0
+        else:
+            q, uniforms, tau = None, None, float(tau)
+        valid = None if valid is None else valid.contiguous()
+        return GridVerdict(*torch.ops.specdec.verify_grid(p, q, uniforms, valid, rule, tau, mode, radius))
+    return ops.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius, valid=valid,
+                           backend=backend)
+
+
+__all__ = ["pool_probs", "sample_residual", "sampling_probs", "verify_grid"]

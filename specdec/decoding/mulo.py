@@ -61,65 +61,77 @@ def check_models(target, drafter):
 
 
 @torch.no_grad()
-def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: torch.Tensor, gen, base: int = 0):
-    """v1: R_X positions (sorted) one per pass; each pass feeds the token resolved last and the
-    token just before the next position (re-encoding a kept token with the corrected context).
-    `ver` holds the verification outputs of positions base, base + 1, ... Returns the position
-    resolved last, whose keys and values are not written yet."""
-    x[0, rpos[0]] = draw(runner.probs(ver.select(rpos[0:1] - base))[:, 0], gen, runner.backend)[0]
-    prev = int(rpos[0])
-    for u in rpos[1:].tolist():
-        block = sorted({prev, u - 1})
-        pos = torch.tensor(block, device=x.device)
+def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, gen, base: int = 0) -> list:
+    """v1: R_X positions (sorted host ints) one per pass; each pass feeds the token resolved last
+    and the token just before the next position (re-encoding a kept token with the corrected
+    context). `ver` holds the verification outputs of positions base, base + 1, ... Returns the
+    position resolved last (a host list), whose keys and values are not written yet. The schedule
+    is known from R_X alone, so the passes read nothing back."""
+    dev = x.device
+    first = torch.tensor(rpos[:1], dtype=torch.long, device=dev)
+    x[0, first] = draw(runner.probs(ver.select(first - base))[:, 0], gen, runner.backend)
+    prev = rpos[0]
+    for u in rpos[1:]:
+        pos = torch.tensor(sorted({prev, u - 1}), dtype=torch.long, device=dev)
         out = runner.forward(x[:, pos], pos)
         x[0, u] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)[0]
         prev = u
-    return torch.tensor([prev], device=x.device)
+    return [prev]
+
+
+def island_schedule(resample: list, islands: list) -> list:
+    """The passes of v2 from R_X (host bools over the grid) and its island labels (host ints):
+    pass m resolves the m-th position (raster order) of every island with more than m, the
+    islands in label order."""
+    by_island = {}
+    for t, r in enumerate(resample):
+        if r:
+            by_island.setdefault(islands[t], []).append(t)
+    order = [by_island[label] for label in sorted(by_island)]
+    depth = max(map(len, order), default=0)
+    return [[island[m] for island in order if m < len(island)] for m in range(depth)]
 
 
 @torch.no_grad()
-def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: torch.Tensor,
-                     islands: torch.Tensor, gen, base: int = 0):
+def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list, islands: list,
+                     gen, base: int = 0) -> list:
     """v2: every island of R_X advances one token per pass, all islands in one pass. `resample`
-    and `islands` cover the whole grid; `ver` holds the outputs of positions base, base + 1, ...
-    Returns the positions resolved in the last pass, whose keys and values are not written yet."""
+    (bools) and `islands` (labels) cover the whole grid, on the host: the passes' positions,
+    masks and draw counts follow from them alone, so the passes read nothing back. `ver` holds
+    the outputs of positions base, base + 1, ... Returns the positions resolved in the last pass
+    (a host list), whose keys and values are not written yet."""
     dev = x.device
-    HW = x.shape[1]
-    rpos = resample.nonzero()[:, 0]
-    label = islands[rpos].long()
-    order = torch.argsort(label * HW + rpos)
-    rpos, label = rpos[order], label[order]
-    first_of = torch.ones_like(label, dtype=torch.bool)
-    first_of[1:] = label[1:] != label[:-1]
-    start_idx = torch.cummax(torch.where(first_of, torch.arange(len(label), device=dev), torch.zeros_like(label)), 0).values
-    rank = torch.arange(len(label), device=dev) - start_idx
-    resolved = ~resample.clone()
-    t0 = int(resample.nonzero()[0, 0])          # the first rejection: R_X starts there
-    last = torch.empty(0, dtype=torch.long, device=dev)          # tokens resolved in the previous pass
-    for m in range(int(rank.max()) + 1):
-        now = rpos[rank == m]                                     # one position per active island
-        if m == 0 and bool((now == t0).any()):
+    resolved = [not r for r in resample]
+    t0 = resample.index(True)                    # the first rejection: R_X starts there
+    last = []                                    # tokens resolved in the previous pass
+    for m, now in enumerate(island_schedule(resample, islands)):
+        if m == 0 and t0 in now:
             # The first island starts at the first rejection: its context is all accepted.
             x[0, t0] = draw(runner.probs(ver.select(slice(t0 - base, t0 - base + 1)))[:, 0], gen, runner.backend)[0]
             resolved[t0] = True
-            now = now[now != t0]
-            last = torch.tensor([t0], device=dev)
-            if now.numel() == 0:
+            now = [u for u in now if u != t0]
+            last = [t0]
+            if not now:
                 continue
-        pos = torch.unique(torch.cat([last, now - 1]))            # sorted, deduplicated
-        trusted = resolved[pos]
+        block = sorted(set(last) | {u - 1 for u in now})
+        pos = torch.tensor(block, dtype=torch.long, device=dev)
+        trusted = [resolved[t] for t in block]
         tree = None
-        if not bool(trusted.all()):
+        if not all(trusted):
             # A query slot of another island's unresolved token: visible to its own query only.
-            n = pos.numel()
+            n = len(block)
             eye = torch.eye(n, dtype=torch.bool, device=dev)
-            tree = masks.pack((trusted[None, :] | eye)[None].expand(runner.cache.rows, n, n).contiguous())
+            seen = torch.tensor(trusted, dtype=torch.bool, device=dev)
+            tree = masks.pack((seen[None, :] | eye)[None].expand(runner.cache.rows, n, n).contiguous())
         out = runner.forward(x[:, pos], pos, tree_mask=tree)
         if tree is not None:
-            runner.invalidate(pos[~trusted])
-        src = torch.searchsorted(pos, now - 1)
-        x[0, now] = draw(runner.probs(out.select(src))[0], gen, runner.backend)
-        resolved[now] = True
+            runner.invalidate(torch.tensor([t for t, ok in zip(block, trusted) if not ok], dtype=torch.long,
+                                           device=dev))
+        src = torch.tensor([block.index(u - 1) for u in now], dtype=torch.long, device=dev)
+        x[0, torch.tensor(now, dtype=torch.long, device=dev)] = draw(runner.probs(out.select(src))[0], gen,
+                                                                     runner.backend)
+        for u in now:
+            resolved[u] = True
         last = now
     return last
 
@@ -187,7 +199,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         first = runner.prefill(cls)
         dstart = drunner.prefill(cls) if drafting == "serial" else None   # zipar_grid prefills itself
         cycles = resampled = 0
-        unfed = torch.empty(0, dtype=torch.long, device=x.device)   # resolved by the last pass, keys unwritten
+        unfed = []                      # resolved by the last pass, keys unwritten (host ints)
         for done in range(0, h, cycle_rows):                 # low-resolution rows committed so far
             rows = min(cycle_rows, h - done)
             lo, hi = done * w, (done + rows) * w
@@ -212,34 +224,43 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
             if b0 == 0:
                 ver = Outputs.cat([first, runner.forward(x[:, :b1 - 1], torch.arange(b1 - 1, device=x.device))])
             else:
-                pos = torch.unique(torch.cat([unfed, torch.arange(b0 - 1, b1 - 1, device=x.device)]))
+                pos = torch.tensor(sorted(set(unfed) | set(range(b0 - 1, b1 - 1))), dtype=torch.long,
+                                   device=x.device)
                 ver = runner.forward(x[:, pos], pos).select(slice(pos.numel() - (b1 - b0), None))
             # 4.-5. Pooled threshold, local rejection windows inside the block.
             pooled = runner.token_probs(ver, x[:, b0:b1], neighbors, delta if neighbors is not None else None).pooled
             verdict = verify(pooled.view(1, rows * factor, W), rule="threshold", tau=tau, mode="local",
                              radius=radius, backend=backend)
+            # The one host read of the cycle's verification pass: kept, to resample, the island
+            # labels and their count. The resampling passes' positions, masks and draws follow from
+            # them, so those passes read nothing back.
+            verdict_host = torch.cat([verdict.accept.view(-1).long(), verdict.resample.view(-1).long(),
+                                      verdict.islands.view(-1).long(), verdict.num_islands.view(-1)[:1].long()]).tolist()
+            n_block = b1 - b0
+            acc_b, res_b = verdict_host[:n_block], verdict_host[n_block:2 * n_block]
+            isl_b, num_islands = verdict_host[2 * n_block:3 * n_block], verdict_host[3 * n_block]
             accept = torch.zeros(H * W, dtype=torch.bool)
-            accept[b0:b1] = verdict.accept.view(-1).cpu()
+            accept[b0:b1] = torch.tensor(acc_b, dtype=torch.bool)
             stats.acceptance_maps.append(accept.view(H, W))
             accept_map |= accept
-            R = torch.zeros(H * W, dtype=torch.bool, device=x.device)
-            R[b0:b1] = verdict.resample.view(-1)
-            isl = verdict.islands.view(-1).to(torch.int32)
-            islands = torch.full((H * W,), -1, dtype=torch.int32, device=x.device)
-            islands[b0:b1] = torch.where(isl >= 0, isl + b0, isl)
-            island_map[b0:b1] = islands[b0:b1].cpu()
+            R = [False] * (H * W)
+            R[b0:b1] = [bool(r) for r in res_b]
+            islands = [-1] * (H * W)
+            islands[b0:b1] = [i + b0 if i >= 0 else i for i in isl_b]
+            island_map[b0:b1] = torch.tensor(islands[b0:b1], dtype=torch.int32)
             cycles += 1
-            resampled += int(R.sum())
-            stats.extra.setdefault("num_islands", []).append(int(verdict.num_islands[0]))
-            if bool(R.any()):
+            resampled += sum(res_b)
+            stats.extra.setdefault("num_islands", []).append(num_islands)
+            if any(res_b):
                 # 6. Resample R_X with the target.
-                runner.invalidate(R.nonzero()[:, 0])
+                rpos = [t for t in range(H * W) if R[t]]
+                runner.invalidate(torch.tensor(rpos, dtype=torch.long, device=x.device))
                 if resample == "raster":
-                    unfed = resample_raster(runner, x, ver, R.nonzero()[:, 0], gen, base=b0)
+                    unfed = resample_raster(runner, x, ver, rpos, gen, base=b0)
                 else:
                     unfed = resample_islands(runner, x, ver, R, islands, gen, base=b0)
             else:
-                unfed = torch.empty(0, dtype=torch.long, device=x.device)
+                unfed = []
         stats.extra.setdefault("cycles", []).append(cycles)
         stats.extra.setdefault("resampled", []).append(resampled)
         stats.extra.setdefault("accept_image", []).append(accept_map.view(H, W))

@@ -58,18 +58,23 @@ class ModelDrafter:
         self.runner = ModelRunner(self.model, self.sampling, batch=classes.shape[0], backend=self.backend)
         self.runner.prefill(classes)
         self.fed = torch.zeros(classes.shape[0], dtype=torch.long, device=self.runner.device)
+        self.fed_host = [0] * classes.shape[0]
 
-    def draft(self, x, c, n, gen):
+    def draft(self, x, c, n, gen, c_host):
+        """Drafts [B, n] and their q [B, n, V] after the committed lengths c [B] (c_host: the same
+        on the host, from the loop's one read per pass)."""
         r = self.runner
         HW = x.shape[1]
-        # Catch up on the committed tokens the drafter has not seen (1 or 2 per row).
+        # Catch up on the committed tokens the drafter has not seen (1 or 2 per row). The width of
+        # that pass is a shape: it comes from the host copies of c and fed, not from a read-back.
+        m = max([1] + [cb - fb for cb, fb in zip(c_host, self.fed_host)])
         todo = (c - self.fed).clamp_min(0)
-        m = max(1, int(todo.max()))
         todo = torch.where(todo == 0, torch.ones_like(todo), todo)   # finished rows: re-feed the last
         start = c - todo
         pos = padded_block(start, todo, m)
         o = gather_rows(r.forward(x.gather(1, pos), pos), todo - 1)
         self.fed = torch.maximum(self.fed, c)
+        self.fed_host = [max(fb, cb) for fb, cb in zip(self.fed_host, c_host)]
         work = x.clone()
         tokens, qs = [], []
         for i in range(n):
@@ -80,13 +85,15 @@ class ModelDrafter:
             if i + 1 < n:
                 p = (c + i).clamp(max=HW - 1)   # past the grid: re-feed the last slot (drafted or committed)
                 inside = (c + i) < HW
-                work[inside, (c + i)[inside]] = d[inside]
+                # Rows past the grid write their slot's own token back (a fixed-shape write).
+                work.scatter_(1, p[:, None], torch.where(inside, d, work.gather(1, p[:, None])[:, 0])[:, None])
                 o = r.forward(work.gather(1, p[:, None]), p[:, None])
         return torch.stack(tokens, 1), torch.stack(qs, 1)
 
-    def accepted(self, c, a, n):
+    def accepted(self, c, a, n, c_host, a_host):
         # The drafter fed its own drafts d_0..d_{n-2}: those that were kept are already correct.
         self.fed = c + a.clamp(max=n - 1)
+        self.fed_host = [cb + min(ab, n - 1) for cb, ab in zip(c_host, a_host)]
 
 
 class HeadsDrafter:
@@ -100,7 +107,7 @@ class HeadsDrafter:
     def start(self, classes):
         pass
 
-    def draft(self, x, c, n, gen):
+    def draft(self, x, c, n, gen, c_host=None):
         t = self.target
         self.forwards += 1
         last = x.gather(1, (c - 1).clamp_min(0)[:, None])[:, 0]
@@ -111,7 +118,7 @@ class HeadsDrafter:
         B, _, V = q.shape
         return draw(q.reshape(-1, V), gen, t.backend).view(B, n), q
 
-    def accepted(self, c, a, n):
+    def accepted(self, c, a, n, c_host=None, a_host=None):
         pass
 
 
@@ -131,23 +138,28 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
         hidden_out[:, 0] = hid_prev
     chunk = min(chunk, end - 1)       # re-feed padding needs room before the block (see padded_block)
     c = torch.ones(B, dtype=torch.long, device=device)
+    # The committed lengths are kept on the device (for the pass) and on the host (for the loop
+    # control, the shapes and the stream consumption), the host copy advanced from the one read
+    # of each pass: the acceptance counts.
+    c_host = [1] * B
     ar_b = torch.arange(B, device=device)
     rows_b = torch.arange(rows, device=device) % B
+    t_end = torch.arange(end, device=device)[None]
     streams = gen
     per_image = isinstance(streams, ImageStreams) and len(streams) > 1
     while chunk >= 1:
-        # The loop-control read: which images are still going (one read per pass, for both uses).
-        going = (c < end).tolist()
+        going = [cb < end for cb in c_host]
         if not any(going):
             break
         n = chunk
+        nb_host = [min(max(end - cb, 0), n) for cb in c_host]
         nb = (end - c).clamp(min=0, max=n)                                    # real drafts per row
         if per_image:
             # Images that are done draw nothing more here: SSD goes on from this stream after row 0.
             gen = streams.only(going)
         if isinstance(drafter, HeadsDrafter):
             drafter.hid_prev = hid_prev
-        d, q = drafter.draft(x, c, n, gen)                                    # [B, n], [B, n, V]
+        d, q = drafter.draft(x, c, n, gen, c_host)                            # [B, n], [B, n, V]
         work = x.clone()
         j = torch.arange(n, device=device)[None]
         in_chunk = j < nb[:, None]
@@ -163,36 +175,44 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
         verdict = verify(score.view(B, 1, n), q_tok.view(B, 1, n), rule="ratio", mode="raster",
                          valid=in_chunk.view(B, 1, n), gen=gen, backend=target.backend)
         a = torch.minimum(verdict.first_reject.long(), nb)
+        # The one host read of the pass. Whether any image draws a correction or a bonus token
+        # decides whether the streams advance, so it cannot be deferred; everything else the host
+        # needs (loop control, the drafter's catch-up width, statistics) follows from it.
+        a_host = a.tolist()
+        new_host = [nbb > 0 and cb + ab < end for cb, ab, nbb in zip(c_host, a_host, nb_host)]
         kept = j < a[:, None]
-        amap = torch.zeros(B, H * W, dtype=torch.bool, device=device)
-        amap.scatter_(1, torch.where(kept, dpos, torch.zeros_like(dpos)), kept)
-        stats.acceptance_maps.append(amap.view(B, H, W).cpu())
-        stats.extra.setdefault("drafted", []).append(int(nb.sum()))
-        stats.extra.setdefault("accepted", []).append(int(a.sum()))
+        amap = torch.zeros(B, H * W, dtype=torch.bool)
+        for b, (cb, ab) in enumerate(zip(c_host, a_host)):
+            amap[b, cb:cb + ab] = True
+        stats.acceptance_maps.append(amap.view(B, H, W))
+        stats.extra.setdefault("drafted", []).append(sum(nb_host))
+        stats.extra.setdefault("accepted", []).append(sum(a_host))
         x.scatter_(1, torch.where(kept, dpos, (c - 1)[:, None].expand(-1, n)),
                    torch.where(kept, d, x.gather(1, (c - 1)[:, None]).expand(-1, n)))
         active = nb > 0
         new = active & (c + a < end)                        # a correction or a bonus token
         # The rejected drafts' keys and values are stale: forget them.
-        stale = in_chunk & ~kept
-        if bool(stale.any()):
-            target.invalidate_where(dpos, stale)
+        if any(ab < nbb for ab, nbb in zip(a_host, nb_host)):
+            target.invalidate_where(dpos, in_chunk & ~kept)
         if hidden_out is not None:
-            jj = torch.arange(n + 1, device=device)[None]
-            exact = (jj <= a[:, None]) & (c[:, None] + jj < end) & active[:, None]
-            hpos = (c[:, None] + jj).clamp(max=end - 1)
-            rr, cc = exact.nonzero(as_tuple=True)
-            for half in range(rows // B):
-                hidden_out[rr + half * B, hpos[rr, cc]] = out.hidden[rr + half * B, cc]
+            # Output jj of the pass is the exact state of position c + jj for jj <= a (inside the
+            # span): a fixed-shape select over the span, no index list.
+            jj = t_end - c[:, None]                                           # [B, end]
+            exact = ((jj >= 0) & (jj <= a[:, None]) & active[:, None])[rows_b]
+            src = out.hidden.gather(1, jj.clamp(0, n)[rows_b][..., None].expand(-1, -1, out.hidden.shape[-1]))
+            hidden_out.copy_(torch.where(exact[..., None], src, hidden_out))
         jstar = torch.where(new, a, (nb - 1).clamp_min(0))
         sel = gather_rows(out, jstar)
-        if bool(new.any()):
+        if any(new_host):
             p_new = target.probs(sel)[:, 0]                                   # [B, V]
             q_new = torch.where((a < nb)[:, None], q[ar_b, a.clamp(max=n - 1)], torch.zeros_like(p_new))
             tok = draw_residual(p_new, q_new, gen, target.backend)        # q = 0: a bonus draw from p
-            x[new, (c + a)[new]] = tok[new]
+            # Rows without a new token write their last committed token back (a fixed-shape write).
+            at = torch.where(new, c + a, c - 1)[:, None]
+            x.scatter_(1, at, torch.where(new, tok, x.gather(1, (c - 1)[:, None])[:, 0])[:, None])
         upd = active[rows_b]
-        hid_prev[upd] = sel.hidden[upd, 0]
-        drafter.accepted(c, a, n)
+        hid_prev.copy_(torch.where(upd[:, None], sel.hidden[:, 0], hid_prev))
+        drafter.accepted(c, a, n, c_host, a_host)
         c = c + torch.where(active, a + new.long(), torch.zeros_like(a))
+        c_host = [cb + (ab + nw if nbb > 0 else 0) for cb, ab, nw, nbb in zip(c_host, a_host, new_host, nb_host)]
     return hid_prev

@@ -175,10 +175,12 @@ def _settle(runner: ModelRunner, x, hid, lo: int, hi: int, q, gen, stats, *, max
         passes += 1
         q_win, changed = _verify_and_correct(runner, x, lo + keep, hi, runner.probs(out)[:, keep:], q, gen, stats,
                                              "previous")
-        changed = changed.any(0)
-        if not bool(changed.any()):
+        # Settled: everything before the first position resampled in any image (host copy of the
+        # pass's one read).
+        changed = [any(col) for col in zip(*changed)]
+        if not any(changed):
             return None, None
-        settled = int(changed.nonzero()[0]) + 1
+        settled = changed.index(True) + 1
         lo += keep + settled
         keep = 0
         if lo == hi:
@@ -189,26 +191,33 @@ def _settle(runner: ModelRunner, x, hid, lo: int, hi: int, q, gen, stats, *, max
 
 def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats, round_q: str):
     """One independent verify-and-correct of the tokens at raster positions [lo, hi) against p;
-    returns the q each token is judged against next (per `round_q`) and the resampled mask [B, L]."""
+    returns the q each token is judged against next (per `round_q`) and the resampled mask [B][L]
+    on the host (from the pass's one read)."""
     B, L, _ = p.shape
     xw = x[:, lo:hi]
     p_tok = p.gather(2, xw[..., None])[..., 0]
     q_tok = q.gather(2, xw[..., None])[..., 0]
     verdict = verify(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="independent",
                      gen=gen, backend=runner.backend)
-    redo = verdict.resample.view(B, L)
+    # The one host read of the pass: which tokens were kept and which are resampled. How many
+    # uniforms each image draws for its corrections depends on it, and so does the next span.
+    accept, redo = torch.stack([verdict.accept.view(B, L), verdict.resample.view(B, L)]).tolist()
     amap = torch.zeros(B, runner.H * runner.W, dtype=torch.bool)
-    amap[:, lo:hi] = verdict.accept.view(B, L).cpu()
+    amap[:, lo:hi] = torch.tensor(accept, dtype=torch.bool)
     stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
     stats.extra.setdefault("drafted", []).append(B * L)
-    stats.extra.setdefault("accepted", []).append(int(verdict.accept.sum()))
-    if bool(redo.any()):
+    stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
+    where = [(b, j) for b in range(B) for j in range(L) if redo[b][j]]    # row-major, as a mask selects
+    if where:
         keep_q = round_q == "resampled"
-        drawn = draw_residual(p[redo], q[redo], gen, runner.backend, with_distribution=keep_q, rows_of=redo)
-        xw[redo] = drawn[0] if keep_q else drawn      # xw is a view: this writes x
+        rr = torch.tensor([b for b, _ in where], dtype=torch.long, device=x.device)
+        jj = torch.tensor([j for _, j in where], dtype=torch.long, device=x.device)
+        drawn = draw_residual(p[rr, jj], q[rr, jj], gen, runner.backend, with_distribution=keep_q,
+                              counts=[sum(row) for row in redo])
+        x[rr, lo + jj] = drawn[0] if keep_q else drawn
         if keep_q:
             q = q.clone()
-            q[redo] = drawn[1]   # reading: later rounds judge a resampled token against its own q
+            q[rr, jj] = drawn[1]   # reading: later rounds judge a resampled token against its own q
     if round_q == "previous":
         # After verify-and-correct every token follows this round's p (kept ones by acceptance,
         # replaced ones by the residual), so the next round judges it against p: a token whose

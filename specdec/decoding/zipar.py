@@ -24,6 +24,33 @@ def check_window(window, width: int) -> int:
     return window
 
 
+def schedule(H: int, W: int, window: int, device) -> list:
+    """The passes of the row-staggered schedule, one (positions, fed, fake, src, targets) per step
+    t >= 1: raster positions of the queries, the raster slots whose tokens they carry, the fake
+    end-of-row slots to forget afterwards (None if none), the output index of each producing
+    query, and the positions it samples. It depends on (t, window, H, W) only, so it is worked out
+    on the host once and sent to the device before the loop (no read-back, no copy per step)."""
+    def tensor(values):
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    plan = []
+    for t in range(1, (H - 1) * window + W):
+        fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
+        real = [i * W + (t - 1 - i * window) for i in fed_rows]
+        cont = [i for i in range(H) if 1 <= t - i * window < W]          # rows continuing: (i, j-1) -> (i, j)
+        start = [i for i in range(1, H) if t - i * window == 0]         # at most one row starts per step
+        fake = [(i - 1) * W + (W - 1) for i in start] if window < W else []   # end-of-row slot of the row above
+        fed = real + [(i - 1) * W + window - 1 for i in start] if fake else real
+        # Output index of each producing query (fed rows form a contiguous range starting at lo):
+        # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
+        # or with window == W the real end of the row above.
+        lo = fed_rows[0]
+        src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
+        targets = [i * W + (t - i * window) for i in cont] + [i * W for i in start]
+        plan.append((tensor(real + fake), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets)))
+    return plan
+
+
 @torch.no_grad()
 def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) -> torch.Tensor:
     """Decode B grids with the row-staggered schedule -> int64 [B, H*W]."""
@@ -34,32 +61,10 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     x = torch.zeros(B, H * W, dtype=torch.long, device=dev)
     out = runner.prefill(classes)
     x[:, 0] = draw(runner.probs(out)[:, 0], gen, runner.backend)
-    rows = torch.arange(H, device=dev)
-    steps = (H - 1) * window + W
-    for t in range(1, steps):
-        j_prev = t - 1 - rows * window
-        fed_rows = rows[(j_prev >= 0) & (j_prev < W)]                  # rows that produced a token at t - 1
-        real = fed_rows * W + (t - 1 - fed_rows * window)
-        j_now = t - rows * window
-        cont = rows[(j_now >= 1) & (j_now < W)]                       # rows continuing: (i, j-1) -> (i, j)
-        start = rows[(j_now == 0) & (rows >= 1)]                      # at most one row starts per step
-        positions = real
-        fake = torch.empty(0, dtype=torch.long, device=dev)
-        if start.numel() and window < W:
-            fake = (start - 1) * W + (W - 1)                          # end-of-row slot of the row above
-            positions = torch.cat([real, fake])
-        tokens = torch.cat([x[:, real], x[:, (start - 1) * W + window - 1]], 1) if fake.numel() else x[:, real]
-        out = runner.forward(tokens, positions)
-        if fake.numel():
+    for positions, fed, fake, src, targets in schedule(H, W, window, dev):
+        out = runner.forward(x[:, fed], positions)
+        if fake is not None:
             runner.invalidate(fake)
-        # Output index of each producing query (fed rows form a contiguous range starting at lo):
-        # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
-        # or with window == W the real end of the row above.
-        lo = fed_rows[0]
-        src = cont - lo
-        if start.numel():
-            src = torch.cat([src, torch.full_like(start, real.numel()) if fake.numel() else start - 1 - lo])
-        targets = torch.cat([cont * W + (t - cont * window), start * W])
         p = runner.probs(out.select(src))           # [B, n, V]
         V = p.shape[-1]
         x[:, targets] = draw(p.reshape(-1, V), gen, runner.backend).view(B, -1)
