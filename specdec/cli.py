@@ -184,7 +184,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def _model_flags(args) -> Dict[str, object]:
     return {"--vq": args.vq, "--prompt": args.prompt, "--negative-prompt": args.negative_prompt,
-            "--caption-embeddings": args.caption_embeddings}
+            "--caption-embeddings": args.caption_embeddings, "--drafter": args.drafter, "--heads": args.heads,
+            "--upsampler": args.upsampler}
 
 
 def _size(text: str, flag: str):
@@ -280,6 +281,47 @@ def model_conditions(args, target):
     return None, [p for p in args.prompt for _ in range(n)], negative, f"{len(args.prompt)} prompt(s)"
 
 
+def method_resources(args, fam) -> Dict[str, object]:
+    """The drafter, SSD heads and up-sampler of --drafter/--heads/--upsampler as method options
+    (only those the method takes; a file that does not fit the model is a one-line error)."""
+    from specdec import decoding
+
+    accepted = set(decoding.method_options(args.method))
+    out: Dict[str, object] = {}
+    given = {"--drafter": args.drafter, "--heads": args.heads, "--upsampler": args.upsampler}
+    for flag, path in given.items():
+        if path is not None and not os.path.exists(path):
+            raise FileNotFoundError(f"{flag} {path}: no such file or directory")
+    if args.drafter is not None:
+        if "drafter" not in accepted:
+            raise ValueError(f"--drafter: {args.method} takes no drafter")
+        sub = argparse.Namespace(**{**vars(args), "model": args.drafter, "vq": None if os.path.isdir(args.drafter)
+                                    else args.vq})
+        out["drafter"] = load_model_family(sub).target
+    if args.heads is not None:
+        if "heads" not in accepted:
+            raise ValueError(f"--heads: {args.method} takes no SSD heads")
+        from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
+        from specdec.models.weights_io import load_module
+
+        heads, _ = load_module(args.heads, lambda c: SSDHeads(SSDHeadsConfig(**c)), "train them with `python -m "
+                               "specdec.train ssd --model ...`")
+        if heads.config.dim != fam.target.hidden_dim or heads.config.grid_width != fam.target.grid[1]:
+            raise ValueError(f"--heads {args.heads}: heads for hidden size {heads.config.dim} and grid width "
+                             f"{heads.config.grid_width}, the model has {fam.target.hidden_dim} and {fam.target.grid[1]}")
+        out["heads"] = heads.to(check_device(args.device)).eval()
+    if args.upsampler is not None:
+        if "upsampler" not in accepted:
+            raise ValueError(f"--upsampler: {args.method} takes no up-sampler")
+        from specdec.decoding.upsample import load_upsampler
+
+        out["upsampler"] = load_upsampler(args.upsampler, device=check_device(args.device))
+        out["upsample"] = "learned"
+    elif args.method == "mulo":
+        out["upsample"] = "pixel"      # the shipped learned up-sampler belongs to the embedded family
+    return out
+
+
 def cmd_generate_model(args) -> int:
     from specdec import decoding, images
 
@@ -292,6 +334,7 @@ def cmd_generate_model(args) -> int:
     engine = _engine_options(args, [args.method])[args.method]
     torch.set_num_threads(args.threads) if args.threads else None
     fam = load_model_family(args)
+    options = {**method_resources(args, fam), **options}
     classes, prompts, negative, what = model_conditions(args, fam.target)
     if not tokens_only and getattr(fam, "tokenizer", None) is None:
         raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq); write the token "
@@ -517,6 +560,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CFG's unconditional prompt: one for all prompts or one per --prompt")
     m.add_argument("--caption-embeddings", default=None, metavar="FILE",
                    help="LlamaGen text-to-image: T5 caption features (.safetensors/.pt: caption_embs, emb_masks)")
+    m.add_argument("--drafter", default=None, metavar="PATH",
+                   help="a second model (same kinds as --model) as the drafter: mulo's low-resolution one "
+                        "(its grid divides --model's, same codebook), or sd's / lantern's same-grid one")
+    m.add_argument("--heads", default=None, metavar="FILE",
+                   help="SSD heads of --model, from `python -m specdec.train ssd --model ...` (ssd; sd/lantern "
+                        "draft with them when there is no --drafter)")
+    m.add_argument("--upsampler", default=None, metavar="FILE",
+                   help="mulo's learned up-sampler for --model, from `python -m specdec.train upsampler --model ...` "
+                        "(without it mulo up-samples in pixel space)")
     common(g)
     g.set_defaults(generate_parser=g)
 

@@ -204,3 +204,50 @@ def test_generate_without_model_still_requires_a_class(capsys):
         cli.main(["generate", "--method", "ar", "--out", "x.png"])
     assert e.value.code == 2
     assert "the following arguments are required: --class" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def heads_files(files):
+    """SSD heads sized for the tiny c2i checkpoint (dim 32, grid width 4), and heads that are not."""
+    from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
+    from specdec.models.weights_io import save_weights
+
+    torch.manual_seed(4)
+    good = SSDHeads(SSDHeadsConfig(dim=32, grid_width=4, ffn_hidden=16))
+    save_weights(good, str(files / "heads.safetensors"), good.config.to_dict())
+    bad = SSDHeads(SSDHeadsConfig(dim=16, grid_width=4, ffn_hidden=16))
+    save_weights(bad, str(files / "heads16.safetensors"), bad.config.to_dict())
+    return good
+
+
+def c2i_args(files, method, *more):
+    return ["generate", "--method", method, "--model", str(files / "c2i.pt"), "--gpt-size", TINY_SIZE,
+            "--grid-size", "4", "--class", "2", "--num", "2", "--quiet", *more]
+
+
+def test_ssd_heads_and_a_drafter_from_files(files, heads_files, tmp_path):
+    """--heads and --drafter give the method the same pieces decode() gets passed by hand."""
+    fam = load_llamagen_family(str(files / "c2i.pt"), gpt_size=eval(TINY_SIZE), grid_size=4)
+    classes = torch.tensor([2, 2])
+    out = tmp_path / "ssd.pt"
+    assert cli.main(c2i_args(files, "ssd", "--heads", str(files / "heads.safetensors"), "--out", str(out))) == 0
+    want = decoding.decode("ssd", fam, classes, heads=heads_files.eval(), sampling=decoding.DEFAULT_SAMPLING)
+    assert torch.equal(torch.load(str(out))["tokens"], want.tokens)
+    out = tmp_path / "sd.pt"
+    assert cli.main(c2i_args(files, "sd", "--drafter", str(files / "c2i.pt"), "--out", str(out))) == 0
+    drafter = load_llamagen_family(str(files / "c2i.pt"), gpt_size=eval(TINY_SIZE), grid_size=4).target
+    want = decoding.decode("sd", fam, classes, drafter=drafter, sampling=decoding.DEFAULT_SAMPLING)
+    assert torch.equal(torch.load(str(out))["tokens"], want.tokens)
+
+
+@pytest.mark.parametrize("method, extra, match", [
+    ("ssd", ["--heads", "{d}/heads16.safetensors"], "heads for hidden size 16 and grid width 4, the model has 32 and 4"),
+    ("ar", ["--heads", "{d}/heads.safetensors"], "--heads: ar takes no SSD heads"),
+    ("ar", ["--drafter", "{d}/c2i.pt"], "--drafter: ar takes no drafter"),
+    ("ssd", ["--heads", "{d}/nope.safetensors"], "--heads {d}/nope.safetensors: no such file or directory"),
+    ("mulo", ["--upsampler", "{d}/nope.safetensors"], "--upsampler {d}/nope.safetensors: no such file"),
+])
+def test_resource_file_errors_are_one_line(files, heads_files, method, extra, match, capsys, tmp_path):
+    d = str(files)
+    argv = c2i_args(files, method, *[e.replace("{d}", d) for e in extra], "--out", str(tmp_path / "x.pt"))
+    one_line_error(argv, capsys, match.replace("{d}", d))

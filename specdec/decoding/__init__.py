@@ -73,7 +73,10 @@ def _family_resources(method: str, family, options: dict) -> dict:
         if options.get("upsample") == "learned" and options.get("upsampler") is None:
             from specdec.decoding.upsample import load_upsampler
 
-            res["upsampler"] = get("upsampler") or load_upsampler(device=next(get("target").parameters()).device)
+            # The shipped up-sampler is the embedded family's; another family brings its own.
+            res["upsampler"] = get("upsampler")
+            if res["upsampler"] is None and _is_embedded(family):
+                res["upsampler"] = load_upsampler(device=next(get("target").parameters()).device)
     if method == "ssd":
         res["heads"] = get("ssd_heads")
     return res
@@ -98,6 +101,11 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     if unknown:
         raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}; it accepts: {', '.join(allowed)}")
     opts = dict(DEFAULT_OPTIONS[method])
+    if (method == "mulo" and "upsample" not in options and not _is_embedded(family)
+            and (family.get("upsampler") if isinstance(family, dict) else getattr(family, "upsampler", None)) is None):
+        # The learned default needs an up-sampler trained for this family's codebook; without
+        # one, MuLo-SD up-samples in pixel space through the family's VQ (the paper's pipeline).
+        opts["upsample"] = "pixel"
     opts.update(options)
     for key, value in _family_resources(method, family, opts).items():
         if opts.get(key) is None and key in allowed + ["tokenizer"]:
@@ -106,6 +114,12 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     return _MODULES[method].decode(target, conditions, seed=seed, first_index=first_index,
                                    sampling=sampling or DEFAULT_SAMPLING,
                                    backend=backend, progress=progress, **opts)
+
+
+def _is_embedded(family) -> bool:
+    from specdec.models.default import DefaultFamily
+
+    return isinstance(family, DefaultFamily)
 
 
 def _conditions(target, classes, prompts, negative_prompts):
