@@ -38,6 +38,7 @@ def tiny_janus(patches=4, seed=0, layers=2):
     m.generation_config.bos_token_id = BOS
     m.generation_config.pad_token_id = PAD
     m.generation_config.generation_kwargs = {"boi_token_id": BOI}
+    m.generation_config._from_model_config = False   # saved and reloaded as a checkpoint's own
     return m
 
 
@@ -137,3 +138,39 @@ def test_missing_token_ids_are_named():
     # a negative prompt needs none of them
     dec.decode("ar", fam, prompts=PROMPTS[:1], negative_prompts=[torch.tensor([BOS, PAD, BOI])],
                sampling=Sampling(cfg_scale=2.0, top_k=1))
+
+
+def test_load_pretrained_round_trip(tmp_path):
+    from specdec.integrations.transformers import register
+    from specdec.models.hf import load_pretrained
+
+    m = tiny_janus()
+    m.save_pretrained(tmp_path)
+    fam = load_pretrained(str(tmp_path))
+    assert isinstance(fam.target, JanusImageModel) and fam.target.bos_token_id == BOS
+    sampling = Sampling(cfg_scale=3.0, top_k=1)
+    a = dec.decode("ar", fam, prompts=PROMPTS[:1], sampling=sampling).tokens
+    b = dec.decode("ar", wrap(m), prompts=PROMPTS[:1], sampling=sampling).tokens
+    assert torch.equal(a, b)
+    # the per-sub-config form: only the language model on the specdec attention
+    register()
+    sub = JanusForConditionalGeneration.from_pretrained(tmp_path, attn_implementation={"text_config": "specdec"})
+    assert sub.model.language_model.config._attn_implementation == "specdec"
+    assert sub.model.vision_model.config._attn_implementation != "specdec"
+
+
+def test_load_pretrained_errors(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.models.hf import load_pretrained
+
+    with pytest.raises(ValueError, match="save_pretrained"):
+        load_pretrained(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="config.json"):
+        load_pretrained(str(tmp_path))
+    LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="LlamaForCausalLM is not supported"):
+        load_pretrained(str(tmp_path / "llama"))
+    with pytest.raises(ValueError, match="no adapter"):
+        wrap(torch.nn.Linear(2, 2))
