@@ -45,7 +45,7 @@ def vocabulary_map(codes: int, *, shuffle_seed=None) -> dict:
 
 
 def tiny_chameleon(*, codes: int = 48, dim: int = 32, layers: int = 2, heads: int = 2, kv_heads: int = 2,
-                   seed: int = 0, scale: float = 0.3, shuffle_seed=None) -> ChameleonForConditionalGeneration:
+                   seed: int = 0, scale: float = 1.0, shuffle_seed=None) -> ChameleonForConditionalGeneration:
     """A random Chameleon with a vocabulary holding `codes` image tokens and Lumina-mGPT's special
     ids, its VQ reduced to a few channels (only its codebook is used here). Weights ~ N(0, scale)
     so that the logits are far from uniform (greedy decoding is then free of near-ties)."""
@@ -141,3 +141,172 @@ def test_reference_loop_uses_the_guidance_and_the_prompt():
     other = lumina_greedy(model, torch.tensor([1, 99, 7]), (4, 4), 3.0)
     assert plain.shape == (4, 4) and int(plain.min()) >= 0 and int(plain.max()) < 48
     assert not torch.equal(plain, guided) and not torch.equal(guided, other)
+
+
+# ------------------------------------------------------------------------------------------------
+# the adapter
+# ------------------------------------------------------------------------------------------------
+
+from specdec import decoding  # noqa: E402
+from specdec.decoding.common import Sampling  # noqa: E402
+from specdec.models.conditions import Prompts  # noqa: E402
+from specdec.models.hf import wrap  # noqa: E402
+from specdec.models.hf.chameleon import ChameleonFamily, ChameleonImageModel  # noqa: E402
+from specdec.models.hf.chameleon_layout import LuminaLayout  # noqa: E402
+from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
+
+CODES, GRID = 48, (4, 4)
+PROMPTS = [torch.tensor([1, 17, 23, 42]), torch.tensor([1, 99, 7])]       # different lengths
+
+
+class RecordingDecoder(torch.nn.Module):
+    """A stand-in pixel decoder: code c -> a fixed colour, one pixel per token (the tiny VQ
+    encoder does not down-sample), so MuLo-SD's pixel up-sampler can round-trip it. Records
+    what it was given."""
+
+    def __init__(self, codes: int = CODES):
+        super().__init__()
+        self.colours = torch.nn.Parameter(torch.randn(codes, 3, generator=torch.Generator().manual_seed(5)),
+                                          requires_grad=False)
+        self.calls = []
+
+    def forward(self, grid):
+        self.calls.append(grid.clone())
+        return torch.tanh(self.colours[grid]).permute(0, 3, 1, 2)
+
+
+def family(seed: int = 0, **kw) -> ChameleonFamily:
+    return wrap(tiny_chameleon(seed=seed, codes=CODES, shuffle_seed=3), grid=GRID, max_prompt_len=16, **kw)
+
+
+@pytest.mark.parametrize("cfg_scale,negative", [(3.0, None), (1.0, None), (2.0, [torch.tensor([1, 5]), None])])
+def test_ar_greedy_equals_lumina_mgpt_greedy_generation(cfg_scale, negative):
+    reference_model = tiny_chameleon(shuffle_seed=3)          # the same weights, left on sdpa
+    negs = negative or [None, None]
+    expected = torch.stack([lumina_greedy(reference_model, p, GRID, cfg_scale, n) for p, n in zip(PROMPTS, negs)])
+    fam = family()
+    assert isinstance(fam.target, ChameleonImageModel)
+    out = decoding.decode("ar", fam, prompts=PROMPTS, negative_prompts=negative,
+                          sampling=Sampling(cfg_scale=cfg_scale, top_k=1), batch_size=2)
+    assert out.images is None                                  # tokens only without a decoder
+    assert torch.equal(out.tokens, expected)
+
+
+def test_prompts_that_already_end_with_the_header_are_not_extended():
+    reference_model = tiny_chameleon(shuffle_seed=3)
+    expected = lumina_greedy(reference_model, PROMPTS[0], GRID, 3.0)
+    fam = family()
+    with_header = torch.cat([PROMPTS[0], torch.tensor(fam.target.layout.header)])
+    out = decoding.decode("ar", fam, prompts=[with_header], sampling=Sampling(cfg_scale=3.0, top_k=1))
+    assert torch.equal(out.tokens[0], expected)
+
+
+@pytest.fixture(scope="module")
+def full_family():
+    """Target 4x4 with a recording decoder, MuLo-SD's 2x2 drafter and a same-grid sd drafter
+    (both tiny Chameleons on the same vocabulary), untrained SSD heads."""
+    decoder = RecordingDecoder()
+    drafter = wrap(tiny_chameleon(seed=1, codes=CODES, shuffle_seed=3), grid=(2, 2), max_prompt_len=16)
+    sd_drafter = wrap(tiny_chameleon(seed=2, codes=CODES, shuffle_seed=3, dim=16, layers=1), grid=GRID,
+                      max_prompt_len=16)
+    torch.manual_seed(0)
+    heads = SSDHeads(SSDHeadsConfig(32, GRID[1], n_horizontal=5, n_vertical=1, ffn_hidden=64)).eval()
+    return family(decoder=decoder, drafter=drafter, sd_drafter=sd_drafter, ssd_heads=heads), decoder
+
+
+RUNS = [("ar", {}), ("sd", {}), ("sd", {"drafter": "heads"}), ("lantern", dict(k=8)),
+        ("lantern", dict(k=8, drafter="heads")), ("sjd", dict(window=4)), ("zipar", dict(window=2)),
+        ("mulo", dict(upsample="pixel", k=8, tau=0.05)), ("mulo", dict(upsample="nearest", k=8, tau=0.05)),
+        ("ssd", dict(rounds=1, commit="write"))]
+
+
+@pytest.mark.parametrize("method,options", RUNS, ids=[f"{m}-{'-'.join(map(str, o.values()))}" for m, o in RUNS])
+def test_every_method_runs_batched_and_returns_grids_of_image_codes(full_family, method, options):
+    fam, decoder = full_family
+    options = dict(options)
+    if options.pop("drafter", None) == "heads":
+        options["heads"] = fam.ssd_heads
+        options["drafter"] = None
+    decoder.calls.clear()
+    out = decoding.decode(method, fam, prompts=PROMPTS, seed=3, sampling=Sampling(cfg_scale=2.0), batch_size=2,
+                          **options)
+    assert out.tokens.shape == (2, *GRID) and out.tokens.dtype == torch.int64
+    assert int(out.tokens.min()) >= 0 and int(out.tokens.max()) < CODES
+    # Grids hold VQ codes: no text id, the row-end token above all, can appear in them.
+    assert ROW_END not in fam.target.image_ids[out.tokens].unique().tolist()
+    # the user's decoder got the grids (the last call; MuLo-SD's pixel up-sampler calls it too)
+    assert torch.equal(decoder.calls[-1], out.tokens)
+    assert out.images.shape == (2, 3, *GRID)
+    again = decoding.decode(method, fam, prompts=PROMPTS, seed=3, sampling=Sampling(cfg_scale=2.0), batch_size=2,
+                            **options)
+    assert torch.equal(again.tokens, out.tokens)
+
+
+def test_row_end_outputs_give_the_next_rows_first_token():
+    """The output at a row's last position is the row-end token's: with a different row-end id
+    the next row's distribution changes, while the outputs inside a row do not."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, CODES, (1, 8))
+    outs = []
+    for row_end in (ROW_END, ROW_END - 100):
+        fam = wrap(tiny_chameleon(shuffle_seed=3), grid=GRID, max_prompt_len=16,
+                   layout=LuminaLayout(grid=GRID, row_end=row_end))
+        cache = fam.target.new_cache(1)
+        with torch.no_grad():
+            fam.target.prefill(cache, Prompts([PROMPTS[0]]))
+            outs.append(fam.target.forward_tokens(cache, tokens, torch.arange(8)).logits)
+    same = [0, 1, 2]                                            # inside row 0
+    torch.testing.assert_close(outs[0][:, same], outs[1][:, same])
+    assert not torch.allclose(outs[0][:, 3], outs[1][:, 3])     # row 0's end feeds row 1
+
+
+def test_codebook_choices():
+    model = tiny_chameleon(codes=CODES, shuffle_seed=3)
+    vq = wrap(model, grid=GRID).codebook
+    torch.testing.assert_close(vq, model.model.vqmodel.quantize.embedding.weight.detach())
+    emb = wrap(model, grid=GRID, codebook="embeddings").codebook
+    ids = image_token_ids(model)
+    torch.testing.assert_close(emb, model.get_input_embeddings().weight[ids].detach())
+    own = torch.randn(CODES, 5)
+    assert wrap(model, grid=GRID, codebook=own).codebook is not None
+    assert wrap(model, grid=GRID, codebook=None).codebook is None
+    with pytest.raises(ValueError, match="codebook"):
+        wrap(model, grid=GRID, codebook=torch.randn(CODES + 1, 5))
+    with pytest.raises(ValueError, match="codebook"):
+        wrap(model, grid=GRID, codebook="pixels")
+
+
+def test_lantern_without_a_codebook_is_a_clear_error():
+    fam = family(codebook=None, ssd_heads=None)
+    with pytest.raises(ValueError, match="codebook"):
+        decoding.decode("lantern", fam, prompts=PROMPTS[:1], k=4, sampling=Sampling(cfg_scale=2.0))
+
+
+def test_bad_layouts_and_vocabularies_are_clear_errors():
+    model = tiny_chameleon(codes=CODES)
+    with pytest.raises(ValueError, match="size_unit"):
+        wrap(model, grid=(3, 4))                               # 3 rows: no Lumina size token says 1.5
+    wrap(model, layout=LuminaLayout(grid=(3, 4), size_tokens=(SIZE_BASE + 1, SIZE_BASE + 2)))   # explicit: fine
+    with pytest.raises(ValueError, match="row_end"):
+        wrap(model, grid=GRID, layout=LuminaLayout(grid=GRID, row_end=VOCAB + 5))
+    with pytest.raises(ValueError, match="image tokens"):
+        wrap(model, grid=GRID, layout=LuminaLayout(grid=GRID, row_end=FIRST_IMAGE_ID + 1))
+    with pytest.raises(ValueError, match="grid"):
+        wrap(model, grid=(2, 2), layout=LuminaLayout(grid=GRID))
+    with pytest.raises(ValueError, match="image_tokens"):
+        wrap(model, grid=GRID, image_tokens=(VOCAB - 2, 10))
+    with pytest.raises(ValueError, match="decoder"):
+        wrap(model, grid=GRID, decoder="not callable")
+    other = wrap(tiny_chameleon(codes=CODES // 2), grid=(2, 2))
+    with pytest.raises(ValueError, match="share"):
+        wrap(model, grid=GRID, drafter=other)
+
+
+def test_explicit_image_token_range_equals_the_vocabulary_map():
+    """Without a vocabulary map, image_tokens=(4, K) is Chameleon's own layout (code c at id 4 + c)."""
+    model = tiny_chameleon(codes=CODES)                        # unshuffled: code c is id 4 + c
+    a = decoding.decode("ar", wrap(model, grid=GRID), prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=3.0, top_k=1))
+    b = decoding.decode("ar", wrap(model, grid=GRID, image_tokens=(FIRST_IMAGE_ID, CODES)), prompts=PROMPTS[:1],
+                        sampling=Sampling(cfg_scale=3.0, top_k=1))
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.tokens[0], lumina_greedy(tiny_chameleon(codes=CODES), PROMPTS[0], GRID, 3.0))
