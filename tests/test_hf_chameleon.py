@@ -209,9 +209,11 @@ def full_family():
     drafter = wrap(tiny_chameleon(seed=1, codes=CODES, shuffle_seed=3), grid=(2, 2), max_prompt_len=16)
     sd_drafter = wrap(tiny_chameleon(seed=2, codes=CODES, shuffle_seed=3, dim=16, layers=1), grid=GRID,
                       max_prompt_len=16)
+    fam = family(decoder=decoder, drafter=drafter, sd_drafter=sd_drafter)
     torch.manual_seed(0)
-    heads = SSDHeads(SSDHeadsConfig(32, GRID[1], n_horizontal=5, n_vertical=1, ffn_hidden=64)).eval()
-    return family(decoder=decoder, drafter=drafter, sd_drafter=sd_drafter, ssd_heads=heads), decoder
+    dim = fam.target.hidden_dim
+    fam.ssd_heads = SSDHeads(SSDHeadsConfig(dim, GRID[1], n_horizontal=5, n_vertical=1, ffn_hidden=2 * dim)).eval()
+    return fam, decoder
 
 
 RUNS = [("ar", {}), ("sd", {}), ("sd", {"drafter": "heads"}), ("lantern", dict(k=8)),
@@ -310,3 +312,14 @@ def test_explicit_image_token_range_equals_the_vocabulary_map():
                         sampling=Sampling(cfg_scale=3.0, top_k=1))
     assert torch.equal(a.tokens, b.tokens)
     assert torch.equal(a.tokens[0], lumina_greedy(tiny_chameleon(codes=CODES), PROMPTS[0], GRID, 3.0))
+
+
+def test_a_bfloat16_model_decodes_valid_grids():
+    """Lumina-mGPT runs in bfloat16: the adapter's logits are float32 whatever the weights."""
+    fam = wrap(tiny_chameleon(shuffle_seed=3).to(torch.bfloat16), grid=GRID, max_prompt_len=16)
+    cache = fam.target.new_cache(2, cfg=True)
+    with torch.no_grad():
+        first = fam.target.prefill(cache, Prompts(PROMPTS))
+    assert first.logits.dtype == torch.float32 and first.logits.shape == (4, 1, CODES)
+    out = decoding.decode("sjd", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=3.0), window=4, batch_size=2)
+    assert out.tokens.shape == (2, *GRID) and int(out.tokens.max()) < CODES
