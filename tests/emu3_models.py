@@ -123,3 +123,23 @@ def emu3_generate(model, prompt: torch.Tensor, negative: torch.Tensor, grid, gui
 def reference_grids(model, prompts: Sequence[torch.Tensor], negatives: Sequence[torch.Tensor], grid,
                     guidance: float = 3.0) -> torch.Tensor:
     return torch.stack([emu3_generate(model, p, n, grid, guidance) for p, n in zip(prompts, negatives)])
+
+
+def tiny_processor(grid=(4, 4)):
+    """An Emu3Processor over the tiny vocabulary (a character-level tokenizer with Emu3's special
+    tokens), its default generated size set to `grid` (the processor assumes 8 pixels a token)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import Emu3ImageProcessor, Emu3Processor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+        pad_token="<|endoftext|>", unk_token="<|endoftext|>",
+        extra_special_tokens={"image_token": "<image>", "boi_token": "<|image start|>", "eoi_token": "<|image end|>",
+                              "image_wrapper_token": "<|image token|>", "eof_token": "<|extra_201|>"})
+    processor = Emu3Processor(image_processor=Emu3ImageProcessor(), tokenizer=fast)
+    H, W = grid
+    processor.ratio = f"{W}:{H}"
+    processor.image_area = H * W * processor.downsample_ratio ** 2
+    return processor

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from emu3_models import (BOS, EOF, EOL, VOCAB, generation_prompt, reference_grids, text_ids,  # noqa: E402
-                         tiny_emu3)
+                         tiny_emu3, tiny_processor)
 
 from specdec import masks  # noqa: E402
 from specdec.decoding import METHODS, Sampling, decode  # noqa: E402
@@ -266,3 +266,23 @@ def test_wrap_refuses_non_generation_vocabularies():
     hf.config.vocabulary_map = {k: v for k, v in hf.config.vocabulary_map.items() if k != "<|image token|>"}
     with pytest.raises(ValueError, match="image token"):
         wrap(hf)
+
+
+def test_string_prompts_through_the_processor():
+    """With Emu3's processor: the grid is the processor's generated size, string prompts are
+    tokenized as `processor(..., return_for_image_generation=True)` does, and the default
+    negative prompt is Emu3's documented one, as transformers' Emu3 docs pass it to generate."""
+    from specdec.models.hf.emu3 import NEGATIVE_PROMPT
+
+    processor = tiny_processor(GRID)
+    texts = ["abcd", "fedcbaab"]
+    inputs = processor(text=texts[:1], return_for_image_generation=True)
+    assert [list(s) for s in inputs["image_sizes"]] == [list(GRID)]
+    prompt = torch.tensor(inputs["input_ids"][0])
+    assert torch.equal(prompt, generation_prompt("abcd", GRID))
+    neg = torch.tensor(processor(text=[NEGATIVE_PROMPT])["input_ids"][0])
+    ref = reference_grids(tiny_emu3(seed=0), [prompt, generation_prompt(texts[1], GRID)], [neg, neg], GRID)
+    fam = wrap(tiny_emu3(seed=0), grid=None, processor=processor)
+    assert fam.target.grid == GRID
+    out = decode("ar", fam, prompts=texts, sampling=GREEDY, batch_size=2)
+    assert torch.equal(out.tokens, ref)
