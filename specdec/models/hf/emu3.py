@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specdec.decoding.common import Sampling
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.base import HFImageModel
 
@@ -39,6 +40,8 @@ from specdec.models.hf.base import HFImageModel
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
                    "username, blurry.")
+#: Emu3's published sampling for image generation (BAAI's Emu3-Gen example): CFG 3.0, top-k 2048.
+EMU3_SAMPLING = Sampling(cfg_scale=3.0, top_k=2048)
 #: Emu3Processor's defaults for the generated size: ratio 1:1 over this many pixels.
 IMAGE_AREA = 518400
 
@@ -144,7 +147,13 @@ class Emu3ImageModel(HFImageModel):
         self._names = {v: k for k, v in vocab.items() if len(k) == 1}   # single characters: the size string
         self._negative = negative_prompt
         self._negative_ids = None
-        self.tokenizer = Emu3VQ(hf_model.model.vqmodel)
+        # kept out of the module tree: the VQ is already hf_model's submodule
+        self.__dict__["_image_tokenizer"] = Emu3VQ(hf_model.model.vqmodel)
+
+    @property
+    def image_tokenizer(self) -> Emu3VQ:
+        """The family's tokenizer: Emu3's VQ (pixels <-> codes, frame 0)."""
+        return self.__dict__["_image_tokenizer"]
 
     # ---- HFImageModel hooks --------------------------------------------------------------------
     @property
