@@ -1,0 +1,100 @@
+"""specdec on Hugging Face transformers models (docs/hf.md).
+
+    from specdec.models import hf
+    family = hf.wrap(JanusForConditionalGeneration.from_pretrained(path), processor)
+    family = hf.load_pretrained(path)               # a local save_pretrained folder
+    out = specdec.decoding.decode("mulo", family, prompts=["a red fox"], drafter=..., upsample="pixel")
+
+`wrap` dispatches on the model's class through `ADAPTERS` (class name -> "module:function" of a
+function `(hf_model, processor=None, **options) -> HFFamily`); an adapter adds its line there.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from specdec.models.hf.base import HFImageModel
+from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
+
+#: transformers class name -> "module:function" building its family (one line per architecture).
+ADAPTERS: Dict[str, str] = {
+    "JanusForConditionalGeneration": "specdec.models.hf.janus:wrap_janus",
+}
+
+
+@dataclass
+class HFFamily:
+    """A wrapped model, shaped like specdec.models.default()'s family for specdec.decoding.decode:
+    `target` (ARImageModel), `tokenizer` (decode token grids [B, h, w] -> images [B, C, H, W]
+    in [-1, 1]; encode where the VQ allows), and the optional pieces some methods take: `drafter`
+    (MuLo-SD's low-resolution family target, same codebook, grid dividing the target's),
+    `sd_drafter` (a same-grid drafter for sd / lantern), `ssd_heads`, `upsampler`."""
+
+    target: HFImageModel
+    tokenizer: Optional[nn.Module] = None
+    drafter: Optional[Any] = None
+    sd_drafter: Optional[Any] = None
+    ssd_heads: Optional[nn.Module] = None
+    upsampler: Optional[nn.Module] = None
+    processor: Optional[Any] = None
+
+    @property
+    def codebook(self) -> Optional[torch.Tensor]:
+        """[V, D] code vectors for neighbour tables (knn_table), as the model's VQ uses them."""
+        return None if self.tokenizer is None else self.tokenizer.codebook
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tokenizer is None:
+            raise ValueError("this family has no pixel decoder (tokens only)")
+        return self.tokenizer.decode(tokens)
+
+
+def _adapter(hf_model: nn.Module):
+    for cls in type(hf_model).__mro__:
+        if cls.__name__ in ADAPTERS:
+            module, fn = ADAPTERS[cls.__name__].split(":")
+            return getattr(importlib.import_module(module), fn)
+    raise ValueError(f"specdec has no adapter for {type(hf_model).__name__}; supported: {', '.join(sorted(ADAPTERS))}")
+
+
+def wrap(hf_model: nn.Module, processor=None, **options) -> HFFamily:
+    """A transformers model -> its specdec family (see ADAPTERS for the supported classes).
+    `options` go to the adapter (e.g. `max_prompt_len`, token ids the config lacks)."""
+    if not isinstance(hf_model, nn.Module):
+        raise ValueError(f"hf_model must be a transformers model, got {type(hf_model).__name__}")
+    return _adapter(hf_model)(hf_model, processor, **options)
+
+
+def load_pretrained(path: str, device="cpu", dtype=None, **options) -> HFFamily:
+    """A local `save_pretrained` folder -> its family on `device` (weights in `dtype`, default
+    the saved one). The processor is loaded too when the folder has one."""
+    import transformers
+
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isdir(path):
+        raise ValueError(f"path must be a folder written by save_pretrained, got {path!r}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ValueError(f"{path} has no config.json: not a save_pretrained folder")
+    config = transformers.AutoConfig.from_pretrained(path)
+    names = [a for a in (getattr(config, "architectures", None) or []) if a in ADAPTERS]
+    if not names:
+        found = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+        raise ValueError(f"{path}: architecture {found} is not supported by specdec; supported: "
+                         f"{', '.join(sorted(ADAPTERS))}")
+    cls = getattr(transformers, names[0])
+    kw = {} if dtype is None else {"dtype": dtype}
+    model = cls.from_pretrained(path, **kw).to(device)
+    processor = None
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError):   # a folder without processor files
+        processor = None
+    return wrap(model, processor, **options)
+
+
+__all__ = ["ADAPTERS", "HFFamily", "HFImageModel", "HFSlotCache", "RowEndSlotCache", "load_pretrained", "wrap"]
