@@ -18,6 +18,7 @@ from specdec import masks  # noqa: E402
 from specdec.decoding import METHODS, Sampling, decode  # noqa: E402
 from specdec.models import ARImageModel  # noqa: E402
 from specdec.models.conditions import Prompts  # noqa: E402
+from specdec.models import hf  # noqa: E402
 from specdec.models.hf.emu3 import Emu3ImageModel  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 
@@ -28,9 +29,7 @@ GREEDY = Sampling(cfg_scale=3.0, top_k=1)
 
 
 def wrap(hf_model, grid=GRID, **kw):
-    from specdec.models.hf import wrap as hf_wrap
-
-    return hf_wrap(hf_model, grid=grid, **kw)
+    return hf.wrap(hf_model, grid=grid, **kw)
 
 
 def prompts_and_negatives(grid=GRID):
@@ -54,7 +53,7 @@ def family():
 
 def test_family_shape(family):
     m = family.target
-    assert isinstance(m, ARImageModel)
+    assert isinstance(m, Emu3ImageModel) and isinstance(m, ARImageModel)
     assert m.grid == GRID and m.vocab_size == K and m.hidden_dim == 32
     assert m.null_class is None and m.supports_cfg
     assert family.codebook.shape == (K, 4)

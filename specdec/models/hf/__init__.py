@@ -24,6 +24,7 @@ from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
 #: transformers class name -> "module:function" building its family (one line per architecture).
 ADAPTERS: Dict[str, str] = {
     "JanusForConditionalGeneration": "specdec.models.hf.janus:wrap_janus",
+    "Emu3ForConditionalGeneration": "specdec.models.hf.emu3:wrap_emu3",
 }
 
 

@@ -239,3 +239,13 @@ class Emu3ImageModel(HFImageModel):
         if is_prompts(cond):
             cond = Prompts([self.with_suffix(c) for c in cond.cond], cond.negative)
         return super().prefill(cache, cond, uncond, backend)
+
+
+def wrap_emu3(hf_model: nn.Module, processor=None, **options):
+    """`specdec.models.hf.wrap`'s adapter for Emu3ForConditionalGeneration -> HFFamily (target,
+    the VQ tokenizer, the processor). `options`: Emu3ImageModel's (grid, negative_prompt,
+    max_prompt_len)."""
+    from specdec.models.hf import HFFamily
+
+    target = Emu3ImageModel(hf_model, processor, **options)
+    return HFFamily(target=target, tokenizer=target.image_tokenizer, processor=processor)
