@@ -285,3 +285,18 @@ def test_string_prompts_through_the_processor():
     assert fam.target.grid == GRID
     out = decode("ar", fam, prompts=texts, sampling=GREEDY, batch_size=2)
     assert torch.equal(out.tokens, ref)
+
+
+def test_load_pretrained_folder(tmp_path):
+    """A save_pretrained folder (model + Emu3Processor) loads through hf.load_pretrained as an
+    Emu3 family (grid given: a reloaded Emu3Processor has its class defaults, 90 x 90), and
+    decodes what the in-memory model decodes."""
+    tiny_emu3(seed=0).save_pretrained(tmp_path)
+    tiny_processor(GRID).save_pretrained(tmp_path)
+    fam = hf.load_pretrained(str(tmp_path), grid=GRID)
+    assert isinstance(fam.target, Emu3ImageModel) and fam.processor is not None and fam.target.grid == GRID
+    prompts, negatives = prompts_and_negatives()
+    got = decode("ar", fam, prompts=prompts[:1], negative_prompts=negatives[:1], sampling=GREEDY).tokens
+    ref = decode("ar", wrap(tiny_emu3(seed=0)), prompts=prompts[:1], negative_prompts=negatives[:1],
+                 sampling=GREEDY).tokens
+    assert torch.equal(got, ref)
