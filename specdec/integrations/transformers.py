@@ -20,7 +20,7 @@ with `tree_attention`'s rule: key j is visible to query i iff `kv_valid[b, j]` a
 (specdec.models.hf) pass exactly these.
 
 Called without them (a plain `model(...)` or `generate`), the function is ordinary attention:
-causal when transformers passes no mask (queries are the last Nq of the keys), or the mask
+causal when transformers passes no mask (sdpa's `is_causal`: upper-left aligned), or the mask
 transformers built (the "specdec" mask function is sdpa's), which for decoder language models is
 causal + key padding and is translated exactly into the rule: `kv_valid[j]` = some query sees key
 j, `q_pos[i]` = the last key query i sees, `kv_pos[j] = j`. A mask that is not of that form (a
@@ -58,9 +58,13 @@ def _plain_visibility(query: torch.Tensor, key: torch.Tensor, attention_mask: Op
     device = query.device
     kv_pos = torch.arange(Nk, device=device, dtype=torch.int32).expand(B, Nk)
     if attention_mask is None:
-        # No mask: causal over the last Nq keys (a prefill, or a cached step), or full attention.
-        last = torch.arange(Nk - Nq, Nk, device=device, dtype=torch.int32) if causal else \
-            torch.full((Nq,), Nk - 1, device=device, dtype=torch.int32)
+        # No mask means what sdpa's is_causal means: upper-left causal for Nq > 1 (transformers
+        # skips the mask only when that is right: Nq == Nk, or a prefill into an empty static
+        # cache), every key for a single query or a non-causal module.
+        if causal and Nq > 1:
+            last = torch.arange(Nq, device=device, dtype=torch.int32)
+        else:
+            last = torch.full((Nq,), Nk - 1, device=device, dtype=torch.int32)
         return last.expand(B, Nq), kv_pos, None
     if attention_mask.dim() != 4 or attention_mask.shape[-1] != Nk or attention_mask.shape[-2] != Nq:
         raise ValueError(f"attention_mask must be [B, 1, {Nq}, {Nk}] for the specdec attention, got "

@@ -33,8 +33,9 @@ class HFFamily:
     """A wrapped model, shaped like specdec.models.default()'s family for specdec.decoding.decode:
     `target` (ARImageModel), `tokenizer` (decode token grids [B, h, w] -> images [B, C, H, W]
     in [-1, 1]; encode where the VQ allows), and the optional pieces some methods take: `drafter`
-    (MuLo-SD's low-resolution family target, same codebook, grid dividing the target's),
-    `sd_drafter` (a same-grid drafter for sd / lantern), `ssd_heads`, `upsampler`."""
+    (an ARImageModel: MuLo-SD's low-resolution drafter, same codebook, grid dividing the
+    target's), `sd_drafter` (an ARImageModel on the target's grid for sd / lantern), `ssd_heads`
+    (specdec.models.ssd_heads.SSDHeads sized to the target's hidden_dim), `upsampler`."""
 
     target: HFImageModel
     tokenizer: Optional[nn.Module] = None

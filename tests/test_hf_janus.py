@@ -1,0 +1,176 @@
+"""The Janus adapter on tiny random JanusForConditionalGeneration models: `ar` with top_k=1 gives
+exactly the tokens of transformers' own `generate(generation_mode="image", do_sample=False,
+guidance_scale=...)`, every method runs batched on the wrapped model, and the VQ decodes grids."""
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import JanusConfig, JanusForConditionalGeneration  # noqa: E402
+
+import specdec.decoding as dec  # noqa: E402
+from specdec.decoding import Sampling  # noqa: E402
+from specdec.models import ARImageModel  # noqa: E402
+from specdec.models.hf import HFFamily, wrap  # noqa: E402
+from specdec.models.hf.janus import JanusImageModel  # noqa: E402
+from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
+
+BOS, PAD, BOI = 1, 0, 3
+V = 32   # image codebook
+
+
+def tiny_janus(patches=4, seed=0, layers=2):
+    """A Janus whose grid is patches x patches (image_size / patch_size), VQ up-sampling 2."""
+    torch.manual_seed(seed)
+    cfg = JanusConfig(
+        text_config=dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256),
+        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=8 * patches,
+                           patch_size=8, projection_dim=32, num_image_tokens=patches * patches),
+        vq_config=dict(embed_dim=8, num_embeddings=V, latent_channels=32, base_channels=32,
+                       channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=32, image_token_embed_dim=32),
+    )
+    m = JanusForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if not name.startswith("model.vqmodel"):
+                p.normal_(0, 0.3)   # far from the tiny init, so that every token matters
+    m.generation_config.bos_token_id = BOS
+    m.generation_config.pad_token_id = PAD
+    m.generation_config.generation_kwargs = {"boi_token_id": BOI}
+    m.generation_config._from_model_config = False   # saved and reloaded as a checkpoint's own
+    return m
+
+
+def hf_generate(m, ids, scale):
+    """transformers' own Janus image generation, greedy, with its sdpa attention."""
+    lm_config = m.model.language_model.config
+    before = lm_config._attn_implementation
+    lm_config._attn_implementation = "sdpa"
+    try:
+        return m.generate(ids[None], attention_mask=torch.ones_like(ids)[None], generation_mode="image",
+                          do_sample=False, guidance_scale=scale)
+    finally:
+        lm_config._attn_implementation = before
+
+
+PROMPTS = [torch.tensor([BOS, 9, 12, 7, 20, BOI]), torch.tensor([BOS, 30, 5, BOI])]
+
+
+def test_family_shape():
+    fam = wrap(tiny_janus())
+    assert isinstance(fam, HFFamily) and isinstance(fam.target, JanusImageModel)
+    assert isinstance(fam.target, ARImageModel)
+    assert fam.target.grid == (4, 4) and fam.target.vocab_size == V
+    cb = fam.codebook
+    assert cb.shape == (V, 8)
+    torch.testing.assert_close(cb.norm(dim=1), torch.ones(V))
+    # the unconditional prompt is Janus's: pads except BOS and the image start
+    assert fam.target.unconditional_prompt(PROMPTS[0]).tolist() == [BOS, PAD, PAD, PAD, PAD, BOI]
+
+
+@pytest.mark.parametrize("scale", [3.0, 5.0])   # Janus's generate needs guidance > 1
+def test_ar_greedy_equals_generate(scale):
+    m = tiny_janus()
+    refs = [hf_generate(m, ids, scale) for ids in PROMPTS]
+    fam = wrap(m)
+    out = dec.decode("ar", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=scale, top_k=1), batch_size=2)
+    for i, ref in enumerate(refs):
+        assert torch.equal(out.tokens[i].reshape(1, -1), ref), (i, out.tokens[i], ref)
+    # transformers' generate through the specdec attention (plain calls, its static cache) too
+    assert torch.equal(m.generate(PROMPTS[0][None], attention_mask=torch.ones_like(PROMPTS[0])[None],
+                                  generation_mode="image", do_sample=False, guidance_scale=scale), refs[0])
+
+
+def test_images_from_the_vq():
+    m = tiny_janus()
+    fam = wrap(m)
+    out = dec.decode("ar", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=2.0, top_k=1), batch_size=2)
+    assert out.images.shape == (2, 3, 8, 8)
+    assert float(out.images.abs().max()) <= 1.0
+    # the same pixels as transformers' own decoder
+    ref = m.decode_image_tokens(out.tokens.view(2, -1)).permute(0, 3, 1, 2).clamp(-1, 1)
+    torch.testing.assert_close(out.images, ref, atol=1e-5, rtol=0)
+    # encode maps pixels back to a grid of the VQ's codes
+    assert fam.tokenizer.encode(out.images).shape == (2, 4, 4)
+
+
+@pytest.fixture(scope="module")
+def families():
+    target = tiny_janus(patches=4, seed=0)
+    low = tiny_janus(patches=2, seed=1)
+    low.model.vqmodel.load_state_dict(target.model.vqmodel.state_dict())   # MuLo-SD: one shared codebook
+    same = tiny_janus(patches=4, seed=2, layers=1)
+    fam = wrap(target)
+    fam.drafter = wrap(low).target
+    fam.sd_drafter = wrap(same).target
+    torch.manual_seed(3)
+    fam.ssd_heads = SSDHeads(SSDHeadsConfig(dim=fam.target.hidden_dim, grid_width=4, ffn_hidden=16)).eval()
+    return fam
+
+
+OPTIONS = {
+    "ar": {}, "sd": dict(chunk=3), "lantern": dict(chunk=3, k=4), "sjd": dict(window=4), "zipar": dict(window=2),
+    "mulo": dict(upsample="nearest", k=4), "ssd": dict(rounds=1, chunk=3, commit="write"),
+}
+
+
+@pytest.mark.parametrize("method", list(OPTIONS))
+def test_every_method_runs_batched(families, method):
+    out = dec.decode(method, families, prompts=PROMPTS, negative_prompts=[None, torch.tensor([BOS, PAD, BOI])],
+                     sampling=Sampling(cfg_scale=2.0), batch_size=2, seed=0, **OPTIONS[method])
+    assert out.tokens.shape == (2, 4, 4)
+    assert int(out.tokens.min()) >= 0 and int(out.tokens.max()) < V
+    assert out.images.shape == (2, 3, 8, 8)
+
+
+def test_mulo_pixel_upsampling(families):
+    out = dec.decode("mulo", families, prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=2.0), upsample="pixel", k=4)
+    assert out.tokens.shape == (1, 4, 4)
+
+
+def test_missing_token_ids_are_named():
+    m = tiny_janus()
+    m.generation_config.generation_kwargs = {}
+    fam = wrap(m)
+    with pytest.raises(ValueError, match="boi_token_id"):
+        dec.decode("ar", fam, prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=2.0))
+    # a negative prompt needs none of them
+    dec.decode("ar", fam, prompts=PROMPTS[:1], negative_prompts=[torch.tensor([BOS, PAD, BOI])],
+               sampling=Sampling(cfg_scale=2.0, top_k=1))
+
+
+def test_load_pretrained_round_trip(tmp_path):
+    from specdec.integrations.transformers import register
+    from specdec.models.hf import load_pretrained
+
+    m = tiny_janus()
+    m.save_pretrained(tmp_path)
+    fam = load_pretrained(str(tmp_path))
+    assert isinstance(fam.target, JanusImageModel) and fam.target.bos_token_id == BOS
+    sampling = Sampling(cfg_scale=3.0, top_k=1)
+    a = dec.decode("ar", fam, prompts=PROMPTS[:1], sampling=sampling).tokens
+    b = dec.decode("ar", wrap(m), prompts=PROMPTS[:1], sampling=sampling).tokens
+    assert torch.equal(a, b)
+    # the per-sub-config form: only the language model on the specdec attention
+    register()
+    sub = JanusForConditionalGeneration.from_pretrained(tmp_path, attn_implementation={"text_config": "specdec"})
+    assert sub.model.language_model.config._attn_implementation == "specdec"
+    assert sub.model.vision_model.config._attn_implementation != "specdec"
+
+
+def test_load_pretrained_errors(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.models.hf import load_pretrained
+
+    with pytest.raises(ValueError, match="save_pretrained"):
+        load_pretrained(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="config.json"):
+        load_pretrained(str(tmp_path))
+    LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="LlamaForCausalLM is not supported"):
+        load_pretrained(str(tmp_path / "llama"))
+    with pytest.raises(ValueError, match="no adapter"):
+        wrap(torch.nn.Linear(2, 2))
