@@ -219,6 +219,12 @@ class Emu3ImageModel(HFImageModel):
         return ids[:s], (h, w)
 
     def with_suffix(self, ids: torch.Tensor) -> torch.Tensor:
+        """Prompt ids -> the same text ending in this model's generation suffix."""
+        ids = torch.as_tensor(ids)
+        if ids.dim() == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
+            raise ValueError(f"prompts must be non-empty 1-D int token ids, got {tuple(ids.shape)} {ids.dtype}")
         text, _ = self.split_suffix(ids.long())
         return torch.cat([text, self.generation_suffix().to(text.device)])
 
