@@ -25,6 +25,7 @@ from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
 ADAPTERS: Dict[str, str] = {
     "JanusForConditionalGeneration": "specdec.models.hf.janus:wrap_janus",
     "ChameleonForConditionalGeneration": "specdec.models.hf.chameleon:wrap_chameleon",
+    "Emu3ForConditionalGeneration": "specdec.models.hf.emu3:wrap_emu3",
 }
 
 
