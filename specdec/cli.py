@@ -216,6 +216,10 @@ def load_model_family(args):
         except ImportError as e:
             raise ValueError(f"--model {path}: transformers folders need specdec.models.hf, which this "
                              f"install lacks ({e})") from None
+        if getattr(args, "quiet", False):
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
         try:
             return load_pretrained(path, device=device, dtype=dtype)
         except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:

@@ -156,14 +156,33 @@ def main(argv=None) -> None:
 
 
 def read_prompt_file(path) -> list:
-    """The non-empty lines of a prompt file (--prompts of the scripts that take --model)."""
+    """The prompts of a prompt file (--prompts of the scripts that take --model): one per line,
+    text (tokenised by the model's processor) or a JSON list of token ids (for a model saved
+    without a processor, or prompts tokenised beforehand)."""
+    import json
+
     if not path or not os.path.isfile(path):
         raise SystemExit(f"--prompts: {path!r} is not a file (one prompt per line)")
+    prompts = []
     with open(path, encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip()]
-    if not lines:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("["):
+                try:
+                    ids = json.loads(line)
+                except json.JSONDecodeError:
+                    ids = None
+                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+                    raise SystemExit(f"--prompts: {path}:{n}: a line starting with '[' must be a JSON list of "
+                                     "token ids >= 0")
+                prompts.append(torch.tensor(ids, dtype=torch.long))
+            else:
+                prompts.append(line)
+    if not prompts:
         raise SystemExit(f"--prompts: {path} holds no prompt")
-    return lines
+    return prompts
 
 
 def _wrapped_model_data(args, cfg_scale: float, log):

@@ -1,0 +1,82 @@
+"""The training scripts on a wrapped transformers model (issue: SSD and MuLo-SD on any wrapped
+model): `python -m specdec.train ssd --model FOLDER` distils heads from the model's own
+generations, `... upsampler --model FOLDER` trains an up-sampler on its generations and their
+down-sampled views, and both results plug into the decoders (and the CLI's --heads)."""
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import specdec.decoding as dec  # noqa: E402
+from specdec import cli  # noqa: E402
+from specdec.decoding import Sampling  # noqa: E402
+from specdec.decoding.upsample import load_upsampler  # noqa: E402
+from specdec.models.hf import load_pretrained, wrap  # noqa: E402
+from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
+from specdec.models.weights_io import load_module  # noqa: E402
+from specdec.train import __main__ as train_main  # noqa: E402
+from specdec.train.ssd import read_prompt_file  # noqa: E402
+from test_hf_janus import PROMPTS, tiny_janus  # noqa: E402
+
+
+@pytest.fixture
+def keep_threads():
+    threads = torch.get_num_threads()  # the scripts set their own thread count
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("janus")
+    tiny_janus(patches=4, seed=0).save_pretrained(str(d))
+    prompts = d / "prompts.txt"
+    prompts.write_text("".join(json.dumps(p.tolist()) + "\n" for p in PROMPTS))
+    return d
+
+
+def test_prompt_files_hold_text_or_token_ids(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("a red fox\n\n[1, 5, 3]\n")
+    got = read_prompt_file(str(f))
+    assert got[0] == "a red fox" and torch.equal(got[1], torch.tensor([1, 5, 3]))
+    f.write_text("[1, -2]\n")
+    with pytest.raises(SystemExit, match=r"p.txt:1: a line starting with '\[' must be a JSON list"):
+        read_prompt_file(str(f))
+
+
+def test_ssd_heads_for_a_wrapped_model(janus_folder, tmp_path, keep_threads, capsys):
+    out = tmp_path / "heads"
+    train_main.main(["ssd", "--model", str(janus_folder), "--prompts", str(janus_folder / "prompts.txt"),
+                     "--samples", "4", "--steps", "3", "--batch-size", "8", "--cfg-scale", "2", "--out", str(out)])
+    path = str(out / "ssd_heads.safetensors")
+    heads, meta = load_module(path, lambda c: SSDHeads(SSDHeadsConfig(**c)))
+    fam = load_pretrained(str(janus_folder))
+    assert heads.config.dim == fam.target.hidden_dim and heads.config.grid_width == fam.target.grid[1]
+    assert meta["samples"] == 4 and meta["model"] == os.path.abspath(str(janus_folder))
+    sampling = Sampling(cfg_scale=2.0)
+    got = dec.decode("ssd", fam, prompts=PROMPTS, sampling=sampling, heads=heads.eval(), rounds=1, chunk=3)
+    assert got.tokens.shape == (2, 4, 4)
+    # The CLI takes the same file; this folder has no processor, so a text prompt is a one-line error.
+    capsys.readouterr()
+    assert cli.main(["generate", "--method", "ssd", "--model", str(janus_folder), "--heads", path, "--prompt", "x",
+                     "--num", "1", "--quiet", "--out", str(tmp_path / "ssd.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "processor" in err, err
+
+
+def test_upsampler_for_a_wrapped_model(janus_folder, tmp_path, keep_threads):
+    out = tmp_path / "up"
+    train_main.main(["upsampler", "--model", str(janus_folder), "--prompts", str(janus_folder / "prompts.txt"),
+                     "--samples", "4", "--steps", "3", "--batch-size", "4", "--factor", "2", "--out", str(out)])
+    net = load_upsampler(str(out / "upsampler.safetensors"))
+    fam = load_pretrained(str(janus_folder))
+    assert net.factor == 2 and torch.equal(net.codebook, fam.codebook.float())
+    low = tiny_janus(patches=2, seed=1)
+    low.model.vqmodel.load_state_dict(tiny_janus(patches=4, seed=0).model.vqmodel.state_dict())
+    got = dec.decode("mulo", fam, prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=2.0), drafter=wrap(low).target,
+                     upsample="learned", upsampler=net, k=4)
+    assert got.tokens.shape == (1, 4, 4)
