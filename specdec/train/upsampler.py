@@ -58,7 +58,8 @@ def fit_upsampler(codebook: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
         if step % 100 == 0 or step == steps - 1:
             with torch.no_grad():
                 acc = (logits.argmax(1) == high[idx]).float().mean().item()
-            log(f"step {step}/{steps} pixel mse {loss_px.item():.4f} ce {loss_ce.item():.3f} token acc {acc:.3f}")
+            px = f"pixel mse {loss_px.item():.4f} " if pixel else "(no pixel loss) "
+            log(f"step {step}/{steps} {px}ce {loss_ce.item():.3f} token acc {acc:.3f}")
     return net.eval()
 
 
