@@ -184,8 +184,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def _model_flags(args) -> Dict[str, object]:
     return {"--vq": args.vq, "--prompt": args.prompt, "--negative-prompt": args.negative_prompt,
-            "--caption-embeddings": args.caption_embeddings, "--drafter": args.drafter, "--heads": args.heads,
-            "--upsampler": args.upsampler}
+            "--caption-embeddings": args.caption_embeddings, "--drafter": args.drafter,
+            "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
 
 
 def _size(text: str, flag: str):
@@ -220,8 +220,10 @@ def load_model_family(args):
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
+        grid = getattr(args, "hf_grid", None)
+        options = {} if grid is None else {"grid": (grid, grid)}
         try:
-            return load_pretrained(path, device=device, dtype=dtype)
+            return load_pretrained(path, device=device, dtype=dtype, **options)
         except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:
             raise ValueError(f"--model {path}: {type(e).__name__}: {e}") from None
     if args.vq is not None and not os.path.exists(args.vq):
@@ -292,15 +294,16 @@ def method_resources(args, fam) -> Dict[str, object]:
 
     accepted = set(decoding.method_options(args.method))
     out: Dict[str, object] = {}
-    given = {"--drafter": args.drafter, "--heads": args.heads, "--upsampler": args.upsampler}
+    given = {"--drafter": args.drafter, "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
     for flag, path in given.items():
         if path is not None and not os.path.exists(path):
             raise FileNotFoundError(f"{flag} {path}: no such file or directory")
     if args.drafter is not None:
         if "drafter" not in accepted:
             raise ValueError(f"--drafter: {args.method} takes no drafter")
+        grid = args.drafter_grid if args.drafter_grid is not None else args.grid_size
         sub = argparse.Namespace(**{**vars(args), "model": args.drafter, "vq": None if os.path.isdir(args.drafter)
-                                    else args.vq})
+                                    else args.vq, "grid_size": grid, "hf_grid": args.drafter_grid})
         out["drafter"] = load_model_family(sub).target
     if args.heads is not None:
         if "heads" not in accepted:
@@ -567,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--drafter", default=None, metavar="PATH",
                    help="a second model (same kinds as --model) as the drafter: mulo's low-resolution one "
                         "(its grid divides --model's, same codebook), or sd's / lantern's same-grid one")
+    m.add_argument("--drafter-grid", type=int, default=None, metavar="N",
+                   help="tokens per side of --drafter (default: the drafter's own; mulo: --model's grid / r)")
     m.add_argument("--heads", default=None, metavar="FILE",
                    help="SSD heads of --model, from `python -m specdec.train ssd --model ...` (ssd; sd/lantern "
                         "draft with them when there is no --drafter)")

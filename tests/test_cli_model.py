@@ -251,3 +251,18 @@ def test_resource_file_errors_are_one_line(files, heads_files, method, extra, ma
     d = str(files)
     argv = c2i_args(files, method, *[e.replace("{d}", d) for e in extra], "--out", str(tmp_path / "x.pt"))
     one_line_error(argv, capsys, match.replace("{d}", d))
+
+
+def test_mulo_with_a_low_resolution_drafter_from_the_same_checkpoint(files, tmp_path):
+    """--drafter with --drafter-grid: the same LlamaGen checkpoint asked for a 2x2 grid drafts for
+    the 4x4 target (one codebook); mulo then up-samples in pixel space through --vq."""
+    out = tmp_path / "mulo.pt"
+    argv = c2i_args(files, "mulo", "--vq", str(files / "vq.pt"), "--vq-size", repr(TINY_VQ), "--drafter",
+                    str(files / "c2i.pt"), "--drafter-grid", "2", "--set", "k=4", "--out", str(out))
+    assert cli.main(argv) == 0
+    kw = dict(gpt_size=eval(TINY_SIZE), vq_size=TINY_VQ)
+    fam = load_llamagen_family(str(files / "c2i.pt"), str(files / "vq.pt"), grid_size=4, **kw)
+    low = load_llamagen_family(str(files / "c2i.pt"), grid_size=2, **kw).target
+    want = decoding.decode("mulo", fam, torch.tensor([2, 2]), drafter=low, upsample="pixel", k=4,
+                           sampling=decoding.DEFAULT_SAMPLING)
+    assert torch.equal(torch.load(str(out))["tokens"], want.tokens)

@@ -174,3 +174,14 @@ def test_load_pretrained_errors(tmp_path):
         load_pretrained(str(tmp_path / "llama"))
     with pytest.raises(ValueError, match="no adapter"):
         wrap(torch.nn.Linear(2, 2))
+
+
+def test_grid_option_makes_a_low_resolution_drafter_of_the_same_checkpoint():
+    target = tiny_janus(patches=4, seed=0)
+    fam = wrap(target)
+    fam.drafter = wrap(tiny_janus(patches=4, seed=0), grid=2).target     # same weights, 2x2 grid
+    assert fam.drafter.grid == (2, 2) and fam.target.grid == (4, 4)
+    out = dec.decode("mulo", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=2.0), upsample="pixel", k=4)
+    assert out.tokens.shape == (2, 4, 4)
+    with pytest.raises(ValueError, match="grid must be an int >= 1 or a square"):
+        wrap(target, grid=(2, 3))

@@ -25,12 +25,15 @@ class JanusImageModel(HFImageModel):
     """`JanusForConditionalGeneration` -> ARImageModel.
 
     Options: `bos_token_id`, `pad_token_id`, `boi_token_id` (default: the model's generation
-    config, as `generate` reads them), `max_prompt_len`."""
+    config, as `generate` reads them), `max_prompt_len`, `grid` (tokens per side, default the
+    VQ's `num_patches`: another size makes, say, a low-resolution MuLo-SD drafter from the same
+    checkpoint; Janus was trained at its own size only, so expect weaker drafts)."""
 
     def __init__(self, hf_model: nn.Module, processor=None, *, bos_token_id: Optional[int] = None,
-                 pad_token_id: Optional[int] = None, boi_token_id: Optional[int] = None, max_prompt_len: int = 512):
+                 pad_token_id: Optional[int] = None, boi_token_id: Optional[int] = None, max_prompt_len: int = 512,
+                 grid=None):
         vq = hf_model.config.vq_config
-        n = int(vq.num_patches)
+        n = int(vq.num_patches) if grid is None else _side(grid)
         super().__init__(hf_model, grid=(n, n), vocab_size=int(vq.num_embeddings), processor=processor,
                          max_prompt_len=max_prompt_len)
         gen = getattr(hf_model, "generation_config", None)
@@ -93,6 +96,15 @@ class JanusVQ(nn.Module):
         h = self.vq.quant_conv(self.vq.encoder(images))
         _, _, idx = self.vq.quantize(h)
         return idx.view(images.shape[0], h.shape[2], h.shape[3])
+
+
+def _side(grid) -> int:
+    """`grid` as tokens per side: an int n or a square (n, n)."""
+    if isinstance(grid, (tuple, list)) and len(grid) == 2 and grid[0] == grid[1]:
+        grid = grid[0]
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid must be an int >= 1 or a square (n, n) (Janus images are square), got {grid!r}")
+    return grid
 
 
 def wrap_janus(hf_model: nn.Module, processor=None, **options):
