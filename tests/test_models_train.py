@@ -161,6 +161,6 @@ def test_protocol_distillation_pairs_equal_the_teacher_forced_ones():
     assert torch.equal(rows, torch.cat([tokens, tokens]))
 
 
-def test_ssd_script_rejects_a_missing_prompt_file(tmp_path, keep_threads):
-    with pytest.raises(SystemExit, match="--prompts"):
+def test_ssd_script_names_a_model_it_cannot_load(tmp_path, keep_threads):
+    with pytest.raises(SystemExit, match="no config.json"):
         train_main.main(["ssd", "--model", str(tmp_path), "--prompts", str(tmp_path / "none.txt"), "--steps", "1"])

@@ -18,7 +18,7 @@ from specdec.models.hf import load_pretrained, wrap  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 from specdec.models.weights_io import load_module  # noqa: E402
 from specdec.train import __main__ as train_main  # noqa: E402
-from specdec.train.ssd import read_prompt_file  # noqa: E402
+from specdec.train.own_generations import read_prompt_file  # noqa: E402
 from test_hf_janus import PROMPTS, tiny_janus  # noqa: E402
 
 
@@ -46,6 +46,8 @@ def test_prompt_files_hold_text_or_token_ids(tmp_path):
     f.write_text("[1, -2]\n")
     with pytest.raises(SystemExit, match=r"p.txt:1: a line starting with '\[' must be a JSON list"):
         read_prompt_file(str(f))
+    with pytest.raises(SystemExit, match="--prompts: .* is not a file"):
+        read_prompt_file(str(tmp_path / "missing.txt"))
 
 
 def test_ssd_heads_for_a_wrapped_model(janus_folder, tmp_path, keep_threads, capsys):
@@ -80,3 +82,19 @@ def test_upsampler_for_a_wrapped_model(janus_folder, tmp_path, keep_threads):
     got = dec.decode("mulo", fam, prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=2.0), drafter=wrap(low).target,
                      upsample="learned", upsampler=net, k=4)
     assert got.tokens.shape == (1, 4, 4)
+
+
+def test_ssd_heads_for_a_llamagen_checkpoint(tmp_path, keep_threads):
+    """--model also takes a LlamaGen class-conditional checkpoint (generations of classes 0, 1, ...)."""
+    from test_models_loaders import random_llamagen_state
+
+    ckpt = tmp_path / "c2i.pt"
+    torch.save({"model": random_llamagen_state(seed=2, vocab=16, classes=5, grid=4)}, str(ckpt))
+    size = '{"n_layer": 2, "n_head": 2, "dim": 32, "multiple_of": 16}'
+    train_main.main(["ssd", "--model", str(ckpt), "--gpt-size", size, "--grid-size", "4", "--samples", "6",
+                     "--steps", "2", "--batch-size", "4", "--out", str(tmp_path)])
+    heads, _ = load_module(str(tmp_path / "ssd_heads.safetensors"), lambda c: SSDHeads(SSDHeadsConfig(**c)))
+    assert heads.config.dim == 32 and heads.config.grid_width == 4
+    with pytest.raises(SystemExit, match="--prompts is for text-conditional models"):
+        train_main.main(["ssd", "--model", str(ckpt), "--gpt-size", size, "--grid-size", "4", "--prompts",
+                         str(ckpt), "--steps", "1", "--out", str(tmp_path)])

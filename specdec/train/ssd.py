@@ -25,6 +25,7 @@ from specdec.models.sampling import sample_ar
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.weights_io import save_weights
 from specdec.train import common
+from specdec.train.own_generations import add_model_arguments, own_generations
 
 DEFAULT_STEPS = 800
 DEFAULT_BATCH = 512
@@ -75,15 +76,20 @@ def protocol_distillation_data(target, conditions, tokens: torch.Tensor, guided:
 
 
 def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, batch_size: int,
-              gen: torch.Generator, log, conditional_rows: int = None) -> tuple:
+              gen: torch.Generator, log, conditional_rows: int = None, device=None) -> tuple:
     """Train SSD heads on pairs (h_in [R, HW, dim] at the slot predicting each token, tokens
     [R, HW]); the first `conditional_rows` rows are conditional (default: all), and the last
-    HELD_OUT of them are held out for the argmax-agreement check. Returns (heads, agreement per head)."""
-    with torch.no_grad():
-        emb = target.embed_tokens(tokens.to(h_in.device)).to(h_in.dtype)   # e(x_t) for t in [0, HW)
+    HELD_OUT of them are held out for the argmax-agreement check. The pairs stay where they are
+    (host memory for a large model); each batch moves to `device` (default: h_in's), where the
+    heads train. Returns (heads, agreement per head)."""
+    device = torch.device(device) if device is not None else h_in.device
+    model_device = next(target.parameters()).device
+    with torch.no_grad():   # e(x_t) for t in [0, HW), computed on the model's device chunk by chunk
+        emb = torch.cat([target.embed_tokens(t.to(model_device)).to(h_in.device, h_in.dtype)
+                         for t in tokens.split(256)])
     HW = tokens.shape[1]
     H, W = target.grid
-    heads = SSDHeads(SSDHeadsConfig(dim=target.hidden_dim, grid_width=W)).to(h_in.device)
+    heads = SSDHeads(SSDHeadsConfig(dim=target.hidden_dim, grid_width=W)).to(device)
     offsets = torch.tensor(heads.offsets)
     R = tokens.shape[0]
     S = conditional_rows or R
@@ -97,10 +103,10 @@ def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, b
             g["lr"] = common.cosine_lr(step, steps, 2e-3)
         rows = train_rows[torch.randint(0, train_rows.numel(), (batch_size,), generator=gen)]
         t = torch.randint(0, HW - 1, (batch_size,), generator=gen)
-        pred = heads(h_in[rows, t], emb[rows, t])              # [bs, n_heads, dim]
+        pred = heads(h_in[rows, t].to(device), emb[rows, t].to(device))   # [bs, n_heads, dim]
         tgt_t = t[:, None] + offsets[None, :]                  # token each head stands for
-        ok = tgt_t < HW                                        # targets past the grid do not exist
-        tgt = h_in[rows[:, None], tgt_t.clamp(max=HW - 1)]
+        ok = (tgt_t < HW).to(device)                           # targets past the grid do not exist
+        tgt = h_in[rows[:, None], tgt_t.clamp(max=HW - 1)].to(device)
         loss = (F.smooth_l1_loss(pred, tgt, reduction="none").mean(-1) * ok).sum() / ok.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -111,25 +117,21 @@ def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, b
     with torch.no_grad():
         rows = torch.arange(S - held_out, S)  # held-out conditional rows
         t = torch.arange(0, max(1, HW - 2 * W - 1))
-        pred = heads(h_in[rows][:, t], emb[rows][:, t])
+        pred = heads(h_in[rows][:, t].to(device), emb[rows][:, t].to(device))
+        to_model = lambda x: x.to(model_device, next(target.parameters()).dtype)   # noqa: E731
         agree = []
         for k, o in enumerate(heads.offsets):
             ok = t + o < HW
-            draft = target.head(pred[:, ok, k]).argmax(-1)
-            true = target.head(h_in[rows][:, (t + o)[ok]]).argmax(-1)
-            agree.append(round(float((draft == true).float().mean()), 3) if ok.any() else None)
+            draft = target.head(to_model(pred[:, ok, k])).argmax(-1)
+            true = target.head(to_model(h_in[rows][:, (t + o)[ok]])).argmax(-1)
+            agree.append(round(float((draft.cpu() == true.cpu()).float().mean()), 3) if ok.any() else None)
     return heads, agree
 
 
 def main(argv=None) -> None:
     p = common.base_parser(__doc__)
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="target generations to distil from")
-    p.add_argument("--model", default=None,
-                   help="a transformers save_pretrained folder (Janus, Emu3, Chameleon) instead of the embedded target")
-    p.add_argument("--prompts", default=None,
-                   help="with --model: a text file, one prompt per line, cycled over the samples")
-    p.add_argument("--cfg-scale", type=float, default=None, help=f"guidance of the generations (default {CFG_SCALE})")
-    p.add_argument("--device", default="cpu")
+    add_model_arguments(p)
     args = p.parse_args(argv)
     common.setup(args)
     log = common.Log("ssd")
@@ -145,7 +147,8 @@ def main(argv=None) -> None:
         hidden, tokens = self_distillation_data(target, args.samples, gen, log)
         h_in = hidden[:, target.prefix_len - 1:]                  # h_t: the slot predicting token t
         S = tokens.shape[0] // 2
-    heads, agree = fit_heads(target, h_in, tokens, steps=steps, batch_size=bs, gen=gen, log=log, conditional_rows=S)
+    heads, agree = fit_heads(target, h_in, tokens, steps=steps, batch_size=bs, gen=gen, log=log, conditional_rows=S,
+                             device=args.device)
     log(f"held-out argmax agreement per head (offsets {heads.offsets}): {agree}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "ssd_heads.safetensors")
@@ -155,54 +158,13 @@ def main(argv=None) -> None:
     log(f"saved {path}")
 
 
-def read_prompt_file(path) -> list:
-    """The prompts of a prompt file (--prompts of the scripts that take --model): one per line,
-    text (tokenised by the model's processor) or a JSON list of token ids (for a model saved
-    without a processor, or prompts tokenised beforehand)."""
-    import json
-
-    if not path or not os.path.isfile(path):
-        raise SystemExit(f"--prompts: {path!r} is not a file (one prompt per line)")
-    prompts = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("["):
-                try:
-                    ids = json.loads(line)
-                except json.JSONDecodeError:
-                    ids = None
-                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
-                    raise SystemExit(f"--prompts: {path}:{n}: a line starting with '[' must be a JSON list of "
-                                     "token ids >= 0")
-                prompts.append(torch.tensor(ids, dtype=torch.long))
-            else:
-                prompts.append(line)
-    if not prompts:
-        raise SystemExit(f"--prompts: {path} holds no prompt")
-    return prompts
-
-
 def _wrapped_model_data(args, cfg_scale: float, log):
-    """(target, h_in, tokens, conditional rows) distilled from a transformers model's own
-    generations for the prompts of --prompts (plain AR through specdec's adapter)."""
-    lines = read_prompt_file(args.prompts)
-    from specdec.decoding import decode
-    from specdec.decoding.common import Sampling
-    from specdec.models.hf import load_pretrained
-
-    family = load_pretrained(args.model, device=args.device)
+    """(target, h_in, tokens, conditional rows) distilled from --model's own generations."""
+    family, conditions, grids = own_generations(args, args.samples, cfg_scale, log)
     target = family.target
-    prompts = [lines[i % len(lines)] for i in range(args.samples)]
-    sampling = Sampling(cfg_scale=cfg_scale)
-    out = decode("ar", family, prompts=prompts, sampling=sampling, seed=args.seed, batch_size=8,
-                 progress=lambda n: log(f"generated {n}/{args.samples} images"))
-    tokens = out.tokens.flatten(1)
-    conditions = target.encode_prompts(prompts, None)
+    tokens = grids.flatten(1)
     with torch.no_grad():
-        h_in, rows = protocol_distillation_data(target, conditions, tokens, sampling.guided)
+        h_in, rows = protocol_distillation_data(target, conditions, tokens, cfg_scale != 1.0)
     return target, h_in.float(), rows, tokens.shape[0]
 
 

@@ -26,6 +26,7 @@ from specdec.models.weights_io import save_weights
 from specdec.train import common
 from specdec.train.data import load_split, to_model_images
 from specdec.train.gpt_training import load_tokenizer, tokenize
+from specdec.train.own_generations import add_model_arguments, own_generations
 
 
 def fit_upsampler(codebook: torch.Tensor, low: torch.Tensor, high: torch.Tensor, *, factor: int, steps: int,
@@ -66,13 +67,9 @@ def fit_upsampler(codebook: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
 def main(argv=None) -> None:
     p = common.base_parser("train the learned up-sampler of MuLo-SD")
     p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--model", default=None,
-                   help="a transformers save_pretrained folder: pairs from its own generations (with --prompts)")
-    p.add_argument("--prompts", default=None, help="with --model: a text file, one prompt per line")
     p.add_argument("--samples", type=int, default=256, help="with --model: generations to train on")
     p.add_argument("--factor", type=int, default=2, help="with --model: resolution ratio r of target and drafter")
-    p.add_argument("--cfg-scale", type=float, default=2.0, help="with --model: guidance of the generations")
-    p.add_argument("--device", default="cpu")
+    add_model_arguments(p)
     args = p.parse_args(argv)
     common.setup(args)
     log = common.Log("upsampler")
@@ -99,22 +96,15 @@ def main(argv=None) -> None:
 def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, log) -> TokenUpsampler:
     """Pairs from a wrapped model's own generations: the target's grids are the high-resolution
     codes, their down-sampled views (VQ decode, area-resize by 1/r, VQ encode) the low ones."""
-    from specdec.decoding import decode
-    from specdec.decoding.common import Sampling
     from specdec.decoding.upsample import downsample
-    from specdec.train.ssd import read_prompt_file
 
-    lines = read_prompt_file(args.prompts)
-    from specdec.models.hf import load_pretrained
-
-    family = load_pretrained(args.model, device=args.device)
+    family, _, high = own_generations(args, args.samples, 2.0 if args.cfg_scale is None else args.cfg_scale, log)
     tok = family.tokenizer
     if tok is None or not hasattr(tok, "encode"):
-        raise SystemExit(f"--model: {args.model} has no VQ encoder, which the up-sampler's pairs need")
-    prompts = [lines[i % len(lines)] for i in range(args.samples)]
-    out = decode("ar", family, prompts=prompts, sampling=Sampling(cfg_scale=args.cfg_scale), seed=args.seed,
-                 batch_size=8, progress=lambda n: log(f"generated {n}/{args.samples} images"))
-    high = out.tokens.to(args.device)
+        raise SystemExit(f"--model {args.model}: no VQ encoder (LlamaGen: pass --vq), which the up-sampler's pairs need")
+    if high.shape[1] % args.factor or high.shape[2] % args.factor:
+        raise SystemExit(f"--factor {args.factor} does not divide the model's grid {tuple(high.shape[1:])}")
+    high = high.to(args.device)
     with torch.no_grad():
         low = downsample(high, args.factor, tokenizer=tok)
         images = tok.decode(high)

@@ -1,0 +1,103 @@
+"""A model's own generations, for the scripts that train something for a model of the user's
+(`python -m specdec.train ssd --model PATH`, `... upsampler --model PATH`).
+
+PATH is what `specdec generate --model` takes: a transformers `save_pretrained` folder (Janus,
+Emu3, Chameleon; specdec.models.hf) or a LlamaGen class-conditional checkpoint (with --gpt-size
+and --grid-size). The generations are specdec's plain AR through the model's adapter, batched;
+a text-conditional model takes the prompts of --prompts (one per line, text or a JSON list of
+token ids), a class-conditional one the classes 0, 1, 2, ... in turn.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import List, Union
+
+import torch
+
+GENERATION_BATCH = 8
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a model of your own (as `specdec generate --model` takes it)")
+    g.add_argument("--model", default=None, metavar="PATH",
+                   help="a transformers save_pretrained folder or a LlamaGen checkpoint, instead of the embedded target")
+    g.add_argument("--prompts", default=None, metavar="FILE",
+                   help="text-conditional --model: one prompt per line (text, or a JSON list of token ids), cycled")
+    g.add_argument("--vq", default=None, metavar="PATH", help="LlamaGen: the VQ checkpoint (needed by the up-sampler)")
+    g.add_argument("--gpt-size", default="GPT-XL", help="LlamaGen: the GPT size of --model")
+    g.add_argument("--vq-size", default="VQ-16", help="LlamaGen: the VQ size of --vq")
+    g.add_argument("--grid-size", type=int, default=16, help="LlamaGen: tokens per side")
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="weights and activations of --model (the trained module stays float32)")
+    g.add_argument("--trust-pickle", action="store_true", help="LlamaGen: read a .pt that needs full unpickling")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--cfg-scale", type=float, default=None, help="guidance of the generations")
+
+
+def read_prompt_file(path) -> List[Union[str, torch.Tensor]]:
+    """The prompts of --prompts: one per line, text (tokenised by the model's processor) or a JSON
+    list of token ids (a model saved without a processor, or prompts tokenised beforehand)."""
+    if not path or not os.path.isfile(path):
+        raise SystemExit(f"--prompts: {path!r} is not a file (one prompt per line)")
+    prompts: List[Union[str, torch.Tensor]] = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("["):
+                try:
+                    ids = json.loads(line)
+                except json.JSONDecodeError:
+                    ids = None
+                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+                    raise SystemExit(f"--prompts: {path}:{n}: a line starting with '[' must be a JSON list of "
+                                     "token ids >= 0")
+                prompts.append(torch.tensor(ids, dtype=torch.long))
+            else:
+                prompts.append(line)
+    if not prompts:
+        raise SystemExit(f"--prompts: {path} holds no prompt")
+    return prompts
+
+
+def load_model(args):
+    """The family of --model, with `specdec generate`'s loading and one-line errors."""
+    from specdec import cli
+
+    ns = argparse.Namespace(**{**vars(args), "quiet": True, "hf_grid": None})
+    try:
+        return cli.load_model_family(ns)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
+
+
+def own_generations(args, samples: int, cfg_scale: float, log):
+    """(family, conditions, tokens [S, H, W]): --model's plain-AR generations, one per condition
+    (conditions: class ids [S] or a `Prompts` batch, what the target's prefill takes)."""
+    from specdec.decoding import decode
+    from specdec.decoding.common import Sampling
+
+    if samples < 1:
+        raise SystemExit(f"--samples must be >= 1, got {samples}")
+    family = load_model(args)
+    target = family.target
+    sampling = Sampling(cfg_scale=cfg_scale)
+    progress = lambda n: log(f"generated {n}/{samples} images")   # noqa: E731
+    if getattr(target, "num_classes", None) is not None:
+        if args.prompts is not None:
+            raise SystemExit("--prompts is for text-conditional models; this one is class-conditional")
+        conditions = torch.arange(samples) % target.num_classes
+        out = decode("ar", family, conditions, sampling=sampling, seed=args.seed, batch_size=GENERATION_BATCH,
+                     progress=progress)
+        return family, conditions, out.tokens
+    if not hasattr(target, "encode_prompts"):
+        raise SystemExit("this model takes caption features (LlamaGen text-to-image), which the training scripts "
+                         "do not read yet")
+    lines = read_prompt_file(args.prompts)
+    conditions = target.encode_prompts([lines[i % len(lines)] for i in range(samples)], None)
+    out = decode("ar", family, prompts=conditions, sampling=sampling, seed=args.seed, batch_size=GENERATION_BATCH,
+                 progress=progress)
+    return family, conditions, out.tokens
