@@ -316,7 +316,9 @@ def method_resources(args, fam) -> Dict[str, object]:
         if heads.config.dim != fam.target.hidden_dim or heads.config.grid_width != fam.target.grid[1]:
             raise ValueError(f"--heads {args.heads}: heads for hidden size {heads.config.dim} and grid width "
                              f"{heads.config.grid_width}, the model has {fam.target.hidden_dim} and {fam.target.grid[1]}")
-        out["heads"] = heads.to(check_device(args.device)).eval()
+        # In the model's dtype: the heads read its hidden states and embeddings as they come.
+        dtype = next(fam.target.parameters()).dtype
+        out["heads"] = heads.to(check_device(args.device), dtype).eval()
     if args.upsampler is not None:
         if "upsampler" not in accepted:
             raise ValueError(f"--upsampler: {args.method} takes no up-sampler")
