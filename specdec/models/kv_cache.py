@@ -79,7 +79,11 @@ class SlotKVCache:
         """Forget raster positions [N] or [batch, N]; with `where` (bool, the shape of positions
         [batch, N]) only the set entries, a different count per image, with no host read (positions
         distinct within a row)."""
-        slots = self.check_slots(self.position_slots(positions), "positions", check_range=False)
+        self._forget(self.check_slots(self.position_slots(positions), "positions", check_range=False), positions, where)
+
+    def _forget(self, slots: torch.Tensor, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
+        """Invalidate slots [rows, k * N], k slots per entry of positions [.., N] (a model may keep
+        more than one slot per position), all or only where `where` [batch, N] is set."""
         if where is None:
             self.valid.scatter_(1, slots, False)
             return
@@ -88,6 +92,7 @@ class SlotKVCache:
         keep = ~where.to(self.device)
         if keep.shape[0] != self.rows:
             keep = torch.cat([keep] * (self.rows // keep.shape[0]))
+        keep = torch.cat([keep] * (slots.shape[1] // keep.shape[1]), dim=1)
         self.valid.scatter_(1, slots, self.valid.gather(1, slots) & keep)
 
     def reset(self) -> None:

@@ -161,15 +161,5 @@ class RowEndSlotCache(HFSlotCache):
         """As SlotKVCache's, and a position at a row's end takes its row-end slot with it."""
         slots = self.check_slots(self.position_slots(positions), "positions", check_range=False)
         ends = self.check_slots(self.row_end_slots(positions), "positions", check_range=False)
-        both = torch.cat([slots, ends], dim=1)
-        if where is None:
-            self.valid.scatter_(1, both, False)
-            return
-        if where.shape != positions.shape or positions.dim() != 2:
-            raise ValueError(f"where must be bool [batch, N] like positions, got {tuple(where.shape)}")
-        keep = ~where.to(self.device)
-        if keep.shape[0] != self.rows:
-            keep = torch.cat([keep] * (self.rows // keep.shape[0]))
-        keep = torch.cat([keep, keep], dim=1)
         # the scratch slot is never valid, so its duplicates all write False
-        self.valid.scatter_(1, both, self.valid.gather(1, both) & keep)
+        self._forget(torch.cat([slots, ends], dim=1), positions, where)

@@ -32,16 +32,16 @@ from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf import HFFamily
 from specdec.models.hf.base import HFImageModel
+from specdec.models.hf.text_vocab_images import TextVocabularyImageTokens
 from specdec.models.hf.chameleon_layout import (LUMINA_GRID, ImageTokens, LuminaLayout, UserDecoder, codebook_for,
                                                 image_token_ids)
 
 
-class ChameleonImageModel(HFImageModel):
+class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
     """ARImageModel over a ChameleonForConditionalGeneration generating Lumina-mGPT's layout.
 
     Args:
@@ -69,28 +69,13 @@ class ChameleonImageModel(HFImageModel):
                          max_prompt_len=max_prompt_len, row_end_token=layout.row_end)
         self.layout = layout
         device = hf_model.lm_head.weight.device
-        self.register_buffer("image_ids", ids.to(device), persistent=False)
+        self.set_image_ids(ids)
         self.register_buffer("header_ids", torch.tensor(layout.header, device=device), persistent=False)
-        # A contiguous id range reads its lm_head rows as a view (no gather of a 8192-row copy).
-        first = int(ids[0])
-        self._image_range = (first, ids.numel()) if torch.equal(ids.cpu(), torch.arange(first, first + ids.numel())) \
-            else None
 
     # ---- hooks ---------------------------------------------------------------------------------
     @property
     def language_model(self) -> nn.Module:
         return self.hf_model.model       # ChameleonModel: embed_tokens, layers, norm, rotary_emb
-
-    def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.language_model.embed_tokens(self.image_ids[tokens])
-
-    def image_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        weight = self.hf_model.lm_head.weight
-        if self._image_range is not None:
-            weight = weight.narrow(0, *self._image_range)
-        else:
-            weight = weight.index_select(0, self.image_ids)
-        return F.linear(normed, weight).float()
 
     def unconditional_prompt(self, ids: torch.Tensor) -> torch.Tensor:
         """Lumina-mGPT's unconditional context: the image-start and size tokens alone."""

@@ -30,11 +30,11 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from specdec.decoding.common import Sampling
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.base import HFImageModel
+from specdec.models.hf.text_vocab_images import TextVocabularyImageTokens
 
 #: The negative prompt of Emu3's image-generation examples (BAAI's and transformers' docs).
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -106,7 +106,7 @@ class Emu3VQ(nn.Module):
         return self.vqmodel.decode(codes.to(p.device).long()).float().clamp(-1, 1)
 
 
-class Emu3ImageModel(HFImageModel):
+class Emu3ImageModel(TextVocabularyImageTokens, HFImageModel):
     """Emu3ForConditionalGeneration on a fixed grid (see the module docstring).
 
     Args:
@@ -135,11 +135,8 @@ class Emu3ImageModel(HFImageModel):
         grid = default_grid(hf_model, processor) if grid is None else grid
         super().__init__(hf_model, grid=grid, vocab_size=K, processor=processor, max_prompt_len=max_prompt_len,
                          row_end_token=int(mapping.eol_token_id))
-        ids = torch.tensor([img2bpe[c] for c in range(K)], dtype=torch.long, device=hf_model.lm_head.weight.device)
-        self.register_buffer("image_ids", ids, persistent=False)   #: code c -> its text-vocabulary id
-        # Emu3's visual tokens are one contiguous, ordered id range: the image head is then a view
-        # of lm_head's rows (no copy of a 32768 x 4096 block per forward).
-        self._image_range = (int(ids[0]), K) if bool((ids == ids[0] + torch.arange(K)).all()) else None
+        # Emu3's visual tokens are one contiguous, ordered id range: the image head is a view.
+        self.set_image_ids(torch.tensor([img2bpe[c] for c in range(K)], dtype=torch.long))
         self.image_start = _token(vocab, IMAGE_START)
         self.image_wrapper = _token(vocab, IMAGE_WRAPPER)
         self.bos = int(hf_model.config.text_config.bos_token_id)
@@ -159,17 +156,6 @@ class Emu3ImageModel(HFImageModel):
     @property
     def language_model(self) -> nn.Module:
         return self.hf_model.model.text_model
-
-    def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_text(self.image_ids[tokens])
-
-    def image_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        weight = self.hf_model.lm_head.weight
-        if self._image_range is not None:
-            weight = weight.narrow(0, *self._image_range)
-        else:
-            weight = weight.index_select(0, self.image_ids)
-        return F.linear(normed, weight).float()
 
     def unconditional_prompt(self, ids: torch.Tensor) -> torch.Tensor:
         if self._negative_ids is None:
