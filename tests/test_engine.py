@@ -169,6 +169,19 @@ def _shares_passes(method, options):
     return method in ("sd", "lantern", "zipar") or (method == "ssd" and options.get("commit") == "write")
 
 
+def test_compiled_mulo_drafter_gives_the_eager_tokens(fam):
+    """mulo compile=True runs the drafter's serial AR steps compiled (fullgraph); the tokens are
+    those of the eager decode, batched or not, and the one-off compile time is reported."""
+    eager = decoding.decode("mulo", fam, CLASSES[:2], seed=2, sampling=SAMPLING, upsample="nearest", batch_size=2)
+    compiled = decoding.decode("mulo", fam, CLASSES[:2], seed=2, sampling=SAMPLING, upsample="nearest", batch_size=2,
+                               compile=True)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.draft_forwards == eager.stats.draft_forwards
+    assert len(compiled.stats.extra["compile_s"]) == 2
+    with pytest.raises(ValueError, match="drafting='zipar' has none"):
+        decoding.decode("mulo", fam, CLASSES[:1], drafting="zipar", compile=True)
+
+
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
     """compile=True compiles the AR step with fullgraph=True (a graph break is an error), the
     specdec ops inside the graph; same tokens as the eager step, and the compile time reported."""

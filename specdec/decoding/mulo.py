@@ -33,6 +33,7 @@ import torch
 from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
+from specdec.decoding.compiled import check_compile, compiled_token_step
 from specdec.decoding.common import (ModelRunner, Outputs, Sampling, check_grid_model, draw, one_image_at_a_time,
                                      run_batches, verify)
 from specdec.decoding.lantern import check_delta, neighbor_table
@@ -151,9 +152,12 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
            codebook=None, neighbors=None, tau: float = 0.05, k: int = 1000, delta: float = 0.4, radius: int = 1,
            drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0, first_index: int = 0,
            sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None,
-           batch_size: int = 1):
+           batch_size: int = 1, compile: bool = False):
     """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
     `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle).
+    `compile=True` runs the drafter's serial AR steps compiled (specdec.decoding.compiled, as
+    compiled `ar` runs its own); the target's verification and resampling passes stay eager (their
+    shapes follow the islands), so this is a partial treatment: compare it with compiled `ar`.
     Islands differ per image, so a batch is decoded one image at a time (batch_size is accepted;
     each image draws from its own stream, so tokens equal batch_size=1)."""
     if drafter is None:
@@ -186,9 +190,15 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
     if neighbors is None and codebook is not None and k > 0:
         neighbors = neighbor_table(codebook, k)
     draft_sampling = draft_sampling or sampling
+    compile = check_compile(compile)
+    if compile and drafting != "serial":
+        raise ValueError("compile=True compiles the serial drafter's steps; drafting='zipar' has none")
 
     def run(cls, gen, stats):
-        drunner = ModelRunner(drafter, draft_sampling, batch=1, backend=backend)
+        if compile:
+            drunner, dstep = compiled_token_step(drafter, draft_sampling, 1, backend)
+        else:
+            drunner, dstep = ModelRunner(drafter, draft_sampling, batch=1, backend=backend), None
         runner = ModelRunner(target, sampling, batch=1, backend=backend)
         H, W = runner.H, runner.W
         x = torch.zeros(1, H * W, dtype=torch.long, device=runner.device)
@@ -209,7 +219,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
                 low[:, :lo] = prefix.reshape(1, lo).to(low.device)
                 dstart = drunner.forward(low[:, :lo], torch.arange(lo, device=low.device)).select(slice(-1, None))
             if drafting == "serial":
-                sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi)
+                sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi, step=dstep)
             else:
                 low.copy_(zipar_grid(drunner, cls, gen, window=window))
             drafts[:, lo:hi] = low[:, lo:hi]
@@ -268,6 +278,8 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         stats.extra.setdefault("low_res", []).append(drafts.view(h, w).cpu())
         stats.target_forwards = runner.forwards
         stats.draft_forwards = drunner.forwards
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(dstep.take_compile_s())
         return x
 
     return run_batches("mulo", target, classes, seed, one_image_at_a_time(run), batch_size=batch_size,
