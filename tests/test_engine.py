@@ -166,7 +166,7 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
 
 def _shares_passes(method, options):
     """Whether the images of a batch share their target passes (stats count a pass once per image)."""
-    return method in ("sd", "lantern", "zipar") or (method == "ssd" and options.get("commit") == "write")
+    return method in ("sd", "lantern", "zipar", "sjd") or (method == "ssd" and options.get("commit") == "write")
 
 
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
@@ -184,3 +184,20 @@ def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
                                                      batch_size=3).tokens)
     with pytest.raises(ValueError, match="compile must be True or False"):
         decoding.decode("ar", fam, CLASSES[:1], compile="yes")
+
+
+SHARED = [("sjd", {})]
+
+
+@pytest.mark.parametrize("method,options", SHARED, ids=[m for m, _ in SHARED])
+def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, monkeypatch, method, options):
+    """The images of a batch share their passes: with batch_size=3 the target passes the runner
+    actually makes are fewer than the single-image runs' together (each pass counts once, whatever
+    the batch), while stats still count a shared pass once per image."""
+    alone = [decoding.decode(method, fam, CLASSES[i:i + 1], seed=6, first_index=i, sampling=SAMPLING, **options)
+             for i in range(3)]
+    counter = _LoopCounter(monkeypatch, fam.target)
+    batched, _ = counter.decode(method, fam, CLASSES[:3], seed=6, sampling=SAMPLING, batch_size=3, **options)
+    assert counter.passes < sum(r.stats.target_forwards for r in alone)
+    assert batched.stats.target_forwards == 3 * counter.passes
+    assert max(r.stats.target_forwards for r in alone) <= counter.passes
