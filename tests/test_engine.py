@@ -166,7 +166,7 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
 
 def _shares_passes(method, options):
     """Whether the images of a batch share their target passes (stats count a pass once per image)."""
-    return method in ("sd", "lantern", "zipar", "sjd") or (method == "ssd" and options.get("commit") == "write")
+    return method in ("sd", "lantern", "zipar", "sjd", "ssd")
 
 
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
@@ -186,7 +186,7 @@ def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
         decoding.decode("ar", fam, CLASSES[:1], compile="yes")
 
 
-SHARED = [("sjd", {})]
+SHARED = [("sjd", {}), ("ssd", {})]
 
 
 @pytest.mark.parametrize("method,options", SHARED, ids=[m for m, _ in SHARED])
