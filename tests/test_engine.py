@@ -242,3 +242,30 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
     assert torch.equal(batched[0], torch.cat([a[0] for a in alone]))
     assert batched[1] == [a[1][0] for a in alone]
     assert batched[2] < sum(a[2] for a in alone)                # the steps were shared
+
+
+def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
+    """SSD's row 0 (raster speculation up to `end`) in a batch: an image that accepts every draft
+    up to `end` draws no correction alone, so it must not draw one in a batch where another
+    image does; its stream goes on after row 0 exactly where it would alone."""
+    from specdec.decoding.common import DecodeStats
+    from specdec.decoding.speculative import HeadsDrafter, raster_speculate
+
+    W = fam.target.grid[1]
+    classes = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1])
+
+    def row0(images, seed):
+        runner = ModelRunner(fam.target, SAMPLING, batch=len(images), backend="reference")
+        first = runner.prefill(classes[images])
+        x = torch.zeros(len(images), fam.target.grid[0] * W, dtype=torch.long)
+        streams = ImageStreams(seed, images)
+        raster_speculate(runner, HeadsDrafter(runner, fam.ssd_heads), first, x, streams, DecodeStats("t"), end=W,
+                         chunk=3)
+        return x[:, :W], [torch.rand(1, generator=g) for g in streams.generators]
+
+    with batch_invariant():
+        for seed in range(6):
+            x, after = row0(list(range(len(classes))), seed)
+            for i in range(len(classes)):
+                xi, (ai,) = row0([i], seed)
+                assert torch.equal(x[i], xi[0]) and torch.equal(after[i], ai), (seed, i)
