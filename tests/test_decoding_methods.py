@@ -285,7 +285,7 @@ def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resa
 
     def resample_fn(*a, **kw):
         last = real_resample(*a, **kw)
-        unfed.append(list(last))             # host ints: the resampling passes read nothing back
+        unfed.append([list(image) for image in last])   # host ints per image: the passes read nothing back
         return last
 
     monkeypatch.setattr(mulo, "ModelRunner", runner)
@@ -294,7 +294,7 @@ def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resa
     H, W = fam.target.grid
     out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=0.5, radius=0,
                       cycle_rows=1, resample=resample, seed=0, sampling=SAMPLING)
-    assert unfed == [[1], [H * W // 2 + 1]] and out.stats.extra["resampled"] == [2]
+    assert unfed == [[[1]], [[H * W // 2 + 1]]] and out.stats.extra["resampled"] == [2]
     cache = runners[-1].cache
     P = fam.target.prefix_len
     assert bool(cache.valid[:, P:P + H * W // 2].all())

@@ -154,11 +154,10 @@ def test_two_sample_test_has_power(ar_4x4):
 # ---- SSD: the published rule is lossy, commit="verify" is not ------------------------------------
 
 def _ssd_4x4(commit):
-    """20,000 SSD images in one batch. The public decode() runs commit="verify" one image at a time
-    (in a batch, the span a pass settles ends at the first correction over all images, so images
-    would steer each other's passes and tokens would depend on the batch); its loop, decode_rows,
-    is the same code for any batch and stays exact in distribution in lockstep, which is what makes
-    a 20,000-sample test affordable."""
+    """20,000 SSD images in one batch: under commit="verify" each image settles its own spans
+    (up to its own first correction) in passes shared by the batch, so its loop, decode_rows, is
+    exact in distribution for each image of a batch, which is what makes a 20,000-sample test
+    affordable."""
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
     heads = tiny_heads(16, width=4, seed=5)
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)

@@ -196,6 +196,15 @@ class ImageStreams:
             raise ValueError(f"{len(counts)} counts for {len(self.generators)} images")
         return torch.cat([self._draw(b, (c,)) for b, c in enumerate(counts)])
 
+    def rand_padded(self, counts, width: int, *, right: bool = False) -> torch.Tensor:
+        """[B, width]: row b holds counts[b] uniforms from image b's stream, then zeros (padding
+        that draws nothing; `right=True`: the zeros first): for a pass whose images judge windows
+        of different lengths."""
+        if len(counts) != len(self.generators):
+            raise ValueError(f"{len(counts)} counts for {len(self.generators)} images")
+        rows = [(self._draw(b, (c,)), torch.zeros(width - c)) for b, c in enumerate(counts)]
+        return torch.stack([torch.cat(row[::-1] if right else row) for row in rows])
+
     def image(self, b: int) -> "ImageStreams":
         """The stream of image b alone (shared state: drawing from it advances image b here too)."""
         one = object.__new__(ImageStreams)

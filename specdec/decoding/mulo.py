@@ -34,7 +34,8 @@ from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
 from specdec.decoding.compiled import check_compile, compiled_token_step
-from specdec.decoding.common import (ModelRunner, Outputs, Sampling, check_grid_model, draw, one_image_at_a_time,
+from specdec.decoding import kernels
+from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, check_grid_model, op_backend,
                                      run_batches, verify)
 from specdec.decoding.lantern import check_delta, neighbor_table
 from specdec.decoding.zipar import check_window, zipar_grid
@@ -61,25 +62,6 @@ def check_models(target, drafter):
     return H // h
 
 
-@torch.no_grad()
-def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, gen, base: int = 0) -> list:
-    """v1: R_X positions (sorted host ints) one per pass; each pass feeds the token resolved last
-    and the token just before the next position (re-encoding a kept token with the corrected
-    context). `ver` holds the verification outputs of positions base, base + 1, ... Returns the
-    position resolved last (a host list), whose keys and values are not written yet. The schedule
-    is known from R_X alone, so the passes read nothing back."""
-    dev = x.device
-    first = torch.tensor(rpos[:1], dtype=torch.long, device=dev)
-    x[0, first] = draw(runner.probs(ver.select(first - base))[:, 0], gen, runner.backend)
-    prev = rpos[0]
-    for u in rpos[1:]:
-        pos = torch.tensor(sorted({prev, u - 1}), dtype=torch.long, device=dev)
-        out = runner.forward(x[:, pos], pos)
-        x[0, u] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)[0]
-        prev = u
-    return [prev]
-
-
 def island_schedule(resample: list, islands: list) -> list:
     """The passes of v2 from R_X (host bools over the grid) and its island labels (host ints):
     pass m resolves the m-th position (raster order) of every island with more than m, the
@@ -93,48 +75,140 @@ def island_schedule(resample: list, islands: list) -> list:
     return [[island[m] for island in order if m < len(island)] for m in range(depth)]
 
 
-@torch.no_grad()
-def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list, islands: list,
-                     gen, base: int = 0) -> list:
-    """v2: every island of R_X advances one token per pass, all islands in one pass. `resample`
-    (bools) and `islands` (labels) cover the whole grid, on the host: the passes' positions,
-    masks and draw counts follow from them alone, so the passes read nothing back. `ver` holds
-    the outputs of positions base, base + 1, ... Returns the positions resolved in the last pass
-    (a host list), whose keys and values are not written yet."""
+def _gathered(o: Outputs, rows: list, cols: list) -> Outputs:
+    """Outputs [1, n, V] at the (row, column) pairs (host ints) of a batched pass."""
+    rr = torch.tensor(rows, dtype=torch.long, device=o.cond.device)
+    cc = torch.tensor(cols, dtype=torch.long, device=o.cond.device)
+    return Outputs(o.cond[rr, cc][None], None if o.uncond is None else o.uncond[rr, cc][None], o.hidden[rr, cc][None])
+
+
+def _draw_at(runner: ModelRunner, x, o: Outputs, picks: list, gen) -> None:
+    """picks: (image, output column, raster position) host triples, each image's in its own
+    order; x[image, position] = a token drawn from that output, image b's uniforms from its stream."""
+    if not picks:
+        return
+    B = x.shape[0]
+    probs = runner.probs(_gathered(o, [b for b, _, _ in picks], [c for _, c, _ in picks]))[0]
+    counts = [0] * B
+    for b, _, _ in picks:
+        counts[b] += 1
+    if isinstance(gen, ImageStreams):
+        u = gen.rand_counts(counts)
+    else:
+        u = torch.rand((len(picks),), generator=gen, dtype=torch.float32)
+    tok = kernels.sample_residual(probs, None, u.to(probs.device), op_backend("sample_residual", runner.backend,
+                                                                          probs.device)).tokens.long()
     dev = x.device
-    resolved = [not r for r in resample]
-    t0 = resample.index(True)                    # the first rejection: R_X starts there
-    last = []                                    # tokens resolved in the previous pass
-    for m, now in enumerate(island_schedule(resample, islands)):
-        if m == 0 and t0 in now:
-            # The first island starts at the first rejection: its context is all accepted.
-            x[0, t0] = draw(runner.probs(ver.select(slice(t0 - base, t0 - base + 1)))[:, 0], gen, runner.backend)[0]
-            resolved[t0] = True
-            now = [u for u in now if u != t0]
-            last = [t0]
-            if not now:
-                continue
-        block = sorted(set(last) | {u - 1 for u in now})
-        pos = torch.tensor(block, dtype=torch.long, device=dev)
-        trusted = [resolved[t] for t in block]
-        tree = None
-        if not all(trusted):
-            # A query slot of another island's unresolved token: visible to its own query only.
-            n = len(block)
-            eye = torch.eye(n, dtype=torch.bool, device=dev)
-            seen = torch.tensor(trusted, dtype=torch.bool, device=dev)
-            tree = masks.pack((seen[None, :] | eye)[None].expand(runner.cache.rows, n, n).contiguous())
-        out = runner.forward(x[:, pos], pos, tree_mask=tree)
-        if tree is not None:
-            runner.invalidate(torch.tensor([t for t, ok in zip(block, trusted) if not ok], dtype=torch.long,
-                                           device=dev))
-        src = torch.tensor([block.index(u - 1) for u in now], dtype=torch.long, device=dev)
-        x[0, torch.tensor(now, dtype=torch.long, device=dev)] = draw(runner.probs(out.select(src))[0], gen,
-                                                                     runner.backend)
-        for u in now:
-            resolved[u] = True
-        last = now
+    x[torch.tensor([b for b, _, _ in picks], dtype=torch.long, device=dev),
+      torch.tensor([t for _, _, t in picks], dtype=torch.long, device=dev)] = tok
+
+
+def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: int, end: int) -> list:
+    """Resample R_X of every image of the batch in shared passes. plans[b]: None (nothing to
+    resample) or (t0, steps, resolved): image b's first position (drawn from the verification
+    outputs `ver`, of positions base, base + 1, ...), the positions each later pass resolves, and
+    its resolved flags over the grid (host). Returns each image's positions resolved last (keys
+    unwritten).
+
+    Pass m of image b feeds its last resolved tokens and the tokens just before the positions it
+    resolves now. A pass needs one width for all rows and one attention path: rows whose block
+    is all resolved take the in-place path (attention over the cache alone, whatever the width),
+    rows with another island's unresolved token need a tree mask, whose attention also reads the
+    block, so those share a pass only with rows of the same block width (a wider block would
+    change the length of that reduction, and so the logits' last bit). A row not in a pass rides
+    along at slot end - 1 (the block's last slot): only a query at that position sees it, whose
+    output predicts a position past the block, and the next cycle's verification pass (or
+    nothing, after the last cycle) writes it before anything reads it."""
+    B = x.shape[0]
+    dev = x.device
+    _draw_at(runner, x, ver, [(b, plan[0] - base, plan[0]) for b, plan in enumerate(plans) if plan], gen)
+    last = [[plan[0]] if plan else [] for plan in plans]
+    depth = max((len(plan[1]) for plan in plans if plan), default=0)
+    for m in range(depth):
+        work = {}
+        for b, plan in enumerate(plans):
+            if plan and m < len(plan[1]):
+                now = plan[1][m]
+                block = sorted(set(last[b]) | {u - 1 for u in now})
+                work[b] = (now, block, [plan[2][t] for t in block])
+        groups = {}
+        for b, (_, block, trusted) in work.items():
+            groups.setdefault(None if all(trusted) else len(block), []).append(b)
+        for key in sorted(groups, key=lambda k: -1 if k is None else k):
+            members = groups[key]
+            N = max(len(work[b][1]) for b in members)
+            pos_host = [work[b][1] + [end - 1] * (N - len(work[b][1])) if b in members else [end - 1] * N
+                        for b in range(B)]
+            pos = torch.tensor(pos_host, dtype=torch.long, device=dev)
+            tree = None
+            if key is not None:
+                # A query slot of another island's unresolved token: visible to its own query only
+                # (and rows riding along see themselves only).
+                dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
+                for b in members:
+                    seen = torch.tensor(work[b][2], dtype=torch.bool)
+                    dense[b] |= seen[None, :]
+                tree = masks.pack(dense.to(dev))
+            out = runner.forward(x.gather(1, pos), pos, tree_mask=tree)
+            if tree is not None:
+                stale = torch.zeros(B, N, dtype=torch.bool)
+                for b in members:
+                    stale[b, :len(work[b][2])] = torch.tensor([not ok for ok in work[b][2]])
+                runner.invalidate_where(pos, stale.to(dev))
+            picks = [(b, work[b][1].index(u - 1), u) for b in members for u in work[b][0]]
+            _draw_at(runner, x, out, picks, gen)
+            for b in members:
+                now = work[b][0]
+                for u in now:
+                    plans[b][2][u] = True
+                last[b] = now
     return last
+
+
+def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, gen, base: int = 0,
+                    end: int | None = None) -> list:
+    """v1: R_X positions of each image (rpos[b], sorted host ints; empty: nothing to resample)
+    one per pass; each pass feeds the token resolved last and the token just before the next
+    position (re-encoding a kept token with the corrected context). `ver` holds the verification
+    outputs of positions base, base + 1, ...; `end`: the end of the block (default the grid).
+    Returns the positions each image resolved last (host lists), whose keys and values are not
+    written yet. The schedule is known from R_X alone, so the passes read nothing back."""
+    HW = x.shape[1]
+    plans = []
+    for r in rpos:
+        if not r:
+            plans.append(None)
+            continue
+        resolved = [True] * HW
+        for t in r:
+            resolved[t] = False
+        resolved[r[0]] = True
+        plans.append((r[0], [[u] for u in r[1:]], resolved))
+    return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
+
+
+def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list, islands: list,
+                     gen, base: int = 0, end: int | None = None) -> list:
+    """v2: every island of R_X advances one token per pass, all islands in one pass. resample[b]
+    (bools; None: nothing to resample) and islands[b] (labels) cover image b's grid, on the
+    host: the passes' positions, masks and draw counts follow from them alone, so the passes read
+    nothing back. The first token of the first island (the first rejection) is drawn from the
+    verification outputs `ver` (positions base, base + 1, ...): its context is all accepted.
+    Returns the positions each image resolved in its last pass (host lists), whose keys and values
+    are not written yet."""
+    HW = x.shape[1]
+    plans = []
+    for R, isl in zip(resample, islands):
+        if R is None or True not in R:
+            plans.append(None)
+            continue
+        t0 = R.index(True)                       # the first rejection: R_X starts there
+        sched = island_schedule(R, isl)
+        steps = [now for now in [[u for u in sched[0] if u != t0]] + sched[1:] if now]
+        resolved = [not r for r in R]
+        resolved[t0] = True
+        plans.append((t0, steps, resolved))
+    return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
 
 
 def check_cycle_rows(cycle_rows, low_height: int, drafting: str):
@@ -155,11 +229,11 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
            batch_size: int = 1, compile: bool = False):
     """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
     `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle).
+    The images of a batch share their passes (`_resample`: islands differ per image, so a
+    resampling step may take more than one pass); each image draws from its own stream.
     `compile=True` runs the drafter's serial AR steps compiled (specdec.decoding.compiled, as
     compiled `ar` runs its own); the target's verification and resampling passes stay eager (their
-    shapes follow the islands), so this is a partial treatment: compare it with compiled `ar`.
-    Islands differ per image, so a batch is decoded one image at a time (batch_size is accepted;
-    each image draws from its own stream, so tokens equal batch_size=1)."""
+    shapes follow the islands), so this is a partial treatment: compare it with compiled `ar`."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)
@@ -195,28 +269,34 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         raise ValueError("compile=True compiles the serial drafter's steps; drafting='zipar' has none")
 
     def run(cls, gen, stats):
+        B = cls.shape[0]
         if compile:
-            drunner, dstep = compiled_token_step(drafter, draft_sampling, 1, backend)
+            drunner, dstep = compiled_token_step(drafter, draft_sampling, B, backend)
         else:
-            drunner, dstep = ModelRunner(drafter, draft_sampling, batch=1, backend=backend), None
-        runner = ModelRunner(target, sampling, batch=1, backend=backend)
+            drunner, dstep = ModelRunner(drafter, draft_sampling, batch=B, backend=backend), None
+        runner = ModelRunner(target, sampling, batch=B, backend=backend)
         H, W = runner.H, runner.W
-        x = torch.zeros(1, H * W, dtype=torch.long, device=runner.device)
-        low = torch.zeros(1, h * w, dtype=torch.long, device=drunner.device)  # the drafter's view of the image
+        x = torch.zeros(B, H * W, dtype=torch.long, device=runner.device)
+        low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)  # the drafter's view of the images
         drafts = low.clone()                                                  # what it drafted, for the maps
-        accept_map = torch.zeros(H * W, dtype=torch.bool)
-        island_map = torch.full((H * W,), -1, dtype=torch.int32)
+        accept_map = torch.zeros(B, H * W, dtype=torch.bool)
+        island_map = torch.full((B, H * W), -1, dtype=torch.int32)
+        maps = [[] for _ in range(B)]                                         # per image: per cycle
+        num_islands = [[] for _ in range(B)]
         first = runner.prefill(cls)
         dstart = drunner.prefill(cls) if drafting == "serial" else None   # zipar_grid prefills itself
-        cycles = resampled = 0
-        unfed = []                      # resolved by the last pass, keys unwritten (host ints)
+        cycles = 0
+        resampled = [0] * B
+        unfed = [[] for _ in range(B)]  # resolved by the last pass, keys unwritten (host ints)
         for done in range(0, h, cycle_rows):                 # low-resolution rows committed so far
             rows = min(cycle_rows, h - done)
             lo, hi = done * w, (done + rows) * w
             if done:
-                # 7. The drafter continues from the down-sampled accepted image (one prefix pass).
-                prefix = _up.downsample(x.view(1, H, W)[:, :done * factor].cpu(), factor, tokenizer=tokenizer, pad_to=H)
-                low[:, :lo] = prefix.reshape(1, lo).to(low.device)
+                # 7. The drafter continues from the down-sampled accepted images (one prefix pass;
+                # the VQ round trip image by image, so an image's prefix does not depend on its batch).
+                prefix = torch.cat([_up.downsample(x[b:b + 1].view(1, H, W)[:, :done * factor].cpu(), factor,
+                                                   tokenizer=tokenizer, pad_to=H) for b in range(B)])
+                low[:, :lo] = prefix.reshape(B, lo).to(low.device)
                 dstart = drunner.forward(low[:, :lo], torch.arange(lo, device=low.device)).select(slice(-1, None))
             if drafting == "serial":
                 sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi, step=dstep)
@@ -224,64 +304,79 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
                 low.copy_(zipar_grid(drunner, cls, gen, window=window))
             drafts[:, lo:hi] = low[:, lo:hi]
             # 2. Up-sample (row-causal for `learned`: rows above the block come out as they would
-            # have; the block's rows are what is drafted).
-            up = _up.upsample(low[:, :hi].view(1, done + rows, w), factor, upsample, tokenizer=tokenizer, net=upsampler)
+            # have; the block's rows are what is drafted), image by image (batch-independent).
+            up = torch.cat([_up.upsample(low[b:b + 1, :hi].view(1, done + rows, w), factor, upsample,
+                                         tokenizer=tokenizer, net=upsampler) for b in range(B)])
             b0, b1 = done * factor * W, (done + rows) * factor * W       # the block of high-resolution slots
-            x[:, b0:b1] = up.reshape(1, -1)[:, b0:b1].to(x.device)
+            x[:, b0:b1] = up.reshape(B, -1)[:, b0:b1].to(x.device)
             # 3. One target pass over the block: output i is the distribution of slot b0 + i. It
             # also writes the tokens the previous cycle resolved in its last resampling pass
-            # (`unfed`), so the block's context has no holes.
+            # (`unfed`, per image), so the block's context has no holes. Rows with fewer unfed
+            # tokens are padded at the front with the block's last fed slot again (the same token
+            # at the same slot: nothing else changes).
             if b0 == 0:
                 ver = Outputs.cat([first, runner.forward(x[:, :b1 - 1], torch.arange(b1 - 1, device=x.device))])
             else:
-                pos = torch.tensor(sorted(set(unfed) | set(range(b0 - 1, b1 - 1))), dtype=torch.long,
-                                   device=x.device)
-                ver = runner.forward(x[:, pos], pos).select(slice(pos.numel() - (b1 - b0), None))
+                fed = [sorted(set(u) | set(range(b0 - 1, b1 - 1))) for u in unfed]
+                N = max(map(len, fed))
+                pos = torch.tensor([[b1 - 2] * (N - len(f)) + f for f in fed], dtype=torch.long, device=x.device)
+                ver = runner.forward(x.gather(1, pos), pos).select(slice(N - (b1 - b0), None))
             # 4.-5. Pooled threshold, local rejection windows inside the block.
             pooled = runner.token_probs(ver, x[:, b0:b1], neighbors, delta if neighbors is not None else None).pooled
-            verdict = verify(pooled.view(1, rows * factor, W), rule="threshold", tau=tau, mode="local",
+            verdict = verify(pooled.view(B, rows * factor, W), rule="threshold", tau=tau, mode="local",
                              radius=radius, backend=backend)
             # The one host read of the cycle's verification pass: kept, to resample, the island
-            # labels and their count. The resampling passes' positions, masks and draws follow from
-            # them, so those passes read nothing back.
-            verdict_host = torch.cat([verdict.accept.view(-1).long(), verdict.resample.view(-1).long(),
-                                      verdict.islands.view(-1).long(), verdict.num_islands.view(-1)[:1].long()]).tolist()
+            # labels and their count, per image. The resampling passes' positions, masks and draws
+            # follow from them, so those passes read nothing back.
             n_block = b1 - b0
-            acc_b, res_b = verdict_host[:n_block], verdict_host[n_block:2 * n_block]
-            isl_b, num_islands = verdict_host[2 * n_block:3 * n_block], verdict_host[3 * n_block]
-            accept = torch.zeros(H * W, dtype=torch.bool)
-            accept[b0:b1] = torch.tensor(acc_b, dtype=torch.bool)
-            stats.acceptance_maps.append(accept.view(H, W))
-            accept_map |= accept
-            R = [False] * (H * W)
-            R[b0:b1] = [bool(r) for r in res_b]
-            islands = [-1] * (H * W)
-            islands[b0:b1] = [i + b0 if i >= 0 else i for i in isl_b]
-            island_map[b0:b1] = torch.tensor(islands[b0:b1], dtype=torch.int32)
+            verdict_host = torch.cat([verdict.accept.view(B, -1).long(), verdict.resample.view(B, -1).long(),
+                                      verdict.islands.view(B, -1).long(),
+                                      verdict.num_islands.view(B, -1)[:, :1].long()], 1).tolist()
+            R_all, islands_all, rpos_all = [], [], []
+            for b, vh in enumerate(verdict_host):
+                acc_b, res_b = vh[:n_block], vh[n_block:2 * n_block]
+                isl_b, n_isl = vh[2 * n_block:3 * n_block], vh[3 * n_block]
+                accept = torch.zeros(H * W, dtype=torch.bool)
+                accept[b0:b1] = torch.tensor(acc_b, dtype=torch.bool)
+                maps[b].append(accept.view(H, W))
+                accept_map[b] |= accept
+                R = [False] * (H * W)
+                R[b0:b1] = [bool(r) for r in res_b]
+                islands = [-1] * (H * W)
+                islands[b0:b1] = [i + b0 if i >= 0 else i for i in isl_b]
+                island_map[b, b0:b1] = torch.tensor(islands[b0:b1], dtype=torch.int32)
+                resampled[b] += sum(res_b)
+                num_islands[b].append(n_isl)
+                R_all.append(R if any(res_b) else None)
+                islands_all.append(islands)
+                rpos_all.append([t for t in range(H * W) if R[t]] if any(res_b) else [])
             cycles += 1
-            resampled += sum(res_b)
-            stats.extra.setdefault("num_islands", []).append(num_islands)
-            if any(res_b):
+            if any(R is not None for R in R_all):
                 # 6. Resample R_X with the target.
-                rpos = [t for t in range(H * W) if R[t]]
-                runner.invalidate(torch.tensor(rpos, dtype=torch.long, device=x.device))
+                rmask = torch.tensor([R[b0:b1] if R is not None else [False] * n_block for R in R_all],
+                                     dtype=torch.bool, device=x.device)
+                runner.invalidate_where(torch.arange(b0, b1, device=x.device).expand(B, -1), rmask)
                 if resample == "raster":
-                    unfed = resample_raster(runner, x, ver, rpos, gen, base=b0)
+                    unfed = resample_raster(runner, x, ver, rpos_all, gen, base=b0, end=b1)
                 else:
-                    unfed = resample_islands(runner, x, ver, R, islands, gen, base=b0)
+                    unfed = resample_islands(runner, x, ver, R_all, islands_all, gen, base=b0, end=b1)
             else:
-                unfed = []
-        stats.extra.setdefault("cycles", []).append(cycles)
-        stats.extra.setdefault("resampled", []).append(resampled)
-        stats.extra.setdefault("accept_image", []).append(accept_map.view(H, W))
-        stats.extra.setdefault("islands", []).append(island_map.view(H, W))
-        stats.extra.setdefault("low_res", []).append(drafts.view(h, w).cpu())
-        stats.target_forwards = runner.forwards
-        stats.draft_forwards = drunner.forwards
+                unfed = [[] for _ in range(B)]
+        for b in range(B):
+            stats.acceptance_maps.extend(maps[b])
+            stats.extra.setdefault("num_islands", []).extend(num_islands[b])
+        stats.extra.setdefault("cycles", []).extend([cycles] * B)
+        stats.extra.setdefault("resampled", []).extend(resampled)
+        stats.extra.setdefault("accept_image", []).extend(accept_map.view(B, H, W).unbind(0))
+        stats.extra.setdefault("islands", []).extend(island_map.view(B, H, W).unbind(0))
+        stats.extra.setdefault("low_res", []).extend(drafts.view(B, h, w).cpu().unbind(0))
+        # A shared pass counts once per image, as for the other batched methods.
+        stats.target_forwards = runner.forwards * B
+        stats.draft_forwards = drunner.forwards * B
         if compile:
             stats.extra.setdefault("compile_s", []).append(dstep.take_compile_s())
         return x
 
-    return run_batches("mulo", target, classes, seed, one_image_at_a_time(run), batch_size=batch_size,
+    return run_batches("mulo", target, classes, seed, run, batch_size=batch_size,
                        tokenizer=tokenizer, progress=progress,
                        first_index=first_index)

@@ -9,68 +9,119 @@ is committed, and the rest of the window is redrawn from p^(j) (Jacobi iteration
 appended at the end uniformly at random. When the whole window is accepted a bonus token is
 drawn from the last output.
 
-Images advance by different amounts per iteration: a batch is decoded one image at a time
-(batch_size is accepted; each image draws from its own stream, so tokens equal batch_size=1).
+Batched: every image has its own window start c_b and window length n_b (shorter near the end
+of the grid, 0 once finished), and the images share their target passes. A pass is as wide as the
+longest window; a row with a shorter window is padded with *re-feeds* (committed tokens fed again
+at their own slots, whose keys and values come out as they were, as in `speculative.padded_block`),
+a finished image rides along on re-feeds only. Padded entries are never judged and draw no
+uniforms: every image consumes its stream exactly as decoded alone.
 """
 from __future__ import annotations
 
 import torch
 
-from specdec.decoding.common import (ModelRunner, Sampling, check_grid_model, draw, draw_residual, one_image_at_a_time,
-                                     run_batches, verify)
+from specdec.decoding import kernels
+from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, op_backend,
+                                     run_batches)
+from specdec.decoding.speculative import padded_block
+
+
+def _long(values, device) -> torch.Tensor:
+    """Host ints -> an int64 tensor on `device` (a host-to-device copy, no read-back)."""
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+def _draw_rows(probs, streams: ImageStreams, counts, backend):
+    """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its own
+    stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
+    B, L, V = probs.shape
+    u = streams.rand_padded(counts, L).to(probs.device).view(-1)
+    out = kernels.sample_residual(probs.reshape(-1, V), None, u, op_backend("sample_residual", backend, probs.device))
+    return out.tokens.long().view(B, L)
 
 
 @torch.no_grad()
-def sjd_grid(runner: ModelRunner, classes, gen, stats, *, window: int) -> torch.Tensor:
+def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: int) -> torch.Tensor:
+    """Decode the batch `classes` with one stream per image (`gen`); returns int64 [B, H*W]."""
+    B = classes.shape[0]
     HW = runner.H * runner.W
     dev = runner.device
     first = runner.prefill(classes)
     V = first.cond.shape[-1]
-    x = torch.zeros(1, HW, dtype=torch.long, device=dev)
-    x[0, 0] = draw(runner.probs(first)[:, 0], gen, runner.backend)[0]
-    c = 1
+    x = torch.zeros(B, HW, dtype=torch.long, device=dev)
+    x[:, 0] = draw(runner.probs(first)[:, 0], gen, runner.backend)
     uniform = torch.full((V,), 1.0 / V, device=dev)
-    # The window: guesses y for positions c .. c+L-1 and the distribution each was drawn from.
-    L = min(window, HW - c)
-    y = draw(uniform.expand(L, V), gen, runner.backend)
-    q = uniform.expand(L, V).clone()
-    while c < HW:
-        n = y.shape[0]
-        pos = torch.arange(c - 1, c + n, device=dev)
-        out = runner.forward(torch.cat([x[0, c - 1:c], y])[None], pos)        # dists of c .. c+n
-        p = runner.probs(out)[0]                                               # [n + 1, V]
-        p_tok = p[:n].gather(1, y[:, None])[:, 0]
-        q_tok = q.gather(1, y[:, None])[:, 0]
-        verdict = verify(p_tok.view(1, 1, n), q_tok.view(1, 1, n), rule="ratio", mode="raster", gen=gen,
-                         backend=runner.backend)
-        a = int(verdict.first_reject[0])
-        amap = torch.zeros(HW, dtype=torch.bool)
-        amap[c:c + a] = True
-        stats.acceptance_maps.append(amap.view(runner.H, runner.W))
-        stats.extra.setdefault("drafted", []).append(n)
-        stats.extra.setdefault("accepted", []).append(a)
-        x[0, c:c + a] = y[:a]
-        if a < n:
-            x[0, c + a] = draw_residual(p[a:a + 1], q[a:a + 1], gen, runner.backend)[0]
-            runner.invalidate(torch.arange(c + a, c + n, device=dev))         # stale guesses
-            new_c = c + a + 1
-            # Jacobi step: the slots after the correction are redrawn from this pass's p.
-            rest_p = p[a + 1:n + 1]
-        else:
-            new_c = c + n
-            rest_p = p[n:n + 1]                                                # the bonus token's p
-            if new_c < HW:
-                x[0, new_c] = draw(rest_p, gen, runner.backend)[0]
-                new_c += 1
-                rest_p = rest_p[:0]
-        c = new_c
-        if c >= HW:
+    # Host state (advanced from the one read per pass): window starts and window lengths.
+    c_host = [1] * B
+    n_host = [min(window, HW - 1)] * B
+    # The windows [B, max n]: guesses y for positions c_b .. c_b + n_b - 1 and the distribution
+    # each was drawn from (padding entries beyond n_b are never judged).
+    q = uniform.expand(B, n_host[0], V).clone()
+    y = _draw_rows(q, gen, n_host, runner.backend)
+    ar_b = torch.arange(B, device=dev)
+    while any(nb > 0 for nb in n_host):
+        L = y.shape[1]                                                        # = max n_b
+        c, n = _long(c_host, dev), _long(n_host, dev)
+        j = torch.arange(L + 1, device=dev)[None]
+        # Row b feeds [x_{c-1} ; y_b] at c_b - 1 .. c_b + n_b - 1, then re-feeds c_b - 2, c_b - 3 ...
+        pos = padded_block(c - 1, n + 1, L + 1)
+        fed_y = (j >= 1) & (j <= n[:, None])
+        tokens = torch.where(fed_y, torch.cat([y[:, :1], y], 1), x.gather(1, pos))
+        out = runner.forward(tokens, pos)                                     # output j: dist of c_b + j
+        p = runner.probs(out)                                                 # [B, L + 1, V]
+        p_tok = p[:, :L].gather(2, y[..., None])[..., 0]
+        q_tok = q.gather(2, y[..., None])[..., 0]
+        ragged = any(nb != L for nb in n_host)
+        valid = (j[:, :L] < n[:, None]) if ragged else None
+        u = gen.rand_padded(n_host, L).to(dev)
+        verdict = kernels.verify_grid(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="raster",
+                                      uniforms=u.view(B, 1, L), valid=None if valid is None else valid.view(B, 1, L),
+                                      backend=op_backend("verify_grid", runner.backend, dev))
+        a = torch.minimum(verdict.first_reject.long(), n)
+        # The one host read of the pass: how far each window got. It decides every image's next
+        # window (its length is the number of uniforms the image draws) and the next pass's shape.
+        a_host = a.tolist()
+        amap = torch.zeros(B, HW, dtype=torch.bool)
+        for b, (cb, ab) in enumerate(zip(c_host, a_host)):
+            amap[b, cb:cb + ab] = True
+        stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
+        stats.extra.setdefault("drafted", []).append(sum(n_host))
+        stats.extra.setdefault("accepted", []).append(sum(a_host))
+        # Commit the accepted prefixes (rows write their last committed token back elsewhere).
+        jl = j[:, :L]
+        kept = jl < a[:, None]
+        dpos = padded_block(c, n, L)                                          # distinct per row
+        x.scatter_(1, torch.where(kept, dpos, (c - 1)[:, None].expand(-1, L)),
+                   torch.where(kept, y, x.gather(1, (c - 1)[:, None]).expand(-1, L)))
+        fix = [b for b in range(B) if a_host[b] < n_host[b]]                  # a correction at c + a
+        bonus = [b for b in range(B) if a_host[b] == n_host[b] > 0 and c_host[b] + n_host[b] < HW]
+        if fix:
+            rr, aa = _long(fix, dev), a[_long(fix, dev)]
+            u_fix = gen.rand_counts([int(b in fix) for b in range(B)]).to(dev)
+            tok = kernels.sample_residual(p[rr, aa], q[rr, aa], u_fix,
+                                          op_backend("sample_residual", runner.backend, dev)).tokens.long()
+            x[rr, c[rr] + aa] = tok
+            runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
+        if bonus:
+            rr = _long(bonus, dev)
+            u_bonus = gen.rand_counts([int(b in bonus) for b in range(B)]).to(dev)
+            tok = kernels.sample_residual(p[rr, n[rr]], None, u_bonus,
+                                          op_backend("sample_residual", runner.backend, dev)).tokens.long()
+            x[rr, c[rr] + n[rr]] = tok
+        new_c = [cb + ab + (1 if (ab < nb or cb + nb < HW) and nb > 0 else 0)
+                 for cb, ab, nb in zip(c_host, a_host, n_host)]
+        new_n = [min(window, HW - cb) for cb in new_c]
+        L_next = max(new_n)
+        if L_next == 0:
             break
-        L = min(window, HW - c)
-        rest_p = rest_p[:L]
-        fresh = L - rest_p.shape[0]
-        q = torch.cat([rest_p, uniform.expand(fresh, V)])
-        y = draw(q, gen, runner.backend)
+        # Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
+        # this pass's p (outputs a + 1 .. n); slots beyond (and after a bonus token) are fresh.
+        jn = torch.arange(L_next, device=dev)[None]
+        from_p = (a < n)[:, None] & (jn < (n - a)[:, None])
+        src = (a[:, None] + 1 + jn).clamp(max=L)
+        q = torch.where(from_p[..., None], p[ar_b[:, None], src], uniform)
+        y = _draw_rows(q, gen, new_n, runner.backend)
+        c_host, n_host = new_c, new_n
     return x
 
 
@@ -81,11 +132,11 @@ def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int
         raise ValueError(f"window must be an int >= 1, got {window!r}")
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=1, backend=backend)
+        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
         x = sjd_grid(runner, cls, gen, stats, window=window)
-        stats.target_forwards = runner.forwards
+        stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
         return x
 
-    return run_batches("sjd", target, classes, seed, one_image_at_a_time(run), batch_size=batch_size,
+    return run_batches("sjd", target, classes, seed, run, batch_size=batch_size,
                        tokenizer=tokenizer, progress=progress,
                        first_index=first_index)

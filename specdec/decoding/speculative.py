@@ -206,7 +206,10 @@ def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tens
         if any(new_host):
             p_new = target.probs(sel)[:, 0]                                   # [B, V]
             q_new = torch.where((a < nb)[:, None], q[ar_b, a.clamp(max=n - 1)], torch.zeros_like(p_new))
-            tok = draw_residual(p_new, q_new, gen, target.backend)        # q = 0: a bonus draw from p
+            # Only images that get a new token draw: one that accepted every draft up to `end`
+            # draws nothing alone, and its stream goes on after `end` (SSD's later rows).
+            tok = draw_residual(p_new, q_new, streams.only(new_host) if per_image else gen,
+                                target.backend)                           # q = 0: a bonus draw from p
             # Rows without a new token write their last committed token back (a fixed-shape write).
             at = torch.where(new, c + a, c - 1)[:, None]
             x.scatter_(1, at, torch.where(new, tok, x.gather(1, (c - 1)[:, None])[:, 0])[:, None])

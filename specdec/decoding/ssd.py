@@ -33,6 +33,11 @@ distribution q is the target's own final norm + LM head on the prediction.
   the default family: corrections cascade along a row (a changed token changes its right
   neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
   14 final passes are added (docs/experiments.md).
+- Batched (`commit="verify"`): each image has its own open span, settled up to its own first
+  correction, and the images share their passes: a pass is as wide as the longest open span,
+  shorter spans are padded with re-feeds of settled tokens, an image whose span is settled rides
+  along on re-feeds; padding is never judged and draws nothing, so image i's tokens do not
+  depend on its batch.
 - `max_tail` and `final_passes` bound that price (None: unbounded, exact). Open tokens more than
   `max_tail` positions behind a group's rows are fed once more with that group's first pass, so
   their keys and values follow the final tokens before them, but they are not judged again: they
@@ -40,8 +45,8 @@ distribution q is the target's own final norm + LM head on the prediction.
   closes its tail with at most `final_passes` passes and keeps what is still open. Both make
   the variant lossy again, but only in the tokens they keep (`stats.extra["kept_as_judged"]`,
   about 40 of 256 on the default family with max_tail=24, final_passes=2, the family's default
-  options, one image at a time; a batch settles only up to its first correction over all its
-  images, so it keeps more): every other token is judged under its final context, where the
+  options; each image's spans are its own, so a batch keeps what its images keep alone):
+  every other token is judged under its final context, where the
   published rule judges none of them so. docs/experiments.md: passes, wall clock and quality of each setting.
 
 Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
@@ -54,9 +59,10 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import (ModelRunner, Sampling, check_grid_model, draw, draw_residual, one_image_at_a_time,
-                                     run_batches, verify)
-from specdec.decoding.speculative import HeadsDrafter, raster_speculate
+from specdec.decoding import kernels
+from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, draw_residual,
+                                     op_backend, run_batches, verify)
+from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
 
 
 ROUND_Q = ("resampled", "previous")
@@ -91,8 +97,10 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
     raster_speculate(runner, drafter, first, x, gen, stats, end=W, chunk=chunk, hidden_out=hid[:, :W])
     stats.extra.setdefault("row0_passes", []).append(runner.forwards - 1)
     draft_calls = drafter.forwards
-    carry_start, carry_q = None, None          # commit="verify": the open tail of the previous group
-    group_passes, kept = 0, 0
+    # commit="verify": per image, the first open position of the previous group's tail (None: all
+    # settled; the whole list None when no image has one), and the q of the open tokens.
+    carry_start, carry_q = None, None
+    group_passes, kept = 0, [0] * B
     for i in range(1, H, vertical_heads):
         n = min(vertical_heads, H - i)                                               # rows drafted together
         lo, hi = i * W, (i + n) * W                                                  # the n rows, raster order
@@ -106,17 +114,21 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
         x[:, lo:hi] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
         if commit == "verify":
             passes = runner.forwards
-            # The span judged this group: the previous group's open tail (its tokens follow the
-            # p they were last judged against, their q here), then the rows.
-            keep = 0
-            if carry_start is not None:
+            # The span each image judges this group: its open tail from the previous group (those
+            # tokens follow the p they were last judged against, their q here), then the rows. q
+            # is kept right-aligned at the span's end (column k: position hi - width + k).
+            keep = [0] * B
+            if carry_q is not None:
                 # max_tail: open tokens further behind this group's rows are fed once more (their
                 # keys and values then follow the final tokens before them) but kept as last judged.
-                keep = 0 if max_tail is None else max(0, lo - carry_start - max_tail)
-                q = torch.cat([carry_q[:, keep:], q], 1)
-            kept += keep
-            carry_start, carry_q = _settle(runner, x, hid, lo if carry_start is None else carry_start, hi, q, gen,
-                                           stats, max_passes=rounds + 1, keep=keep)
+                keep = [0 if s is None or max_tail is None else max(0, lo - s - max_tail) for s in carry_start]
+                q = torch.cat([carry_q, q], 1)
+            kept = [k + kb for k, kb in zip(kept, keep)]
+            starts = [lo if carry_start is None or s is None else s for s in (carry_start or [None] * B)]
+            carry_start, carry_q = _settle(runner, x, hid, starts, hi, q, gen, stats, max_passes=rounds + 1,
+                                           keep=keep)
+            if all(s is None for s in carry_start):
+                carry_start, carry_q = None, None
             group_passes += runner.forwards - passes
             continue
         for _ in range(rounds):
@@ -132,12 +144,15 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
         # as each pass settles at least its first token). What is still open is kept as last judged.
         final = runner.forwards
         if carry_start is not None:
-            carry_start, _ = _settle(runner, x, hid, carry_start, H * W, carry_q, gen, stats, max_passes=final_passes)
+            carry_start, _ = _settle(runner, x, hid, carry_start, H * W, carry_q, gen, stats, max_passes=final_passes,
+                                     keep=[0] * B)
+        # Passes are shared by the batch: final and group passes are counted once per batch (the
+        # passes run), the tokens kept as judged per image.
         stats.extra.setdefault("final_passes", []).append(runner.forwards - final)
         stats.extra.setdefault("group_passes", []).append(group_passes)
-        open_at_end = 0 if carry_start is None else H * W - carry_start
-        stats.extra.setdefault("open_at_end", []).append(open_at_end)
-        stats.extra.setdefault("kept_as_judged", []).append(kept + open_at_end)
+        open_at_end = [0 if carry_start is None or s is None else H * W - s for s in (carry_start or [None] * B)]
+        stats.extra.setdefault("open_at_end", []).extend(open_at_end)
+        stats.extra.setdefault("kept_as_judged", []).extend(k + o for k, o in zip(kept, open_at_end))
     stats.draft_forwards = draft_calls * B
     return x
 
@@ -154,39 +169,105 @@ def _commit_pass(runner: ModelRunner, x, hid, lo: int, hi: int):
     return out
 
 
-def _settle(runner: ModelRunner, x, hid, lo: int, hi: int, q, gen, stats, *, max_passes, keep: int = 0):
-    """commit="verify": passes over the open part of the span [lo, hi) (raster positions; q
-    [B, hi - lo - keep, V] the distribution each judged token follows: the head's for fresh drafts,
-    the last p it was judged against otherwise), each judging it with SJD's rule and writing its
-    keys, values and hidden states, until a pass changes nothing or `max_passes` (None: no limit)
-    are made. The first pass also feeds the first `keep` tokens of the span without judging them
-    (max_tail).
+def _fit(q, width: int):
+    """q [B, w, V], right-aligned at a span's end, as `width` columns (cut or zero-padded on the left)."""
+    w = q.shape[1]
+    if w >= width:
+        return q[:, w - width:]
+    return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
 
-    After a pass whose first correction (over the batch) is at f, every token up to f is settled:
+
+def _right_uniforms(gen, counts, width: int) -> torch.Tensor:
+    """[B, width]: counts[b] uniforms from image b's stream in the last columns of row b."""
+    if isinstance(gen, ImageStreams):
+        return gen.rand_padded(counts, width, right=True)
+    (c,) = counts                     # a single image with a plain generator
+    return torch.cat([torch.zeros(width - c), torch.rand((c,), generator=gen, dtype=torch.float32)])[None]
+
+
+def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_passes, keep):
+    """commit="verify": passes over the open part of each image's span [starts[b], hi) (raster
+    positions; starts[b] None: image b has nothing open), each judging it with SJD's rule and
+    writing its keys, values and hidden states, until a pass changes nothing in it or `max_passes`
+    (None: no limit) are made. q [B, w, V], right-aligned at hi: the distribution each judged
+    token follows (the head's for fresh drafts, the last p it was judged against otherwise). The
+    first pass also feeds the first keep[b] tokens of image b's span without judging them (max_tail).
+
+    After a pass whose first correction in image b is at f, every token of b up to f is settled:
     its left context did not change, so it was judged against its final p (and a correction is
-    drawn from that p's residual). The next pass starts right after f: it re-feeds x_f, whose key
-    was written from its old value, and judges only tokens whose context changed. Returns the
-    first open position and the q of the open tokens, or (None, None) when everything is settled.
-    (A pass that would judge settled tokens again keeps them for sure: q is the p they were kept
-    under. Skipping them is what makes the passes short.)"""
+    drawn from that p's residual). Image b's next pass starts right after f: it re-feeds x_f,
+    whose key was written from its old value, and judges only tokens whose context changed. The
+    images share their passes: a pass is as wide as the longest open span, a shorter span is
+    padded with re-feeds of settled tokens before it (`speculative.padded_block`: their keys and
+    values come out as they were), an image with nothing open rides along on re-feeds of settled
+    tokens, and padding is never judged, draws nothing and writes no hidden state. Returns each
+    image's first open position (None when settled) and the q of the open tokens (right-aligned
+    at hi). (A pass that would judge settled tokens again keeps them for sure: q is the p they
+    were kept under. Skipping them is what makes the passes short.)"""
+    B = x.shape[0]
+    dev = x.device
+    rows = hid.shape[0]
+    rows_b = torch.arange(rows, device=dev) % B
+    lo = [hi if s is None else s for s in starts]
+    active = [s is not None for s in starts]
+    keep = list(keep)
     passes = 0
-    while max_passes is None or passes < max_passes:
-        out = _commit_pass(runner, x, hid, lo, hi)
+    while any(active) and (max_passes is None or passes < max_passes):
+        span = [hi - lb if a else 0 for lb, a in zip(lo, active)]
+        N = max(span)
+        count = torch.tensor(span, dtype=torch.long, device=dev)
+        start = torch.tensor([lb - 1 if a else hi - 1 for lb, a in zip(lo, active)], dtype=torch.long, device=dev)
+        pos = padded_block(start, count, N)                    # real: the span's feeds; then re-feeds
+        out = runner.forward(x.gather(1, pos), pos)
         passes += 1
-        q_win, changed = _verify_and_correct(runner, x, lo + keep, hi, runner.probs(out)[:, keep:], q, gen, stats,
-                                             "previous")
-        # Settled: everything before the first position resampled in any image (host copy of the
-        # pass's one read).
-        changed = [any(col) for col in zip(*changed)]
-        if not any(changed):
-            return None, None
-        settled = changed.index(True) + 1
-        lo += keep + settled
-        keep = 0
-        if lo == hi:
-            return None, None
-        q = q_win[:, settled:]
-    return lo, q
+        j = torch.arange(N, device=dev)[None]
+        # Hidden states of the real entries: out j gives position pos + 1 (re-feeds write back
+        # what is there; their targets are distinct and below the span).
+        real = (j < count[:, None])[rows_b]
+        tpos = (pos + 1)[rows_b][..., None].expand(-1, -1, hid.shape[-1])
+        hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, hid.gather(1, tpos)))
+        # The frame: column k is position hi - N + k; image b's real output for it is k - (N - span_b).
+        p_all = runner.probs(out)                                               # [B, N, V]
+        V = p_all.shape[-1]
+        offset = N - count
+        judged_n = [sp - kb if a else 0 for sp, kb, a in zip(span, keep, active)]
+        judged = j >= (N - torch.tensor(judged_n, dtype=torch.long, device=dev))[:, None]
+        p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, V))
+        qf = _fit(q, N)
+        xw = x[:, hi - N:hi]
+        p_tok = p.gather(2, xw[..., None])[..., 0]
+        q_tok = qf.gather(2, xw[..., None])[..., 0]
+        u = _right_uniforms(gen, judged_n, N).to(dev)
+        verdict = kernels.verify_grid(p_tok.view(B, 1, N), q_tok.view(B, 1, N), rule="ratio", mode="independent",
+                                      uniforms=u.view(B, 1, N), valid=judged.view(B, 1, N),
+                                      backend=op_backend("verify_grid", runner.backend, dev))
+        # The one host read of the pass: which tokens were kept and which are resampled. How many
+        # uniforms each image draws for its corrections depends on it, and so does its next span.
+        accept, redo = torch.stack([verdict.accept.view(B, N), verdict.resample.view(B, N)]).tolist()
+        amap = torch.zeros(B, runner.H * runner.W, dtype=torch.bool)
+        amap[:, hi - N:hi] = torch.tensor(accept, dtype=torch.bool)
+        stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
+        stats.extra.setdefault("drafted", []).append(sum(judged_n))
+        stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
+        where = [(b, k) for b in range(B) for k in range(N) if redo[b][k]]    # row-major: each image's in order
+        if where:
+            rr = torch.tensor([b for b, _ in where], dtype=torch.long, device=dev)
+            kk = torch.tensor([k for _, k in where], dtype=torch.long, device=dev)
+            x[rr, hi - N + kk] = draw_residual(p[rr, kk], qf[rr, kk], gen, runner.backend,
+                                               counts=[sum(row) for row in redo])
+        # After verify-and-correct every token follows this pass's p (kept ones by acceptance,
+        # replaced ones by the residual), so the next pass judges it against p.
+        q = p
+        for b in range(B):
+            if not active[b]:
+                continue
+            if True not in redo[b]:
+                active[b] = False                               # nothing changed: all settled
+                continue
+            lo[b] = hi - N + redo[b].index(True) + 1           # settled up to the first correction
+            active[b] = lo[b] < hi
+        keep = [0] * B
+    return [lb if a else None for lb, a in zip(lo, active)], q
 
 
 def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats, round_q: str):
@@ -271,9 +352,5 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         stats.target_forwards = runner.forwards * cls.shape[0]
         return x
 
-    # commit="verify" settles a span up to the first correction over the whole batch, so batched
-    # images would steer each other's passes: until spans are tracked per image, a batch is
-    # decoded one image at a time (same tokens as batch_size=1, no shared passes).
-    return run_batches("ssd", target, classes, seed, one_image_at_a_time(run) if commit == "verify" else run,
-                       batch_size=batch_size, tokenizer=tokenizer,
+    return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
                        progress=progress, first_index=first_index)

@@ -97,7 +97,7 @@ def resolve(family, req: Request, device: torch.device) -> Job:
         raise SampleError(f"--set: {req.method} does not take option(s) {', '.join(unknown)}; "
                           f"it accepts: {', '.join(a for a in allowed if a != 'batch_size')}")
     options = dict(decoding.DEFAULT_OPTIONS[req.method], **req.options)
-    # Every method takes batch_size (sjd, mulo and ssd commit="verify" decode a batch one image at a time).
+    # Every method takes batch_size and decodes a batch in shared passes (docs/engine.md).
     call_kwargs = {"batch_size": req.batch_size} if "batch_size" in allowed else {}
     sampling = req.sampling or decoding.DEFAULT_SAMPLING
 
