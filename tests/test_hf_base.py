@@ -207,3 +207,28 @@ def test_bad_input():
         m.forward_tokens(cache, torch.tensor([[0, 1]]), torch.tensor([2, 2]))
     with pytest.raises(ValueError, match="string prompts need a processor"):
         m.encode_prompts(["a cat"])
+
+
+def test_an_adapter_must_define_the_hooks():
+    """The base is abstract: a subclass without the model-specific hooks cannot be built, and one
+    without a default unconditional prompt asks for negative prompts by name."""
+    from specdec.models.hf.base import HFImageModel
+
+    class Incomplete(HFImageModel):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete(None, grid=(2, 2), vocab_size=4)
+
+    class NoDefault(HFImageModel):
+        language_model = None
+
+        def embed_image(self, tokens):
+            return tokens
+
+        def image_logits(self, normed):
+            return normed
+
+    model = object.__new__(NoDefault)
+    with pytest.raises(ValueError, match="pass negative_prompts"):
+        model.unconditional_prompt(torch.tensor([1, 2]))

@@ -37,6 +37,7 @@ what the model itself uses for an unpadded prompt.
 """
 from __future__ import annotations
 
+import abc
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -50,8 +51,10 @@ from specdec.models.protocol import ForwardOutput
 from specdec.numerics import batch_invariant_enabled
 
 
-class HFImageModel(nn.Module):
+class HFImageModel(nn.Module, abc.ABC):
     """An autoregressive image model over a transformers decoder (see the module docstring).
+    Abstract: an adapter defines `language_model`, `embed_image` and `image_logits` (a class that
+    lacks one cannot be instantiated), and `unconditional_prompt` when it has a default for CFG.
 
     Args:
         hf_model: the transformers model (kept as the submodule `hf_model`).
@@ -86,17 +89,23 @@ class HFImageModel(nn.Module):
 
     # ---- hooks a subclass provides ------------------------------------------------------------
     @property
+    @abc.abstractmethod
     def language_model(self) -> nn.Module:
-        raise NotImplementedError(f"{type(self).__name__} must define language_model")
+        """The transformers decoder stack (embeddings, layers, final norm, rotary embedding)."""
 
+    @abc.abstractmethod
     def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define embed_image")
+        """Image codebook ids [..] -> input embeddings [.., dim]."""
 
+    @abc.abstractmethod
     def image_logits(self, normed: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must define image_logits")
+        """Final-normed hidden states [rows, N, dim] -> float32 logits [rows, N, V] over the codebook."""
 
     def unconditional_prompt(self, ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} has no default unconditional prompt; pass negative_prompts")
+        """The model's own unconditional prompt for the conditional prompt `ids`; a model without
+        one asks the caller for negative prompts."""
+        raise ValueError(f"{type(self).__name__} has no default unconditional prompt: pass negative_prompts "
+                         "(one per image) for classifier-free guidance")
 
     # ---- hooks with defaults ------------------------------------------------------------------
     def tokenize(self, text: str) -> torch.Tensor:
