@@ -331,13 +331,7 @@ class LlamaGenGPT(nn.Module):
         (AR's step index): then only slots up to that position are read, as in the checked path."""
         if not checked:
             return self._forward_unchecked(cache, tokens, positions, tree_mask, write, backend, reach)
-        if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
-            raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
-        if tokens.shape[0] == cache.batch and cache.cfg:
-            tokens = torch.cat([tokens, tokens])
-        if tokens.shape[0] != cache.rows:
-            raise ValueError(f"tokens has {tokens.shape[0]} rows, the cache {cache.batch}" +
-                             (f" (or {cache.rows})" if cache.cfg else ""))
+        tokens = cache.check_tokens(tokens)
         if tokens.numel():
             lo, hi = torch.aminmax(tokens)
             if int(lo) < 0 or int(hi) >= self.vocab_size:

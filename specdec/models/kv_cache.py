@@ -57,6 +57,17 @@ class SlotKVCache:
             raise ValueError(f"{name} must lie in [0, {self.n_slots}), got [{int(slots.min())}, {int(slots.max())}]")
         return slots.to(device=self.device, dtype=torch.int64)
 
+    def check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [batch, N] (duplicated for the CFG rows) or [rows, N], int -> [rows, N]."""
+        if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[0] == self.batch and self.cfg:
+            tokens = torch.cat([tokens, tokens])
+        if tokens.shape[0] != self.rows:
+            raise ValueError(f"tokens has {tokens.shape[0]} rows, the cache {self.batch}" +
+                             (f" (or {self.rows})" if self.cfg else ""))
+        return tokens
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [rows, Hkv, N, D] at slots [rows, N] (overwrites what was there)."""
         idx = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])

@@ -272,15 +272,9 @@ class HFImageModel(nn.Module, abc.ABC):
         and pre-norm hidden states [rows, N, dim]; output n is the distribution of the raster
         token after the one fed at n (with row ends: after the row end that follows it)."""
         H, W = self._grid
-        if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
-            raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+        tokens = cache.check_tokens(tokens)
         if positions.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"positions must be int32/int64, got {positions.dtype}")
-        if tokens.shape[0] == cache.batch and cache.cfg:
-            tokens = torch.cat([tokens, tokens])
-        if tokens.shape[0] != cache.rows:
-            raise ValueError(f"tokens has {tokens.shape[0]} rows, the cache {cache.batch}" +
-                             (f" (or {cache.rows})" if cache.cfg else ""))
         pos = cache.check_slots(positions, "positions", check_range=False)   # [rows, N] int64
         N = tokens.shape[1]
         if pos.shape[1] != N:
