@@ -81,8 +81,8 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--set", "tau=1"], "METHOD.KEY=VALUE"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.tau=-1"], "tau must be"),
     (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
-    (["compare", "--methods", "ar,sd", "--num-images", "2", "--compile"], "--compile is not available for sd"),
-    (["generate", "--method", "ssd", "--class", "0", "--out", "x.png", "--compile"], "--compile is not available for ssd"),
+    (["compare", "--methods", "mulo", "--num-images", "2", "--compile", "--set", "mulo.drafting=zipar"],
+     "compile=True needs drafting='serial'"),
     (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):

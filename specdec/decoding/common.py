@@ -304,6 +304,10 @@ class ModelRunner:
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
+        #: a `specdec.decoding.compiled.CompiledForward` when the target passes are compiled
+        #: (`compiled_runner`); None: eager passes
+        self.compiled_forward = None
+        self.token_step = None   #: the compiled AR step of a compiled runner, once made
         # The checked fast path (see specdec.decoding.kernels): models that offer it skip the
         # per-pass value checks of positions and token ids, which the decoders produce themselves.
         self._fast = {"checked": False} if "checked" in inspect.signature(model.forward_tokens).parameters else {}
@@ -336,9 +340,12 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order."""
         self.forwards += 1
-        out = self.model.forward_tokens(self.cache, tokens.to(self.device), positions.to(self.device),
-                                        tree_mask=tree_mask, write=write, backend=self.backend, **self._fast)
-        o = self._split(out)
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
+        if self.compiled_forward is not None:
+            o = self.outputs(*self.compiled_forward(tokens, positions, tree_mask, write))
+        else:
+            o = self._split(self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                                      backend=self.backend, **self._fast))
         if self.sampling.has_cfg_interval:
             o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
         return o

@@ -4,17 +4,27 @@ function of tensors only, so the compiler sees the whole step as one graph.
 On CPU the step is compiled by inductor (C++ kernels, the specdec ops called from the graph
 through their registered fake implementations); on CUDA with `mode="reduce-overhead"`, i.e. CUDA
 graphs, with the KV cache marked as a static address so that its in-place writes can be replayed.
-Shapes are static (one token per row, the whole slot cache as keys), so one graph serves every
-step of a decode, and inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default under the
-system temporary directory) makes later runs skip most of the compilation.
+Shapes are static: the AR step feeds one token per row against the whole slot cache, so one graph
+serves every step of a decode; the speculative methods' target passes (`CompiledForward`) are
+padded to a few bucket widths (`bucket_width`), one graph per width. Inductor's on-disk cache
+(`TORCHINDUCTOR_CACHE_DIR`, by default under the system temporary directory) makes later runs
+skip most of the compilation.
+
+Every compiled function here is made for one shape and one cache, and is called only with that
+shape (the key of the store that holds it): it is compiled with Dynamo's guards dropped
+(`skip_all_guards_unsafe`), which on this model family saves about a fifth of a step's time, and
+each gets its own copy of the code object, because Dynamo keeps its compiled entries per code
+object and would otherwise test the guards of every width in turn.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+import types
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from specdec import masks
 from specdec.decoding import kernels
 
 
@@ -26,9 +36,27 @@ def check_compile(compile) -> bool:
 
 def compile_step(fn: Callable, device: torch.device) -> Callable:
     """`fn` compiled for `device` without graph breaks (fullgraph=True: a break is an error, not
-    a silent slow path)."""
+    a silent slow path), for the one shape it will be called with (no guards; see the module
+    docstring), as its own code object."""
     mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, fullgraph=True, dynamic=False, mode=mode,
+                         options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe})
+
+
+def bucket_width(n: int) -> int:
+    """The padded width of a pass of n tokens: the smallest of 1, 2, 4, 8, 16, 24, 32, 48, 64, 96,
+    ... (powers of two, and 1.5 times them from 16 on) that holds n. Beyond 16 tokens at most a
+    third of a padded pass is padding, and a decode meets a handful of widths (SSD's 3-39-token
+    spans: 6)."""
+    if n < 1:
+        raise ValueError(f"a pass needs at least one token, got {n}")
+    width = 1
+    while True:
+        for w in (width, width * 3 // 2) if width >= 16 else (width,):
+            if w >= n:
+                return w
+        width *= 2
 
 
 def mark_cache_static(cache) -> None:
@@ -75,6 +103,7 @@ class TokenStep:
         self.runner.forwards += 1
         if not self.compiled:
             return self._step(tokens, position, uniforms, reach)
+        tokens = tokens.contiguous()   # traced contiguous, no guards (see CompiledForward.__call__)
         if self._calls == 0:
             start = time.perf_counter()
             out = self._step(tokens, position, uniforms)
@@ -90,21 +119,159 @@ class TokenStep:
         return seconds
 
 
+def _visible_columns(real: int, width: int, device) -> torch.Tensor:
+    """int32 [ceil(width / 32)]: the packed tree-mask row whose bits 0..real-1 are set (the real
+    columns of a block padded to `width`)."""
+    return masks.pack(torch.arange(width, device=device) < real)
+
+
+class CompiledForward:
+    """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
+    (padded width, tree mask or not, write or not), made on first use and kept.
+
+    A pass of N tokens is padded to `bucket_width(N)` by feeding its last token again at its own
+    position, with that token's view: written in place, a copy sees what the token sees (the cache
+    at positions up to its own) and writes the token's keys and values at its slot again; in a
+    block attended without writing in place (a tree mask, or `write=False`), a tree mask hides the
+    copies from the real queries and gives each copy the last real row's mask
+    (`_visible_columns`). So the real outputs and the cache are those of the unpadded pass (bit
+    for bit with row-by-row products: tested); the outputs are cut back to the N real columns."""
+
+    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None):
+        self.model, self.cache, self.backend = model, cache, backend
+        self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
+        # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
+        # with eager numerics.
+        self.compiler = compiler or compile_step
+        self.compile_s = 0.0
+        self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
+        self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
+        if cache.device.type == "cuda":
+            mark_cache_static(cache)
+
+    def _graph(self, key):
+        graph = self._graphs.get(key)
+        if graph is None:
+            _, masked, write = key
+            model, cache, backend, fast = self.model, self.cache, self.backend, self.fast
+
+            def forward(tokens, positions, tree_mask):
+                out = model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                           backend=backend, **fast)
+                return out.logits, out.hidden
+
+            graph = self._graphs[key] = self.compiler(forward, cache.device)
+        return graph
+
+    def _tree_mask(self, tree_mask, rows: int, n: int, width: int):
+        """The mask of the padded block: the caller's rows (or, without one, every real column)
+        restricted to the real columns; a padding row is a copy of the last real row, so that it
+        computes that row's keys and values, which it writes at the same slot."""
+        key = (n, width)
+        if key not in self._columns:
+            self._columns[key] = _visible_columns(n, width, self.cache.device)
+        columns = self._columns[key]
+        if tree_mask is None:
+            return columns.expand(rows, width, -1).contiguous()
+        padded = columns.expand(rows, width, -1).clone()
+        padded[:, :n, :tree_mask.shape[2]] &= tree_mask
+        padded[:, n:] = padded[:, n - 1:n]
+        return padded
+
+    def __call__(self, tokens, positions, tree_mask=None, write: bool = True):
+        rows, n = tokens.shape
+        width = bucket_width(n)
+        if positions.dim() == 1:
+            positions = positions.expand(rows, n)
+        if width > n:
+            pad = width - n
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(rows, pad)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(positions.shape[0], pad)], 1)
+            if tree_mask is not None or not write:
+                tree_mask = self._tree_mask(tree_mask, tree_mask.shape[0] if tree_mask is not None else rows,
+                                            n, width)
+        key = (width, tree_mask is not None, write)
+        first = key not in self._graphs
+        graph = self._graph(key)
+        if self.cache.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        start = time.perf_counter()
+        # The graph was traced on contiguous inputs and keeps no guards: a strided view (a slice
+        # of the token grid) would fail inductor's stride assertion.
+        logits, hidden = graph(tokens.contiguous(), positions.contiguous(),
+                               None if tree_mask is None else tree_mask.contiguous())
+        if first:
+            self.compile_s += time.perf_counter() - start
+        if self.cache.device.type == "cuda":
+            # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
+            # across later passes.
+            logits, hidden = logits.clone(), hidden.clone()
+        return logits[:, :n], hidden[:, :n]
+
+    def take_compile_s(self) -> float:
+        seconds, self.compile_s = self.compile_s, 0.0
+        return seconds
+
+
+def _store_key(model, sampling, batch: int, backend) -> tuple:
+    """What a compiled graph was made for: the batch, sampling and backend, and what the model's
+    numerics depend on (its parameters' dtype and device, the batch-invariant mode), since the
+    graphs keep no guards."""
+    from specdec.numerics import batch_invariant_enabled
+
+    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return (batch, sampling, backend, None if p is None else (p.dtype, p.device), batch_invariant_enabled())
+
+
+def compiled_runner(model, sampling, batch: int, backend=None):
+    """A ModelRunner for `model` whose target passes go through `CompiledForward`, made once per
+    batch size and sampling and kept on the model (later decodes reset the same runner: same cache
+    tensors, so the graphs are reused, and on CUDA replay into the same addresses)."""
+    from specdec.decoding.common import ModelRunner
+
+    store = model.__dict__.setdefault("_specdec_compiled_runners", {})
+    key = _store_key(model, sampling, batch, backend)
+    if key not in store:
+        runner = ModelRunner(model, sampling, batch=batch, backend=backend)
+        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast)
+        store[key] = runner
+    runner = store[key]
+    runner.reset()
+    return runner
+
+
+def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False):
+    """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
+    kept compiled one."""
+    from specdec.decoding.common import ModelRunner
+
+    if compile:
+        return compiled_runner(model, sampling, batch, backend)
+    return ModelRunner(model, sampling, batch=batch, backend=backend)
+
+
+def take_compile_s(*runners) -> float:
+    """The compile time the runners' compiled passes and token steps spent since last asked (0 for
+    eager runners and for graphs compiled by an earlier decode)."""
+    total = 0.0
+    for r in runners:
+        for part in (getattr(r, "compiled_forward", None), getattr(r, "token_step", None)):
+            if part is not None:
+                total += part.take_compile_s()
+    return total
+
+
 def compiled_token_step(model, sampling, batch: int, backend=None):
     """(runner, TokenStep) compiled for `model` at this batch size and sampling, made once and kept
     on the model: later decodes reset the same runner (same cache tensors), so the compiled graph
     is reused instead of traced again for every new cache (and, on CUDA, the graph replays into
     the same addresses). Returns the runner reset for a new batch."""
-    from specdec.decoding.common import ModelRunner
-
-    store = model.__dict__.setdefault("_specdec_compiled_steps", {})
-    key = (batch, sampling, backend)
-    if key not in store:
-        runner = ModelRunner(model, sampling, batch=batch, backend=backend)
-        store[key] = (runner, TokenStep(runner, compile=True))
-    runner, step = store[key]
-    runner.reset()
+    runner = compiled_runner(model, sampling, batch, backend)
+    step = runner.token_step
+    if step is None:
+        step = runner.token_step = TokenStep(runner, compile=True)
     return runner, step
 
 
-__all__ = ["TokenStep", "compile_step", "compiled_token_step", "check_compile", "mark_cache_static"]
+__all__ = ["TokenStep", "CompiledForward", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
+           "runner_for", "take_compile_s", "check_compile", "mark_cache_static"]

@@ -32,7 +32,7 @@ def check_delta(delta) -> float:
 
 def decode(target, classes, *, codebook=None, neighbors=None, k: int = 1000, delta: float = 0.1, drafter=None,
            heads=None, chunk: int = 4, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1):
+           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
     delta = check_delta(delta)
     if neighbors is None:
         if codebook is None:
@@ -42,4 +42,5 @@ def decode(target, classes, *, codebook=None, neighbors=None, k: int = 1000, del
         neighbors = neighbor_table(codebook, k)
     return speculative_decode("lantern", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
                               sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
-                              batch_size=batch_size, neighbors=neighbors, delta=delta, first_index=first_index)
+                              batch_size=batch_size, neighbors=neighbors, delta=delta, first_index=first_index,
+                              compile=compile)

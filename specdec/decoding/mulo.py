@@ -33,7 +33,7 @@ import torch
 from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
-from specdec.decoding.compiled import check_compile, compiled_token_step
+from specdec.decoding.compiled import check_compile, compiled_token_step, runner_for, take_compile_s
 from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, check_grid_model, op_backend,
                                      run_batches, verify)
@@ -231,9 +231,10 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
     `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle).
     The images of a batch share their passes (`_resample`: islands differ per image, so a
     resampling step may take more than one pass); each image draws from its own stream.
-    `compile=True` runs the drafter's serial AR steps compiled (specdec.decoding.compiled, as
-    compiled `ar` runs its own); the target's verification and resampling passes stay eager (their
-    shapes follow the islands), so this is a partial treatment: compare it with compiled `ar`."""
+    `compile=True` runs the drafter's serial AR steps through the compiled token step compiled
+    `ar` runs, and every target pass (verification, resampling) and the drafter's prefix passes
+    through compiled graphs padded to bucket widths (specdec.decoding.compiled); the VQ round trip
+    and the up-sampler stay eager."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)
@@ -266,7 +267,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
     draft_sampling = draft_sampling or sampling
     compile = check_compile(compile)
     if compile and drafting != "serial":
-        raise ValueError("compile=True compiles the serial drafter's steps; drafting='zipar' has none")
+        raise ValueError("compile=True needs drafting='serial' (the zipar drafter's passes have no compiled form)")
 
     def run(cls, gen, stats):
         B = cls.shape[0]
@@ -274,7 +275,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
             drunner, dstep = compiled_token_step(drafter, draft_sampling, B, backend)
         else:
             drunner, dstep = ModelRunner(drafter, draft_sampling, batch=B, backend=backend), None
-        runner = ModelRunner(target, sampling, batch=B, backend=backend)
+        runner = runner_for(target, sampling, B, backend, compile=compile)
         H, W = runner.H, runner.W
         x = torch.zeros(B, H * W, dtype=torch.long, device=runner.device)
         low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)  # the drafter's view of the images
@@ -374,7 +375,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         stats.target_forwards = runner.forwards * B
         stats.draft_forwards = drunner.forwards * B
         if compile:
-            stats.extra.setdefault("compile_s", []).append(dstep.take_compile_s())
+            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner, drunner))
         return x
 
     return run_batches("mulo", target, classes, seed, run, batch_size=batch_size,

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import ModelRunner, Sampling, check_grid_model, run_batches
+from specdec.decoding.common import Sampling, check_grid_model, run_batches
 from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, raster_speculate
+from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
 
 
 def check_chunk(chunk) -> int:
@@ -35,15 +36,16 @@ def check_same_grid(target, drafter) -> None:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}")
 
 
-def make_drafter(target_runner, drafter, heads, sampling, backend):
+def make_drafter(target_runner, drafter, heads, sampling, backend, compile: bool = False):
     if drafter is not None:
-        return ModelDrafter(drafter, sampling, backend=backend)
+        return ModelDrafter(drafter, sampling, backend=backend, compile=compile)
     return HeadsDrafter(target_runner, heads)
 
 
 def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, sampling, tokenizer, backend,
-                       progress, batch_size=1, neighbors=None, delta=None, first_index=0):
+                       progress, batch_size=1, neighbors=None, delta=None, first_index=0, compile=False):
     check_grid_model(target, "target")
+    compile = check_compile(compile)
     if drafter is None and heads is None:
         raise ValueError(f"{method} needs a drafter: pass drafter=<same-grid model> or heads=<SSD heads>")
     if drafter is not None:
@@ -53,14 +55,16 @@ def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, 
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
-        d = make_drafter(runner, drafter, heads, sampling, backend)
+        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
+        d = make_drafter(runner, drafter, heads, sampling, backend, compile=compile)
         first = runner.prefill(cls)
         d.start(cls)
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
         raster_speculate(runner, d, first, x, gen, stats, end=x.shape[1], chunk=chunk, neighbors=neighbors, delta=delta)
         stats.target_forwards = runner.forwards * cls.shape[0]
         stats.draft_forwards = d.forwards * cls.shape[0]
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner, getattr(d, "runner", None)))
         return x
 
     return run_batches(method, target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
@@ -68,7 +72,10 @@ def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, 
 
 
 def decode(target, classes, *, drafter=None, heads=None, chunk: int = 4, seed: int = 0, first_index: int = 0,
-           sampling: Sampling = Sampling(), tokenizer=None, backend=None, progress=None, batch_size: int = 1):
+           sampling: Sampling = Sampling(), tokenizer=None, backend=None, progress=None, batch_size: int = 1,
+           compile: bool = False):
+    """`compile=True`: the target's and the drafter model's passes through compiled graphs padded
+    to bucket widths (specdec.decoding.compiled)."""
     return speculative_decode("sd", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
                               sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
-                              batch_size=batch_size, first_index=first_index)
+                              batch_size=batch_size, first_index=first_index, compile=compile)

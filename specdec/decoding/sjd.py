@@ -24,6 +24,7 @@ from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, op_backend,
                                      run_batches)
 from specdec.decoding.speculative import padded_block
+from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
 
 
 def _long(values, device) -> torch.Tensor:
@@ -126,15 +127,20 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
 
 
 def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1):
+           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
+    """`compile=True`: every target pass through compiled graphs padded to bucket widths
+    (specdec.decoding.compiled)."""
     check_grid_model(target, "target")
+    compile = check_compile(compile)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an int >= 1, got {window!r}")
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
+        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
         x = sjd_grid(runner, cls, gen, stats, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
         return x
 
     return run_batches("sjd", target, classes, seed, run, batch_size=batch_size,

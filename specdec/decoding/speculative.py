@@ -24,6 +24,7 @@ import torch
 
 from specdec.decoding import heads as _heads
 from specdec.decoding.common import DecodeStats, ImageStreams, ModelRunner, Outputs, draw, draw_residual, verify
+from specdec.decoding.compiled import runner_for
 
 
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
@@ -46,8 +47,8 @@ def gather_rows(o: Outputs, index: torch.Tensor) -> Outputs:
 
 
 class ModelDrafter:
-    def __init__(self, model, sampling, *, backend=None):
-        self.model, self.sampling, self.backend = model, sampling, backend
+    def __init__(self, model, sampling, *, backend=None, compile: bool = False):
+        self.model, self.sampling, self.backend, self.compile = model, sampling, backend, compile
         self.runner: Optional[ModelRunner] = None
 
     @property
@@ -55,7 +56,7 @@ class ModelDrafter:
         return self.runner.forwards if self.runner else 0
 
     def start(self, classes):
-        self.runner = ModelRunner(self.model, self.sampling, batch=classes.shape[0], backend=self.backend)
+        self.runner = runner_for(self.model, self.sampling, classes.shape[0], self.backend, compile=self.compile)
         self.runner.prefill(classes)
         self.fed = torch.zeros(classes.shape[0], dtype=torch.long, device=self.runner.device)
         self.fed_host = [0] * classes.shape[0]

@@ -63,6 +63,7 @@ from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, draw_residual,
                                      op_backend, run_batches, verify)
 from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
+from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
 
 
 ROUND_Q = ("resampled", "previous")
@@ -310,7 +311,7 @@ def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, sta
 def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1,
            round_q: str | None = None, commit: str = "write", max_tail: int | None = None,
            final_passes: int | None = None, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(),
-           tokenizer=None, backend=None, progress=None, batch_size: int = 1):
+           tokenizer=None, backend=None, progress=None, batch_size: int = 1, compile: bool = False):
     """SSD with `rounds` verify-and-correct rounds per row group, `chunk` horizontal drafts per
     row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row.
     `round_q`: the q that rounds >= 2 judge a token against (ROUND_Q; module docstring); None
@@ -319,8 +320,10 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
     while `max_tail` and `final_passes` are None). `max_tail`: open tokens further than this
     behind a group's rows are kept as last judged; `final_passes`: at most this many passes close
     the last group's tail, what stays open is kept as last judged (both: None or an int >= 0,
-    used by commit="verify" only)."""
+    used by commit="verify" only). `compile=True` runs every target pass through compiled graphs
+    padded to bucket widths (specdec.decoding.compiled); the heads stay eager."""
     check_grid_model(target, "target")
+    compile = check_compile(compile)
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
     rounds = check_rounds(rounds)
@@ -346,10 +349,12 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
         raise ValueError(f"ssd heads were trained for grid width {cfg_w}, the target's grid is {tuple(target.grid)}")
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
+        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
         x = decode_rows(runner, heads, cls, gen, stats, rounds=rounds, chunk=chunk, vertical_heads=vertical_heads,
                         round_q=round_q, commit=commit, max_tail=max_tail, final_passes=final_passes)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
         return x
 
     return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches
+from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
 
 
 def check_window(window, width: int) -> int:
@@ -72,13 +73,18 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
 
 
 def decode(target, classes, *, window: int = 4, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1):
+           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
+    """`compile=True`: every target pass through compiled graphs padded to bucket widths
+    (specdec.decoding.compiled)."""
     check_window(window, target.grid[1])
+    compile = check_compile(compile)
 
     def run(cls, gen, stats):
-        runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
+        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
         x = zipar_grid(runner, cls, gen, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        if compile:
+            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
         return x
 
     return run_batches("zipar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

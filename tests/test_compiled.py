@@ -1,0 +1,109 @@
+"""Compiled target passes (specdec.decoding.compiled): bucket widths, the padding that makes a
+pass fit its bucket, and every method's compiled decode against its eager one."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding.common import ModelRunner, Sampling
+from specdec.decoding.compiled import CompiledForward, bucket_width
+from specdec.masks import pack
+from specdec.numerics import batch_invariant
+
+SAMPLING = Sampling(cfg_scale=2.0)
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+def test_bucket_widths_hold_the_pass_and_pad_at_most_a_third_beyond_16():
+    widths = {bucket_width(n) for n in range(1, 1025)}
+    for n in range(1, 1025):
+        w = bucket_width(n)
+        assert w >= n and bucket_width(w) == w
+        assert w < 2 * n
+        assert 3 * (w - n) <= w or n <= 16
+    assert sorted({bucket_width(n) for n in range(1, 65)}) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    assert len(widths) < 25
+    with pytest.raises(ValueError, match="at least one token"):
+        bucket_width(0)
+
+
+def _runners(model, classes):
+    """Two runners on `model`, prefilled alike, with a few committed tokens at positions 0..5."""
+    out = []
+    for _ in range(2):
+        r = ModelRunner(model, SAMPLING, batch=classes.shape[0], backend="cpu")
+        r.prefill(classes)
+        g = torch.Generator().manual_seed(3)
+        committed = torch.randint(0, model.vocab_size, (classes.shape[0], 6), generator=g)
+        r.forward(committed, torch.arange(6))
+        out.append(r)
+    return out
+
+
+def _tree(rows: int, n: int, seed: int) -> torch.Tensor:
+    """A random tree mask over a block of n (each query sees itself and a random subset)."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.rand(rows, n, n, generator=g) < 0.5
+    dense |= torch.eye(n, dtype=torch.bool)
+    return pack(dense)
+
+
+@pytest.mark.parametrize("n", [3, 5, 9])
+@pytest.mark.parametrize("tree,write", [(False, True), (False, False), (True, False), (True, True)])
+def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
+    """CompiledForward pads a pass to its bucket (the last token fed again; a tree mask hides the
+    padding in a block attended without writing). With eager numerics (the identity as compiler)
+    and row-by-row matrix products, the real outputs and the cache are those of the unpadded pass,
+    bit for bit, for every kind of pass the decoders make."""
+    model = fam.target
+    classes = torch.tensor([0, 2])
+    with batch_invariant(), torch.no_grad():
+        eager, padded = _runners(model, classes)
+        padded.compiled_forward = CompiledForward(model, padded.cache, "cpu", padded._fast,
+                                                  compiler=lambda fn, device: fn)
+        g = torch.Generator().manual_seed(n)
+        tokens = torch.randint(0, model.vocab_size, (2, n), generator=g)
+        # Each image its own positions after the committed ones (the second out of raster order).
+        positions = torch.stack([torch.arange(6, 6 + n), torch.randperm(10, generator=g)[:n] + 6])
+        mask = _tree(2, n, n) if tree else None
+        a = eager.forward(tokens, positions, tree_mask=mask, write=write)
+        b = padded.forward(tokens, positions, tree_mask=mask, write=write)
+    assert bucket_width(n) > n
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and torch.equal(x, y)
+    assert torch.equal(eager.cache.valid, padded.cache.valid)
+    for ka, kb, va, vb in zip(eager.cache.k, padded.cache.k, eager.cache.v, padded.cache.v):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+COMPILED = [("sd", {}), ("lantern", {}), ("sjd", {}), ("zipar", {}), ("ssd", {}), ("ssd", dict(commit="write")),
+            ("mulo", dict(upsample="nearest")), ("mulo", dict(upsample="nearest", resample="raster"))]
+
+
+@pytest.mark.parametrize("method,options", COMPILED, ids=[f"{m}-{'-'.join(map(str, o.values()))}" for m, o in COMPILED])
+def test_every_method_compiled_gives_its_eager_tokens(fam, method, options):
+    """compile=True sends every model pass of a method through compiled graphs (fullgraph, the
+    specdec ops inside, padded to bucket widths): the tokens and pass counts are the eager
+    decode's, batched, and the one-off compile time is reported per batch."""
+    eager = decoding.decode(method, fam, torch.tensor([0, 1, 2]), seed=5, sampling=SAMPLING, batch_size=3,
+                            **options)
+    compiled = decoding.decode(method, fam, torch.tensor([0, 1, 2]), seed=5, sampling=SAMPLING, batch_size=3,
+                               compile=True, **options)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_forwards == eager.stats.target_forwards
+    assert compiled.stats.draft_forwards == eager.stats.draft_forwards
+    (compile_s,) = compiled.stats.extra["compile_s"]
+    assert compile_s >= 0
+
+
+def test_compiled_graphs_are_kept_between_decodes(fam):
+    """A second compiled decode of the same batch shape compiles nothing (the runner and its graphs
+    live on the model) and still gives the eager tokens."""
+    first = decoding.decode("sjd", fam, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+    again = decoding.decode("sjd", fam, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+    assert again.stats.extra["compile_s"] == [0.0]
+    assert torch.equal(again.tokens, first.tokens)
