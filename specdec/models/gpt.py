@@ -18,7 +18,6 @@ predicts token 0, token u's slot predicts token u + 1.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 from specdec import decoding
