@@ -13,7 +13,7 @@
 # same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
 # of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
 # (7b) the decode engine's table (benchmarks/record_engine.py: every method at batch 1 and 16,
-# eager and compiled, compiled = CUDA graphs; never run on a GPU before), (8)
+# eager, and ar, mulo and ssd compiled = CUDA graphs; never run on a GPU before), (8)
 # OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
@@ -50,7 +50,7 @@ STEPS=(
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
-  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16"
+  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --compiled-methods ar,mulo,ssd"
 )
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,

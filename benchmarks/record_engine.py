@@ -5,7 +5,8 @@ target pass (specdec.profiling.count_host_syncs over one counted batch), and the
 time. Speed-ups are against `ar` in the same mode and batch size, in the same run. Kept as
 benchmarks/results/engine-<machine>-<stamp>.json (rendered into RESULTS.md by make_results.py).
 
-    python benchmarks/record_engine.py [--num-images N] [--batch-sizes 1,16] [--methods ...] [--device cuda]
+    python benchmarks/record_engine.py [--num-images N] [--batch-sizes 1,16] [--methods ...]
+        [--compiled-methods ...] [--device cuda]
 
 Each cell is warmed up at its batch shape first (the compilation of that shape happens there and
 is reported as compile_s; inductor's disk cache makes it shorter on later runs). The methods take
@@ -59,6 +60,9 @@ def main(argv=None):
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--methods", default=",".join(decoding.METHODS))
     parser.add_argument("--modes", default="eager,compiled")
+    parser.add_argument("--compiled-methods", default=None,
+                        help="the methods also run compiled (default: every one in --methods; each compiles a "
+                             "handful of graphs per batch size, which is the slow part of a first run)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -71,8 +75,9 @@ def main(argv=None):
     fam = default(device=args.device)
     passes = count_target_passes(fam.target)
     classes = torch.arange(args.num_images) % fam.target.num_classes
+    compiled = methods if args.compiled_methods is None else args.compiled_methods.split(",")
     cells = [(m, b, mode) for b in batch_sizes for mode in modes for m in methods
-             if mode == "eager" or "compile" in decoding.method_options(m)]
+             if mode == "eager" or (m in compiled and "compile" in decoding.method_options(m))]
     started = datetime.datetime.now(datetime.timezone.utc)
 
     def options(m, b, mode):
