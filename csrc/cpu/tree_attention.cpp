@@ -136,9 +136,8 @@ SPECDEC_INLINE void store_row(void* base, int64_t offset, at::ScalarType dtype, 
   }
 }
 
-// 2^t for t <= 0 on a whole key tile, vectorisable (no libm call): round-to-nearest split
-// e^f for |f| <= ln(2) / 2: its degree-6 Taylor polynomial by Horner, on a float or (GCC/Clang
-// vector extensions) a vector of floats, so exp2_tile and exp2_vec compute the same digits.
+// e^f for |f| <= ln(2) / 2: its degree-6 Taylor polynomial by Horner, on a vector of floats of
+// any width, so exp2_vec (16 lanes) and exp2_v (W lanes) compute the same digits.
 template <class T>
 SPECDEC_INLINE T exp_taylor(T f) {
   T p = f * (1.0f / 720.0f) + 1.0f / 120.0f;
@@ -147,72 +146,6 @@ SPECDEC_INLINE T exp_taylor(T f) {
   p = p * f + 0.5f;
   p = p * f + 1.0f;
   return p * f + 1.0f;
-}
-
-// t = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f (relative error ~1e-7), 2^n built in
-// the exponent bits. Arguments below -126 give 2^-126 (a masked score is zeroed by the caller).
-SPECDEC_INLINE void exp2_tile(const float* t, float* out) {
-  alignas(64) float frac[kKeyTile];
-  alignas(64) int32_t expo[kKeyTile];
-  for (int j = 0; j < kKeyTile; ++j) {
-    const float x = std::max(t[j], -126.0f);
-    const float n = (x + 12582912.0f) - 12582912.0f;  // round to nearest integer (1.5 * 2^23 trick)
-    frac[j] = exp_taylor((x - n) * kLn2);
-    expo[j] = (static_cast<int32_t>(n) + 127) << 23;
-  }
-  alignas(64) float scale[kKeyTile];
-  std::memcpy(scale, expo, sizeof(scale));
-  for (int j = 0; j < kKeyTile; ++j) out[j] = frac[j] * scale[j];
-}
-
-// S[rows, kKeyTile] = Qs[rows, D] . Kt[D, kKeyTile]; rows is a multiple of kRowBlock.
-SPECDEC_INLINE void scores_tile(const float* qs, const float* kt, float* s, int rows, int64_t d, int64_t dp) {
-  for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
-    vfloat acc[kRowBlock][kKeyVecs] = {};
-    for (int64_t c = 0; c < d; ++c) {
-      vfloat kv[kKeyVecs];
-#pragma GCC unroll 4
-      for (int u = 0; u < kKeyVecs; ++u) kv[u] = vload(kt + c * kKeyTile + u * kVec);
-#pragma GCC unroll 4
-      for (int r = 0; r < kRowBlock; ++r) {
-        const float qv = qs[(i0 + r) * dp + c];
-#pragma GCC unroll 4
-        for (int u = 0; u < kKeyVecs; ++u) acc[r][u] += kv[u] * qv;
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < kRowBlock; ++r)
-#pragma GCC unroll 4
-      for (int u = 0; u < kKeyVecs; ++u) vstore(s + (i0 + r) * kKeyTile + u * kVec, acc[r][u]);
-  }
-}
-
-typedef float vhalf __attribute__((vector_size(kVec / 2 * sizeof(float))));
-
-// Sum of the 16 lanes, as a tree of halves (vector adds, not 15 dependent scalar adds).
-SPECDEC_INLINE float hsum(vfloat x) {
-  vhalf lo, hi;
-  std::memcpy(&lo, &x, sizeof(lo));
-  std::memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof(lo), sizeof(hi));
-  const vhalf h = lo + hi;
-  float t[kVec / 2];
-  std::memcpy(t, &h, sizeof(t));
-  return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
-}
-
-// S[i, j] = Qs[i] . K[j] for the nrows real queries and the tile's keys, K read in place (float32
-// rows, D == Dp). For a few queries this beats transposing the key tile first: the transpose
-// touches every key element once per query tile, here each is read once per query.
-SPECDEC_INLINE void scores_rows_direct(const float* qs, const float* k, int64_t k_sn, float* s, int nrows, int keys,
-                                       int64_t dp) {
-  for (int j = 0; j < keys; ++j) {
-    const float* kj = k + j * k_sn;
-    for (int i = 0; i < nrows; ++i) {
-      vfloat acc = {};
-      for (int64_t c = 0; c < dp; c += kVec) acc += vload(qs + i * dp + c) * vload(kj + c);
-      s[i * kKeyTile + j] = hsum(acc);
-    }
-  }
 }
 
 // O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]  (V rows vstride floats apart;
@@ -316,126 +249,397 @@ SPECDEC_INLINE void store_item(const Problem& pb, const Item& it, float* o_rows,
   }
 }
 
-// One work item of at most kRowBlock queries (the decoders' one-token steps): queries
-// [q0, q0 + nrows) of head h in batch b against every visible key tile, scores row-major.
-SPECDEC_INLINE void attend_query_tile_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  const Item it = item_of(pb, b, h, q0, kQueryTile);
-  const auto& [nrows, rows, hk, qpos, kpos, kvalid, tree, block_start, out_row0] = it;
-  const int64_t d = pb.d, dp = pb.dp;
+// ---------------------------------------------------------------------------------------------
+// The few-query body (at most kRowBlock queries: the decoders' one-token steps) works in vectors
+// of W floats, W matching the instruction set of its clone (16 under AVX-512, 8 under AVX2, 4 on
+// baseline x86-64). It used the 16-float vfloat everywhere, which on AVX2 is two ymm registers
+// per value: its 4-key x 16-lane accumulators spilled, and per-key horizontal sums stored
+// scalars that vector loads read right after (store-forwarding stalls), ~18x slower per key than
+// torch's SDPA. Here scores for W keys are reduced together by a transpose-add (no horizontal
+// sum through memory), visibility masks are built before the dot products (so their scalar
+// stores have retired when the softmax reads them as vectors), and P.V only runs the real rows.
 
-  // Queries, pre-scaled so exp2(s - m) is the softmax numerator; padding rows/columns are 0.
-  std::fill(sc.qs, sc.qs + rows * dp, 0.0f);
-  for (int64_t i = 0; i < nrows; ++i) {
-    load_row(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, pb.scale_log2, sc.qs + i * dp);
+template <int W>
+struct VecT {
+  typedef float f __attribute__((vector_size(W * sizeof(float))));
+  typedef int32_t i __attribute__((vector_size(W * sizeof(int32_t))));
+  typedef int64_t l __attribute__((vector_size(W * sizeof(int64_t))));
+  typedef uint16_t h __attribute__((vector_size(W * sizeof(uint16_t))));
+  typedef uint8_t b __attribute__((vector_size(W)));
+};
+
+template <class T>
+SPECDEC_INLINE T load_v(const void* p) {
+  T r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+template <class T>
+SPECDEC_INLINE void store_v(void* p, T x) {
+  std::memcpy(p, &x, sizeof(x));
+}
+template <class T, class U>
+SPECDEC_INLINE T bitcast_v(U x) {
+  static_assert(sizeof(T) == sizeof(U), "bitcast between vectors of one size");
+  T r;
+  std::memcpy(&r, &x, sizeof(r));
+  return r;
+}
+template <class F>
+SPECDEC_INLINE F splat_v(float x) {
+  return F{} + x;
+}
+// mask ? a : b per lane with bit operations (mask lanes all ones or all zeros).
+template <class F, class I>
+SPECDEC_INLINE F select_v(I mask, F a, F b) {
+  return bitcast_v<F>((bitcast_v<I>(a) & mask) | (bitcast_v<I>(b) & ~mask));
+}
+template <class F>
+SPECDEC_INLINE F vmax_v(F a, F b) {
+  return select_v(a > b, a, b);
+}
+// exp2_vec's arithmetic (clamp, round-to-nearest split, exp_taylor, exponent bits) on W lanes.
+template <class F>
+SPECDEC_INLINE F exp2_v(F t) {
+  using I = decltype(t < t);
+  const F lo = splat_v<F>(-126.0f);
+  const F x = select_v(t < lo, lo, t);
+  const F n = (x + 12582912.0f) - 12582912.0f;
+  const F p = exp_taylor((x - n) * kLn2);
+  const I e = (__builtin_convertvector(n, I) + 127) << 23;
+  return p * bitcast_v<F>(e);
+}
+template <int W>
+SPECDEC_INLINE float hsum_v(typename VecT<W>::f x) {
+  alignas(64) float t[W];
+  store_v(t, x);  // one wide store, narrow loads inside it: forwarded, no stall
+  float s = 0.0f;
+  for (int i = 0; i < W; ++i) s += t[i];
+  return s;
+}
+template <int W>
+SPECDEC_INLINE float hmax_v(typename VecT<W>::f x) {
+  alignas(64) float t[W];
+  store_v(t, x);
+  float m = t[0];
+  for (int i = 1; i < W; ++i) m = std::max(m, t[i]);
+  return m;
+}
+
+// Transpose-add: lane u of the result is the sum of the W lanes of a[u]. Each step adds the
+// even and odd lanes of two vectors; after log2(W) steps the sums are in order.
+SPECDEC_INLINE VecT<4>::f pair_add(VecT<4>::f x, VecT<4>::f y) {
+  return __builtin_shufflevector(x, y, 0, 2, 4, 6) + __builtin_shufflevector(x, y, 1, 3, 5, 7);
+}
+SPECDEC_INLINE VecT<16>::f pair_add(VecT<16>::f x, VecT<16>::f y) {
+  return __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+template <int W>
+SPECDEC_INLINE typename VecT<W>::f reduce_lanes(typename VecT<W>::f* a) {
+  for (int n = W; n > 1; n /= 2)
+    for (int u = 0; u < n / 2; ++u) a[u] = pair_add(a[2 * u], a[2 * u + 1]);
+  return a[0];
+}
+// AVX2: the same within each 128-bit half (vshufps, no lane crossing) for two steps, then one
+// cross-half add (vperm2f128): 21 instructions for 8 dot products.
+SPECDEC_INLINE VecT<8>::f hadd8(VecT<8>::f x, VecT<8>::f y) {
+  return __builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) +
+         __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+template <>
+SPECDEC_INLINE VecT<8>::f reduce_lanes<8>(VecT<8>::f* a) {
+  const VecT<8>::f u0 = hadd8(hadd8(a[0], a[1]), hadd8(a[2], a[3]));
+  const VecT<8>::f u1 = hadd8(hadd8(a[4], a[5]), hadd8(a[6], a[7]));
+  return __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+         __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+// dst[0, d) = row * mul as float, dst[d, dw) = 0 (padding that dot products may read).
+// 16-bit inputs are widened W at a time with integer bit operations (c10's scalar conversions
+// cost more than the attention arithmetic itself).
+template <int W>
+SPECDEC_INLINE void convert_row(const void* base, int64_t offset, at::ScalarType dtype, int64_t d, int64_t dw,
+                                float mul, float* dst) {
+  using F = typename VecT<W>::f;
+  using I = typename VecT<W>::i;
+  using H = typename VecT<W>::h;
+  const int64_t full = d / W * W;
+  if (dtype == at::kFloat) {
+    const float* p = static_cast<const float*>(base) + offset;
+    for (int64_t c = 0; c < full; c += W) store_v(dst + c, load_v<F>(p + c) * mul);
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + offset;
+    for (int64_t c = 0; c < full; c += W) {
+      const I x = __builtin_convertvector(load_v<H>(p + c), I);  // zero-extended bits
+      F f;
+      if (dtype == at::kBFloat16) {
+        f = bitcast_v<F>(x << 16);  // bf16 is the top half of a float32
+      } else {
+        // fp16: shift exponent+mantissa into float position and rebias by 2^112 (exact for
+        // normals and subnormals); Inf/NaN get the all-ones exponent; then the sign.
+        const I em = x & 0x7fff;
+        const I sh = em << 13;
+        const I fin = bitcast_v<I>(bitcast_v<F>(sh) * 0x1p112f);
+        const I inf_nan = em >= 0x7c00;
+        const I r = (inf_nan & (sh | 0x7f800000)) | (~inf_nan & fin);
+        f = bitcast_v<F>(r | ((x & 0x8000) << 16));
+      }
+      store_v(dst + c, f * mul);
+    }
   }
-  std::fill(sc.o, sc.o + rows * dp, 0.0f);
-  std::fill(sc.m, sc.m + kQueryTile, kNegInf);
-  std::fill(sc.l, sc.l + kQueryTile, 0.0f);
+  if (full < d) load_row(base, offset + full, dtype, d - full, mul, dst + full);
+  for (int64_t c = d; c < dw; ++c) dst[c] = 0.0f;
+}
+
+// mask[i * kKeyTile + j] = all ones iff key k0 + j is visible to query i (attention_math.h
+// key_visible, by vectors of W keys; the tree bits and the ragged tail by scalars).
+template <int W>
+SPECDEC_INLINE void few_masks(const Item& it, int64_t words, int64_t k0, int keys, int32_t* mask) {
+  using I = typename VecT<W>::i;
+  using L = typename VecT<W>::l;
+  using B = typename VecT<W>::b;
+  const int nrows = static_cast<int>(it.nrows);
+  const int full = keys / W * W;
+  for (int j0 = 0; j0 < full; j0 += W) {
+    const L kp = load_v<L>(it.kpos + k0 + j0);
+    I valid = I{} - 1;
+    if (it.kvalid != nullptr) valid = __builtin_convertvector(load_v<B>(it.kvalid + k0 + j0), I) != 0;
+    for (int i = 0; i < nrows; ++i) {
+      const L le = kp <= (L{} + it.qpos[i]);
+      store_v(mask + i * kKeyTile + j0, __builtin_convertvector(le, I) & valid);
+    }
+  }
+  for (int i = 0; i < nrows; ++i) {
+    for (int j = full; j < kKeyTile; ++j) {
+      const bool ok = j < keys && (it.kvalid == nullptr || it.kvalid[k0 + j]) && it.kpos[k0 + j] <= it.qpos[i];
+      mask[i * kKeyTile + j] = ok ? -1 : 0;
+    }
+    if (it.tree != nullptr) {
+      const int32_t* row = it.tree + i * words;
+      for (int j = static_cast<int>(std::max<int64_t>(0, it.block_start - k0)); j < keys; ++j)
+        if (!tree_bit(row, k0 + j - it.block_start)) mask[i * kKeyTile + j] = 0;
+    }
+  }
+}
+
+// S[i, j] = Qs[i] . K[j] for the nrows queries and keys [0, keys) of the tile, W keys at a time
+// (a short last group repeats its last key so no row past the tensor is read).
+template <int W>
+SPECDEC_INLINE void few_scores(const float* qs, int64_t dp, const float* krows, int64_t kstride, float* s, int nrows,
+                               int keys, int64_t dw) {
+  using F = typename VecT<W>::f;
+  for (int j0 = 0; j0 < keys; j0 += W) {
+    const float* kr[W];
+    for (int u = 0; u < W; ++u) kr[u] = krows + std::min(j0 + u, keys - 1) * kstride;
+    for (int i = 0; i < nrows; ++i) {
+      const float* qi = qs + i * dp;
+      F acc[W] = {};
+      for (int64_t c = 0; c < dw; c += W) {
+        const F qv = load_v<F>(qi + c);
+#pragma GCC unroll 16
+        for (int u = 0; u < W; ++u) acc[u] += qv * load_v<F>(kr[u] + c);
+      }
+      store_v(s + i * kKeyTile + j0, reduce_lanes<W>(acc));
+    }
+  }
+}
+
+// O[r0 .. r0 + NR, c0 : c0 + NV * W] += P[rows, keys] . V[keys, ...] over the n keys listed in
+// idx (Indexed: the tile's valid keys, so garbage in invalid V slots is never read) or 0..n-1.
+// KS sets of accumulators over alternating keys keep enough independent FMA chains in flight
+// when NR * NV is small.
+template <int W, int NR, int NV, int KS, bool Indexed>
+SPECDEC_INLINE void few_pv_block(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
+                                 int64_t dp, int64_t c0) {
+  using F = typename VecT<W>::f;
+  F acc[KS][NR][NV];
+  for (int s_ = 0; s_ < KS; ++s_)
+    for (int r = 0; r < NR; ++r)
+      for (int u = 0; u < NV; ++u) acc[s_][r][u] = s_ == 0 ? load_v<F>(o + r * dp + c0 + u * W) : F{};
+  int t = 0;
+  for (; t + KS <= n; t += KS) {
+#pragma GCC unroll 2
+    for (int s_ = 0; s_ < KS; ++s_) {
+      const int j = Indexed ? idx[t + s_] : t + s_;
+      F vv[NV];
+#pragma GCC unroll 4
+      for (int u = 0; u < NV; ++u) vv[u] = load_v<F>(vrows + j * vstride + c0 + u * W);
+#pragma GCC unroll 4
+      for (int r = 0; r < NR; ++r) {
+        const float pr = p[r * kKeyTile + j];
+#pragma GCC unroll 4
+        for (int u = 0; u < NV; ++u) acc[s_][r][u] += vv[u] * pr;
+      }
+    }
+  }
+  for (; t < n; ++t) {
+    const int j = Indexed ? idx[t] : t;
+    for (int r = 0; r < NR; ++r) {
+      const float pr = p[r * kKeyTile + j];
+      for (int u = 0; u < NV; ++u) acc[0][r][u] += load_v<F>(vrows + j * vstride + c0 + u * W) * pr;
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < NV; ++u) {
+      F sum = acc[0][r][u];
+      for (int s_ = 1; s_ < KS; ++s_) sum += acc[s_][r][u];
+      store_v(o + r * dp + c0 + u * W, sum);
+    }
+}
+
+// NR rows: the columns in passes of at most MaxNV vectors (the accumulators fit the registers).
+template <int W, int NR, bool Indexed>
+SPECDEC_INLINE void few_pv_rows(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
+                                int64_t dp, int64_t dw) {
+  constexpr int MaxNV = NR >= 4 ? 2 : 4;
+  constexpr int KS = NR == 1 ? 2 : 1;
+  for (int64_t c0 = 0; c0 < dw; c0 += MaxNV * W) {
+    switch (std::min<int64_t>(MaxNV, (dw - c0) / W)) {
+      case 4: few_pv_block<W, NR, (MaxNV >= 4 ? 4 : 1), KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
+      case 3: few_pv_block<W, NR, (MaxNV >= 3 ? 3 : 1), KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
+      case 2: few_pv_block<W, NR, 2, KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
+      default: few_pv_block<W, NR, 1, KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
+    }
+  }
+}
+
+template <int W, bool Indexed>
+SPECDEC_INLINE void few_pv(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
+                           int nrows, int64_t dp, int64_t dw) {
+  int r = 0;
+  if (nrows - r >= 4) {
+    few_pv_rows<W, 4, Indexed>(p, vrows, vstride, idx, n, o, dp, dw);
+    r += 4;
+  }
+  if (nrows - r >= 2) {
+    few_pv_rows<W, 2, Indexed>(p + r * kKeyTile, vrows, vstride, idx, n, o + r * dp, dp, dw);
+    r += 2;
+  }
+  if (nrows - r >= 1) few_pv_rows<W, 1, Indexed>(p + r * kKeyTile, vrows, vstride, idx, n, o + r * dp, dp, dw);
+}
+
+// One work item of at most kRowBlock queries: queries [q0, q0 + nrows) of head h in batch b
+// against every visible key tile, scores row-major.
+template <int W>
+SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
+  using F = typename VecT<W>::f;
+  using I = typename VecT<W>::i;
+  const Item it = item_of(pb, b, h, q0, kRowBlock);
+  const int nrows = static_cast<int>(it.nrows);
+  const int64_t d = pb.d, dp = pb.dp, dw = (d + W - 1) / W * W;
+
+  // Queries, pre-scaled so exp2(s - m) is the softmax numerator; columns d..dw are 0.
+  for (int i = 0; i < nrows; ++i)
+    convert_row<W>(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, dw, pb.scale_log2,
+                   sc.qs + i * dp);
+  std::fill(sc.o, sc.o + nrows * dp, 0.0f);
+  float m[kRowBlock], l[kRowBlock];
   int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
-  for (int64_t i = 0; i < nrows; ++i) {
-    qmin = std::min(qmin, qpos[i]);
-    qmax = std::max(qmax, qpos[i]);
+  for (int i = 0; i < nrows; ++i) {
+    m[i] = kNegInf;
+    l[i] = 0.0f;
+    qmin = std::min(qmin, it.qpos[i]);
+    qmax = std::max(qmax, it.qpos[i]);
   }
 
-  // float32 with D a multiple of the vector width: K and V rows can be read where they lie.
-  const bool direct = pb.dtype == at::kFloat && d == dp;
-  const bool direct_k = direct;  // this body has at most kRowBlock queries: a dot product per key
+  // float32 rows whose length is a multiple of W are read where they lie; others are staged
+  // (converted, padded with zeros) row by row.
+  const bool direct = pb.dtype == at::kFloat && d % W == 0;
+  const char* kbase = static_cast<const char*>(pb.k);
+  const char* vbase = static_cast<const char*>(pb.v);
+  const int64_t esize = pb.dtype == at::kFloat ? 4 : 2;
+  alignas(64) int32_t mask[kRowBlock * kKeyTile];
+  alignas(64) int idx[kKeyTile];
 
-  alignas(64) float p_row[kKeyTile];
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
     // Tile skipping from positions and validity: nothing visible -> no work at all.
-    const KeyTile tile = scan_key_tile(kvalid, kpos, k0, keys);
+    const KeyTile tile = scan_key_tile(it.kvalid, it.kpos, k0, keys);
     if (tile.kmin > qmax) continue;  // also covers a tile with no valid key
-    const bool all_valid = tile.all_valid;
-    const bool touches_tree = tree != nullptr && k0 + keys > block_start;
-    const bool all_visible = all_valid && tile.kmax <= qmin && !touches_tree && keys == kKeyTile;
+    const bool touches_tree = it.tree != nullptr && k0 + keys > it.block_start;
+    const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree && keys == kKeyTile;
+    if (!all_visible) few_masks<W>(it, pb.words, k0, keys, mask);
 
-    // float32 rows with D == Dp are read in place: K always (direct scores), V when every key
-    // of the tile is valid (an invalid slot may hold garbage, even NaN, and 0 * NaN is NaN).
-    // Otherwise K is staged transposed to [D, kKeyTile] and V as [kKeyTile, Dp],
-    // slots past the tile and invalid slots zero, so garbage in empty cache slots cannot reach the
-    // output. (Columns d..dp of V stay zero from the scratch allocation; rows d..dp of Kt are
-    // never read.)
-    const int64_t kv_row0 = k0;
-    const float* k_direct = direct_k ? static_cast<const float*>(pb.k) + b * pb.k_sb + hk * pb.k_sh + kv_row0 * pb.k_sn
-                                     : nullptr;
-    const float* v_direct = direct && all_valid
-                                ? static_cast<const float*>(pb.v) + b * pb.v_sb + hk * pb.v_sh + kv_row0 * pb.v_sn
-                                : nullptr;
-    if (k_direct == nullptr || v_direct == nullptr) {
-      alignas(64) float krow[128];
-      for (int j = 0; j < kKeyTile; ++j) {
-        const bool load = j < keys && (kvalid == nullptr || kvalid[k0 + j]);
-        if (k_direct == nullptr) {
-          if (load) {
-            load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f, krow);
-          } else {
-            std::fill(krow, krow + d, 0.0f);
-          }
-          for (int64_t c = 0; c < d; ++c) sc.kt[c * kKeyTile + j] = krow[c];
-        }
-        if (v_direct == nullptr) {
-          if (load) {
-            load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
-          } else {
-            std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
-          }
-        }
+    // P.V reads only valid keys: an empty cache slot may hold garbage, even NaN, and 0 * NaN is
+    // NaN. Invalid K rows get garbage scores, replaced by -inf through the mask.
+    int n = keys;
+    if (!tile.all_valid) {
+      n = 0;
+      for (int j = 0; j < keys; ++j) {
+        idx[n] = j;
+        n += it.kvalid[k0 + j] ? 1 : 0;
       }
     }
 
-    if (k_direct != nullptr) {
-      // Invalid keys and slots past the tile get garbage scores here; they are masked below
-      // (all_visible needs a full, all-valid tile).
-      scores_rows_direct(sc.qs, k_direct, pb.k_sn, sc.s, static_cast<int>(nrows), keys, dp);
+    const int64_t k_off = b * pb.k_sb + it.hk * pb.k_sh + k0 * pb.k_sn;
+    const int64_t v_off = b * pb.v_sb + it.hk * pb.v_sh + k0 * pb.v_sn;
+    const float *krows, *vrows;
+    int64_t kstride, vstride;
+    if (direct) {
+      krows = reinterpret_cast<const float*>(kbase + k_off * esize);
+      vrows = reinterpret_cast<const float*>(vbase + v_off * esize);
+      kstride = pb.k_sn;
+      vstride = pb.v_sn;
     } else {
-      scores_tile(sc.qs, sc.kt, sc.s, rows, d, dp);
+      for (int t = 0; t < n; ++t) {
+        const int j = tile.all_valid ? t : idx[t];
+        convert_row<W>(pb.k, k_off + j * pb.k_sn, pb.dtype, d, dw, 1.0f, sc.ks + j * dp);
+        convert_row<W>(pb.v, v_off + j * pb.v_sn, pb.dtype, d, dw, 1.0f, sc.vs + j * dp);
+      }
+      if (!tile.all_valid) {  // invalid K rows: finite zeros, so no NaN is even computed
+        for (int j = 0; j < keys; ++j)
+          if (!it.kvalid[k0 + j]) std::fill(sc.ks + j * dp, sc.ks + j * dp + dw, 0.0f);
+      }
+      krows = sc.ks;
+      vrows = sc.vs;
+      kstride = vstride = dp;
     }
 
-    for (int64_t i = 0; i < nrows; ++i) {
+    few_scores<W>(sc.qs, dp, krows, kstride, sc.s, nrows, keys, dw);
+
+    // Online softmax per query over the tile's vectors of scores; S becomes P in place.
+    const int nv = (keys + W - 1) / W;
+    for (int i = 0; i < nrows; ++i) {
       float* s = sc.s + i * kKeyTile;
-      if (!all_visible) {
-        const int32_t* tree_row = tree ? tree + i * pb.words : nullptr;
-        for (int j = 0; j < keys; ++j) {
-          const bool ok = kvalid == nullptr || kvalid[k0 + j];
-          if (!key_visible(ok, kpos[k0 + j], qpos[i], tree_row, k0 + j - block_start)) s[j] = kNegInf;
+      F mx = splat_v<F>(kNegInf);
+      for (int v = 0; v < nv; ++v) {
+        F x = load_v<F>(s + v * W);
+        if (!all_visible) {
+          x = select_v(load_v<I>(mask + i * kKeyTile + v * W), x, splat_v<F>(kNegInf));
+          store_v(s + v * W, x);
         }
-        for (int j = keys; j < kKeyTile; ++j) s[j] = kNegInf;
+        mx = vmax_v(mx, x);
       }
-      float mx = kNegInf;
-      for (int j = 0; j < kKeyTile; ++j) mx = std::max(mx, s[j]);
-      const float m_old = sc.m[i];
-      const float m_new = std::max(m_old, mx);
+      const float m_old = m[i];
+      const float m_new = std::max(m_old, hmax_v<W>(mx));
       if (m_new == kNegInf) {  // nothing visible to this query yet: p = 0 for the tile
-        std::fill(s, s + kKeyTile, 0.0f);
+        for (int v = 0; v < nv; ++v) store_v(s + v * W, F{});
         continue;
       }
-      for (int j = 0; j < kKeyTile; ++j) p_row[j] = s[j] - m_new;
-      exp2_tile(p_row, p_row);
-      float sum = 0.0f;
-      for (int j = 0; j < kKeyTile; ++j) {
-        const float p = s[j] == kNegInf ? 0.0f : p_row[j];
-        s[j] = p;  // S now holds P for the P.V product
+      F sum = F{};
+      for (int v = 0; v < nv; ++v) {
+        const F x = load_v<F>(s + v * W);
+        const F p = select_v(x == kNegInf, F{}, exp2_v(x - m_new));
+        store_v(s + v * W, p);
         sum += p;
       }
       const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
-      sc.l[i] = sc.l[i] * alpha + sum;
-      sc.m[i] = m_new;
+      l[i] = l[i] * alpha + hsum_v<W>(sum);
+      m[i] = m_new;
       if (alpha != 1.0f) {
         float* o = sc.o + i * dp;
-        for (int64_t c = 0; c < dp; ++c) o[c] *= alpha;
+        for (int64_t c = 0; c < dw; ++c) o[c] *= alpha;
       }
     }
-    for (int64_t i = nrows; i < rows; ++i) std::fill(sc.s + i * kKeyTile, sc.s + (i + 1) * kKeyTile, 0.0f);
-    if (v_direct != nullptr) {
-      pv_tile(sc.s, kKeyTile, 1, v_direct, pb.v_sn, sc.o, rows, keys, dp);
+    if (tile.all_valid) {
+      few_pv<W, false>(sc.s, vrows, vstride, nullptr, n, sc.o, nrows, dp, dw);
     } else {
-      pv_tile(sc.s, kKeyTile, 1, sc.vs, dp, sc.o, rows, keys, dp);
+      few_pv<W, true>(sc.s, vrows, vstride, idx, n, sc.o, nrows, dp, dw);
     }
   }
 
-  store_item(pb, it, sc.o, sc.l, sc.m);
+  store_item(pb, it, sc.o, l, m);
 }
 
 typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
@@ -460,7 +664,9 @@ SPECDEC_INLINE vfloat select(vint mask, vfloat a, vfloat b) {
 
 SPECDEC_INLINE vfloat vmax(vfloat a, vfloat b) { return select(a > b, a, b); }
 
-// exp2_tile's arithmetic on one vector (same clamp, split and polynomial, lane by lane).
+// 2^t for t <= 0 without libm: t = n + f, |f| <= 1/2 (round to nearest by the 1.5 * 2^23 trick),
+// 2^f by exp_taylor (relative error ~1e-7), 2^n built in the exponent bits. Arguments below -126
+// give 2^-126 (a masked score is zeroed by the caller).
 SPECDEC_INLINE vfloat exp2_vec(vfloat t) {
   const vfloat x = select(t < splat(-126.0f), splat(-126.0f), t);
   const vfloat n = (x + 12582912.0f) - 12582912.0f;
@@ -634,10 +840,11 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
 }
 
 // Picks the body for an item by its number of queries.
+template <int W>
 SPECDEC_INLINE void attend_item_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
   const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
   if (nrows <= kRowBlock) {
-    attend_query_tile_body(pb, b, h, q0, sc);
+    attend_few_body<W>(pb, b, h, q0, sc);
   } else if (nrows <= kVec) {
     attend_rows_body<1>(pb, b, h, q0, sc);
   } else {
@@ -652,15 +859,15 @@ using AttendFn = void (*)(const Problem&, int64_t, int64_t, int64_t, Scratch&);
 // (features, not CPU models, so new CPUs get the AVX-512 path).
 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2")))
 void attend_avx512(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_item_body(pb, b, h, q0, sc);
+  attend_item_body<16>(pb, b, h, q0, sc);
 }
 __attribute__((target("avx2,fma,bmi2")))
 void attend_avx2(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_item_body(pb, b, h, q0, sc);
+  attend_item_body<8>(pb, b, h, q0, sc);
 }
 #endif
 void attend_generic(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  attend_item_body(pb, b, h, q0, sc);
+  attend_item_body<4>(pb, b, h, q0, sc);
 }
 
 AttendFn pick_attend() {
