@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "specdec/attention_math.h"
@@ -52,49 +53,52 @@
 namespace specdec {
 namespace {
 
-constexpr int kVec = 16;                 // floats per vector register (one zmm, two ymm)
+constexpr int kVec = 16;                 // the widest vector (AVX-512): D is padded to a multiple
 constexpr int kQueryTile = 32;           // queries per work item
 constexpr int kKeyTile = 64;             // keys per inner tile
-constexpr int kKeyVecs = kKeyTile / kVec;
-constexpr int kRowBlock = 4;             // query rows per register block
-constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kRowBlock = 4;             // at most this many queries: the few-query body
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-typedef float vfloat __attribute__((vector_size(kVec * sizeof(float))));
-
-SPECDEC_INLINE vfloat vload(const float* p) {
-  vfloat r;
-  std::memcpy(&r, p, sizeof(r));
-  return r;
-}
-SPECDEC_INLINE void vstore(float* p, vfloat x) { std::memcpy(p, &x, sizeof(x)); }
 
 // Everything a work item needs, in raw pointers and element strides.
 struct Problem : AttentionProblem {
   at::ScalarType dtype;
-  int64_t dp;                   // D rounded up to kVec
+  int64_t dp;                   // D rounded up to kVec: the row stride of the scratch buffers
 };
 
-// Per-thread buffers, 64-byte aligned.
+// Per-thread buffers, 64-byte aligned, kept between calls (thread_scratch): allocating and
+// zeroing ~40 KB per call was a visible part of a decode step over a short cache. Nothing
+// relies on their contents: every body writes what it reads (padding columns included).
 struct Scratch {
+  int64_t dp;
   std::vector<float> storage;
-  float *qs, *kt, *ks, *vs, *s, *o, *m, *l;
-  explicit Scratch(int64_t dp) {
+  std::vector<uint32_t> tree_storage;
+  float *qs, *kt, *ks, *vs, *s, *o;
+  explicit Scratch(int64_t dp_) : dp(dp_) {
     const int64_t sizes[] = {kQueryTile * dp, dp * kKeyTile, kKeyTile * dp, kKeyTile * dp, kQueryTile * kKeyTile,
-                             kQueryTile * dp, kQueryTile, kQueryTile};
+                             kQueryTile * dp};
     int64_t total = 0;
     for (int64_t s_ : sizes) total += (s_ + kVec - 1) / kVec * kVec;
     storage.assign(total + kVec, 0.0f);
     float* p = storage.data();
     p = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
-    float** slots[] = {&qs, &kt, &ks, &vs, &s, &o, &m, &l};
-    for (int i = 0; i < 8; ++i) {
+    float** slots[] = {&qs, &kt, &ks, &vs, &s, &o};
+    for (int i = 0; i < 6; ++i) {
       *slots[i] = p;
       p += (sizes[i] + kVec - 1) / kVec * kVec;
     }
   }
+  uint32_t* tree_cols(int64_t n) {
+    if (static_cast<int64_t>(tree_storage.size()) < n) tree_storage.resize(n);
+    return tree_storage.data();
+  }
 };
+
+Scratch& thread_scratch(int64_t dp) {
+  static thread_local std::unique_ptr<Scratch> scratch;
+  if (!scratch || scratch->dp != dp) scratch = std::make_unique<Scratch>(dp);
+  return *scratch;
+}
 
 // Reads n elements of the input dtype as float, times `mul`.
 SPECDEC_INLINE void load_row(const void* base, int64_t offset, at::ScalarType dtype, int64_t n, float mul,
@@ -146,47 +150,6 @@ SPECDEC_INLINE T exp_taylor(T f) {
   p = p * f + 0.5f;
   p = p * f + 1.0f;
   return p * f + 1.0f;
-}
-
-// O[rows, c0 : c0 + NV*kVec] += P[rows, keys] . V[keys, c0 : ...]  (V rows vstride floats apart;
-// P[i, j] at p[i * p_row + j * p_key]: row-major scores, or the many-query path's transposed ones)
-template <int NV>
-SPECDEC_INLINE void pv_block(const float* p, int64_t p_row, int64_t p_key, const float* vs, int64_t vstride,
-                             float* o, int rows, int keys, int64_t dp, int64_t c0) {
-  for (int i0 = 0; i0 < rows; i0 += kRowBlock) {
-    vfloat acc[kRowBlock][NV];
-#pragma GCC unroll 4
-    for (int r = 0; r < kRowBlock; ++r)
-#pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) acc[r][u] = vload(o + (i0 + r) * dp + c0 + u * kVec);
-    for (int j = 0; j < keys; ++j) {
-      vfloat vv[NV];
-#pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) vv[u] = vload(vs + j * vstride + c0 + u * kVec);
-#pragma GCC unroll 4
-      for (int r = 0; r < kRowBlock; ++r) {
-        const float pr = p[(i0 + r) * p_row + j * p_key];
-#pragma GCC unroll 4
-        for (int u = 0; u < NV; ++u) acc[r][u] += vv[u] * pr;
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < kRowBlock; ++r)
-#pragma GCC unroll 4
-      for (int u = 0; u < NV; ++u) vstore(o + (i0 + r) * dp + c0 + u * kVec, acc[r][u]);
-  }
-}
-
-SPECDEC_INLINE void pv_tile(const float* p, int64_t p_row, int64_t p_key, const float* vs, int64_t vstride, float* o,
-                            int rows, int keys, int64_t dp) {
-  for (int64_t c0 = 0; c0 < dp; c0 += 4 * kVec) {
-    switch (std::min<int64_t>(4, (dp - c0) / kVec)) {
-      case 4: pv_block<4>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
-      case 3: pv_block<3>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
-      case 2: pv_block<2>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
-      default: pv_block<1>(p, p_row, p_key, vs, vstride, o, rows, keys, dp, c0); break;
-    }
-  }
 }
 
 // Positions and validity of one key tile: the smallest and largest position of its valid keys
@@ -445,13 +408,14 @@ SPECDEC_INLINE void few_scores(const float* qs, int64_t dp, const float* krows, 
   }
 }
 
-// O[r0 .. r0 + NR, c0 : c0 + NV * W] += P[rows, keys] . V[keys, ...] over the n keys listed in
-// idx (Indexed: the tile's valid keys, so garbage in invalid V slots is never read) or 0..n-1.
-// KS sets of accumulators over alternating keys keep enough independent FMA chains in flight
-// when NR * NV is small.
+// O[0 .. NR, c0 : c0 + NV * W] += P[rows, keys] . V[keys, ...] over the n keys listed in idx
+// (Indexed: the tile's valid keys, so garbage in invalid V slots is never read) or 0..n-1.
+// P[r, j] is p[r * p_row + j * p_key]: row-major scores (few-query body) or transposed ones
+// (many-query body). KS sets of accumulators over alternating keys keep enough independent FMA
+// chains in flight when NR * NV is small.
 template <int W, int NR, int NV, int KS, bool Indexed>
-SPECDEC_INLINE void few_pv_block(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
-                                 int64_t dp, int64_t c0) {
+SPECDEC_INLINE void pv_block(const float* p, int64_t p_row, int64_t p_key, const float* vrows, int64_t vstride,
+                             const int* idx, int n, float* o, int64_t dp, int64_t c0) {
   using F = typename VecT<W>::f;
   F acc[KS][NR][NV];
   for (int s_ = 0; s_ < KS; ++s_)
@@ -467,7 +431,7 @@ SPECDEC_INLINE void few_pv_block(const float* p, const float* vrows, int64_t vst
       for (int u = 0; u < NV; ++u) vv[u] = load_v<F>(vrows + j * vstride + c0 + u * W);
 #pragma GCC unroll 4
       for (int r = 0; r < NR; ++r) {
-        const float pr = p[r * kKeyTile + j];
+        const float pr = p[r * p_row + j * p_key];
 #pragma GCC unroll 4
         for (int u = 0; u < NV; ++u) acc[s_][r][u] += vv[u] * pr;
       }
@@ -476,7 +440,7 @@ SPECDEC_INLINE void few_pv_block(const float* p, const float* vrows, int64_t vst
   for (; t < n; ++t) {
     const int j = Indexed ? idx[t] : t;
     for (int r = 0; r < NR; ++r) {
-      const float pr = p[r * kKeyTile + j];
+      const float pr = p[r * p_row + j * p_key];
       for (int u = 0; u < NV; ++u) acc[0][r][u] += load_v<F>(vrows + j * vstride + c0 + u * W) * pr;
     }
   }
@@ -490,33 +454,90 @@ SPECDEC_INLINE void few_pv_block(const float* p, const float* vrows, int64_t vst
 
 // NR rows: the columns in passes of at most MaxNV vectors (the accumulators fit the registers).
 template <int W, int NR, bool Indexed>
-SPECDEC_INLINE void few_pv_rows(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
-                                int64_t dp, int64_t dw) {
+SPECDEC_INLINE void pv_rows(const float* p, int64_t p_row, int64_t p_key, const float* vrows, int64_t vstride,
+                            const int* idx, int n, float* o, int64_t dp, int64_t dw) {
   constexpr int MaxNV = NR >= 4 ? 2 : 4;
   constexpr int KS = NR == 1 ? 2 : 1;
   for (int64_t c0 = 0; c0 < dw; c0 += MaxNV * W) {
     switch (std::min<int64_t>(MaxNV, (dw - c0) / W)) {
-      case 4: few_pv_block<W, NR, (MaxNV >= 4 ? 4 : 1), KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
-      case 3: few_pv_block<W, NR, (MaxNV >= 3 ? 3 : 1), KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
-      case 2: few_pv_block<W, NR, 2, KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
-      default: few_pv_block<W, NR, 1, KS, Indexed>(p, vrows, vstride, idx, n, o, dp, c0); break;
+      case 4: pv_block<W, NR, (MaxNV >= 4 ? 4 : 1), KS, Indexed>(p, p_row, p_key, vrows, vstride, idx, n, o, dp, c0); break;
+      case 3: pv_block<W, NR, (MaxNV >= 3 ? 3 : 1), KS, Indexed>(p, p_row, p_key, vrows, vstride, idx, n, o, dp, c0); break;
+      case 2: pv_block<W, NR, 2, KS, Indexed>(p, p_row, p_key, vrows, vstride, idx, n, o, dp, c0); break;
+      default: pv_block<W, NR, 1, KS, Indexed>(p, p_row, p_key, vrows, vstride, idx, n, o, dp, c0); break;
     }
   }
 }
 
+// O[0 .. nrows, 0 : dw] += P . V, in blocks of 4, 2 and 1 rows: padding rows cost nothing.
 template <int W, bool Indexed>
-SPECDEC_INLINE void few_pv(const float* p, const float* vrows, int64_t vstride, const int* idx, int n, float* o,
-                           int nrows, int64_t dp, int64_t dw) {
+SPECDEC_INLINE void pv_tile(const float* p, int64_t p_row, int64_t p_key, const float* vrows, int64_t vstride,
+                            const int* idx, int n, float* o, int nrows, int64_t dp, int64_t dw) {
   int r = 0;
-  if (nrows - r >= 4) {
-    few_pv_rows<W, 4, Indexed>(p, vrows, vstride, idx, n, o, dp, dw);
-    r += 4;
-  }
+  for (; nrows - r >= 4; r += 4)
+    pv_rows<W, 4, Indexed>(p + r * p_row, p_row, p_key, vrows, vstride, idx, n, o + r * dp, dp, dw);
   if (nrows - r >= 2) {
-    few_pv_rows<W, 2, Indexed>(p + r * kKeyTile, vrows, vstride, idx, n, o + r * dp, dp, dw);
+    pv_rows<W, 2, Indexed>(p + r * p_row, p_row, p_key, vrows, vstride, idx, n, o + r * dp, dp, dw);
     r += 2;
   }
-  if (nrows - r >= 1) few_pv_rows<W, 1, Indexed>(p + r * kKeyTile, vrows, vstride, idx, n, o + r * dp, dp, dw);
+  if (nrows - r >= 1) pv_rows<W, 1, Indexed>(p + r * p_row, p_row, p_key, vrows, vstride, idx, n, o + r * dp, dp, dw);
+}
+
+template <int W>
+SPECDEC_INLINE void pv_any(const float* p, int64_t p_row, int64_t p_key, const float* vrows, int64_t vstride,
+                           const int* idx, int n, bool indexed, float* o, int nrows, int64_t dp, int64_t dw) {
+  if (indexed) {
+    pv_tile<W, true>(p, p_row, p_key, vrows, vstride, idx, n, o, nrows, dp, dw);
+  } else {
+    pv_tile<W, false>(p, p_row, p_key, vrows, vstride, idx, n, o, nrows, dp, dw);
+  }
+}
+
+// Where a key tile's K and V rows are read from. float32 rows whose length is a multiple of W
+// are read where they lie; others are staged in scratch (converted, zero-padded to dw) row by
+// row. Only valid keys are staged and listed for P.V (idx, n): an empty cache slot may hold
+// garbage, even NaN, and 0 * NaN is NaN. Invalid K rows get garbage scores that the visibility
+// masks replace by -inf (staged ones are zeroed, so no NaN is even computed).
+struct TileRows {
+  const float *k, *v;
+  int64_t k_stride, v_stride;
+  int n;  // keys for P.V: all of them, or the n valid ones listed in idx
+};
+
+template <int W>
+SPECDEC_INLINE TileRows tile_rows(const Problem& pb, const Item& it, int64_t b, int64_t k0, int keys,
+                                  bool all_valid, Scratch& sc, int* idx) {
+  const int64_t d = pb.d, dp = pb.dp, dw = (d + W - 1) / W * W;
+  TileRows t;
+  t.n = keys;
+  if (!all_valid) {
+    t.n = 0;
+    for (int j = 0; j < keys; ++j) {
+      idx[t.n] = j;
+      t.n += it.kvalid[k0 + j] ? 1 : 0;
+    }
+  }
+  const int64_t k_off = b * pb.k_sb + it.hk * pb.k_sh + k0 * pb.k_sn;
+  const int64_t v_off = b * pb.v_sb + it.hk * pb.v_sh + k0 * pb.v_sn;
+  if (pb.dtype == at::kFloat && d % W == 0) {
+    t.k = static_cast<const float*>(pb.k) + k_off;
+    t.v = static_cast<const float*>(pb.v) + v_off;
+    t.k_stride = pb.k_sn;
+    t.v_stride = pb.v_sn;
+    return t;
+  }
+  for (int u = 0; u < t.n; ++u) {
+    const int j = all_valid ? u : idx[u];
+    convert_row<W>(pb.k, k_off + j * pb.k_sn, pb.dtype, d, dw, 1.0f, sc.ks + j * dp);
+    convert_row<W>(pb.v, v_off + j * pb.v_sn, pb.dtype, d, dw, 1.0f, sc.vs + j * dp);
+  }
+  if (!all_valid) {
+    for (int j = 0; j < keys; ++j)
+      if (!it.kvalid[k0 + j]) std::fill(sc.ks + j * dp, sc.ks + j * dp + dw, 0.0f);
+  }
+  t.k = sc.ks;
+  t.v = sc.vs;
+  t.k_stride = t.v_stride = dp;
+  return t;
 }
 
 // One work item of at most kRowBlock queries: queries [q0, q0 + nrows) of head h in batch b
@@ -543,12 +564,6 @@ SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int
     qmax = std::max(qmax, it.qpos[i]);
   }
 
-  // float32 rows whose length is a multiple of W are read where they lie; others are staged
-  // (converted, padded with zeros) row by row.
-  const bool direct = pb.dtype == at::kFloat && d % W == 0;
-  const char* kbase = static_cast<const char*>(pb.k);
-  const char* vbase = static_cast<const char*>(pb.v);
-  const int64_t esize = pb.dtype == at::kFloat ? 4 : 2;
   alignas(64) int32_t mask[kRowBlock * kKeyTile];
   alignas(64) int idx[kKeyTile];
 
@@ -561,42 +576,8 @@ SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int
     const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree && keys == kKeyTile;
     if (!all_visible) few_masks<W>(it, pb.words, k0, keys, mask);
 
-    // P.V reads only valid keys: an empty cache slot may hold garbage, even NaN, and 0 * NaN is
-    // NaN. Invalid K rows get garbage scores, replaced by -inf through the mask.
-    int n = keys;
-    if (!tile.all_valid) {
-      n = 0;
-      for (int j = 0; j < keys; ++j) {
-        idx[n] = j;
-        n += it.kvalid[k0 + j] ? 1 : 0;
-      }
-    }
-
-    const int64_t k_off = b * pb.k_sb + it.hk * pb.k_sh + k0 * pb.k_sn;
-    const int64_t v_off = b * pb.v_sb + it.hk * pb.v_sh + k0 * pb.v_sn;
-    const float *krows, *vrows;
-    int64_t kstride, vstride;
-    if (direct) {
-      krows = reinterpret_cast<const float*>(kbase + k_off * esize);
-      vrows = reinterpret_cast<const float*>(vbase + v_off * esize);
-      kstride = pb.k_sn;
-      vstride = pb.v_sn;
-    } else {
-      for (int t = 0; t < n; ++t) {
-        const int j = tile.all_valid ? t : idx[t];
-        convert_row<W>(pb.k, k_off + j * pb.k_sn, pb.dtype, d, dw, 1.0f, sc.ks + j * dp);
-        convert_row<W>(pb.v, v_off + j * pb.v_sn, pb.dtype, d, dw, 1.0f, sc.vs + j * dp);
-      }
-      if (!tile.all_valid) {  // invalid K rows: finite zeros, so no NaN is even computed
-        for (int j = 0; j < keys; ++j)
-          if (!it.kvalid[k0 + j]) std::fill(sc.ks + j * dp, sc.ks + j * dp + dw, 0.0f);
-      }
-      krows = sc.ks;
-      vrows = sc.vs;
-      kstride = vstride = dp;
-    }
-
-    few_scores<W>(sc.qs, dp, krows, kstride, sc.s, nrows, keys, dw);
+    const TileRows tr = tile_rows<W>(pb, it, b, k0, keys, tile.all_valid, sc, idx);
+    few_scores<W>(sc.qs, dp, tr.k, tr.k_stride, sc.s, nrows, keys, dw);
 
     // Online softmax per query over the tile's vectors of scores; S becomes P in place.
     const int nv = (keys + W - 1) / W;
@@ -632,223 +613,164 @@ SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int
         for (int64_t c = 0; c < dw; ++c) o[c] *= alpha;
       }
     }
-    if (tile.all_valid) {
-      few_pv<W, false>(sc.s, vrows, vstride, nullptr, n, sc.o, nrows, dp, dw);
-    } else {
-      few_pv<W, true>(sc.s, vrows, vstride, idx, n, sc.o, nrows, dp, dw);
-    }
+    pv_any<W>(sc.s, kKeyTile, 1, tr.v, tr.v_stride, idx, tr.n, !tile.all_valid, sc.o, nrows, dp, dw);
   }
 
   store_item(pb, it, sc.o, l, m);
 }
 
-typedef int32_t vint __attribute__((vector_size(kVec * sizeof(int32_t))));
-
-SPECDEC_INLINE vfloat splat(float x) {
-  vfloat r;
-  for (int i = 0; i < kVec; ++i) r[i] = x;
-  return r;
-}
-
-// mask ? a : b per lane (mask lanes all ones or all zeros, as vector comparisons give), written
-// with bit operations: GCC and Clang agree on those, not on ?: over vector types.
-SPECDEC_INLINE vfloat select(vint mask, vfloat a, vfloat b) {
-  vint ai, bi;
-  std::memcpy(&ai, &a, sizeof(ai));
-  std::memcpy(&bi, &b, sizeof(bi));
-  const vint r = (ai & mask) | (bi & ~mask);
-  vfloat out;
-  std::memcpy(&out, &r, sizeof(out));
-  return out;
-}
-
-SPECDEC_INLINE vfloat vmax(vfloat a, vfloat b) { return select(a > b, a, b); }
-
-// 2^t for t <= 0 without libm: t = n + f, |f| <= 1/2 (round to nearest by the 1.5 * 2^23 trick),
-// 2^f by exp_taylor (relative error ~1e-7), 2^n built in the exponent bits. Arguments below -126
-// give 2^-126 (a masked score is zeroed by the caller).
-SPECDEC_INLINE vfloat exp2_vec(vfloat t) {
-  const vfloat x = select(t < splat(-126.0f), splat(-126.0f), t);
-  const vfloat n = (x + 12582912.0f) - 12582912.0f;
-  const vfloat p = exp_taylor((x - n) * kLn2);
-  const vint e = (__builtin_convertvector(n, vint) + 127) << 23;
-  vfloat scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
-}
-
-// One work item of more than kRowBlock queries (verification windows, prefill): NR vectors of
-// query rows, one row per lane. Scores are kept transposed, S^T[key][row], so K is read row by row
-// where it lies (float32) instead of being transposed for every item, and the visibility rule,
-// the online softmax and its rescaling run across the item's rows in vector lanes.
-template <int NR>
+// One work item of more than kRowBlock queries (verification windows, prefill): R = NR * W query
+// rows, one row per vector lane. Scores are kept transposed, S^T[key][row], so K is read row by
+// row (a broadcast per element) instead of being transposed for every item, and the visibility
+// rule, the online softmax and its rescaling run across the item's rows in vector lanes. The
+// tree mask is regrouped once per item into one bit per row for each draft-block column, so the
+// rule is a vector test per key, not a scalar store per (row, key) that vector loads read back.
+template <int W, int NR>
 SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
-  constexpr int R = NR * kVec;  // query rows of the item (padding lanes see no key)
+  using F = typename VecT<W>::f;
+  using I = typename VecT<W>::i;
+  using L = typename VecT<W>::l;
+  constexpr int R = NR * W;  // query rows of the item (padding lanes see no key)
   static_assert(R <= kQueryTile, "scratch holds kQueryTile query rows");
+  constexpr int KU = NR >= 8 ? 1 : NR >= 4 ? 2 : 4;  // keys per score block (KU * NR accumulators)
   const Item it = item_of(pb, b, h, q0, R);
-  const auto& [nrows, rows, hk, qpos, kpos, kvalid, tree, block_start, out_row0] = it;
-  const int64_t d = pb.d, dp = pb.dp;
+  const int nrows = static_cast<int>(it.nrows);
+  const int64_t d = pb.d, dp = pb.dp, dw = (d + W - 1) / W * W;
 
   // Q^T [d, R], pre-scaled so exp2(s - m) is the softmax numerator.
   float* qt = sc.kt;  // dp * kKeyTile >= d * R floats
   std::fill(qt, qt + d * R, 0.0f);
-  alignas(64) float qrow[128];
-  for (int64_t i = 0; i < nrows; ++i) {
-    load_row(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, pb.scale_log2, qrow);
+  alignas(64) float qrow[128 + 16];
+  for (int i = 0; i < nrows; ++i) {
+    convert_row<W>(pb.q, b * pb.q_sb + h * pb.q_sh + (q0 + i) * pb.q_sn, pb.dtype, d, dw, pb.scale_log2, qrow);
     for (int64_t c = 0; c < d; ++c) qt[c * R + i] = qrow[c];
   }
   // Padding lanes get the lowest position: no key is ever visible to them.
   alignas(64) int64_t qp[R];
+  alignas(64) int32_t lane_bit[R];
   int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
   for (int i = 0; i < R; ++i) {
-    qp[i] = i < nrows ? qpos[i] : std::numeric_limits<int64_t>::min();
+    qp[i] = i < nrows ? it.qpos[i] : std::numeric_limits<int64_t>::min();
+    lane_bit[i] = static_cast<int32_t>(1u << i);
     if (i < nrows) {
-      qmin = std::min(qmin, qpos[i]);
-      qmax = std::max(qmax, qpos[i]);
+      qmin = std::min(qmin, it.qpos[i]);
+      qmax = std::max(qmax, it.qpos[i]);
     }
   }
-  std::fill(sc.o, sc.o + R * dp, 0.0f);
-  vfloat m[NR], l[NR];
+  // tree_cols[col]: bit i set iff row i may see draft-block column col.
+  uint32_t* tree_cols = nullptr;
+  if (it.tree != nullptr) {
+    tree_cols = sc.tree_cols(pb.nq);
+    for (int64_t col = 0; col < pb.nq; ++col) {
+      uint32_t bits = 0;
+      for (int i = 0; i < nrows; ++i) bits |= tree_bit(it.tree + i * pb.words, col) ? 1u << i : 0u;
+      tree_cols[col] = bits;
+    }
+  }
+  for (int i = 0; i < nrows; ++i) std::fill(sc.o + i * dp, sc.o + i * dp + dw, 0.0f);
+  F m[NR], l[NR];
   for (int r = 0; r < NR; ++r) {
-    m[r] = splat(kNegInf);
-    l[r] = splat(0.0f);
+    m[r] = splat_v<F>(kNegInf);
+    l[r] = F{};
   }
 
-  const bool f32 = pb.dtype == at::kFloat;
+  alignas(64) int idx[kKeyTile];
   float* st = sc.s;  // S^T [kKeyTile, R]
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
-    const KeyTile tile = scan_key_tile(kvalid, kpos, k0, keys);
+    const KeyTile tile = scan_key_tile(it.kvalid, it.kpos, k0, keys);
     if (tile.kmin > qmax) continue;  // nothing visible (also a tile with no valid key)
-    const bool touches_tree = tree != nullptr && k0 + keys > block_start;
+    const bool touches_tree = it.tree != nullptr && k0 + keys > it.block_start;
     const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree;
+    const TileRows tr = tile_rows<W>(pb, it, b, k0, keys, tile.all_valid, sc, idx);
 
-    // K rows: float32 where they lie; 16-bit ones converted. An invalid slot may hold garbage
-    // (even NaN): its scores are replaced by -inf below, never multiplied.
-    const float* krows;
-    int64_t kstride;
-    if (f32) {
-      krows = static_cast<const float*>(pb.k) + b * pb.k_sb + hk * pb.k_sh + k0 * pb.k_sn;
-      kstride = pb.k_sn;
-    } else {
-      for (int j = 0; j < keys; ++j) load_row(pb.k, b * pb.k_sb + hk * pb.k_sh + (k0 + j) * pb.k_sn, pb.dtype, d, 1.0f,
-                                              sc.ks + j * dp);
-      krows = sc.ks;
-      kstride = dp;
-    }
-    // V rows: in place when float32, all valid and D == Dp (a full vector per row); otherwise
-    // staged with invalid slots zeroed (0 * NaN would be NaN). Columns d..dp stay 0 from the
-    // scratch allocation.
-    const float* vrows;
-    int64_t vstride;
-    if (f32 && tile.all_valid && d == dp) {
-      vrows = static_cast<const float*>(pb.v) + b * pb.v_sb + hk * pb.v_sh + k0 * pb.v_sn;
-      vstride = pb.v_sn;
-    } else {
-      for (int j = 0; j < keys; ++j) {
-        if (kvalid == nullptr || kvalid[k0 + j]) {
-          load_row(pb.v, b * pb.v_sb + hk * pb.v_sh + (k0 + j) * pb.v_sn, pb.dtype, d, 1.0f, sc.vs + j * dp);
-        } else {
-          std::fill(sc.vs + j * dp, sc.vs + j * dp + d, 0.0f);
-        }
-      }
-      vrows = sc.vs;
-      vstride = dp;
-    }
-
-    // S^T = K . Q^T, four keys at a time (a short last group repeats its last key).
-    for (int j0 = 0; j0 < keys; j0 += 4) {
-      const float* kr[4];
-      for (int u = 0; u < 4; ++u) kr[u] = krows + std::min(j0 + u, keys - 1) * kstride;
-      vfloat acc[4][NR] = {};
+    // S^T = K . Q^T, KU keys at a time (a short last group repeats its last key).
+    for (int j0 = 0; j0 < keys; j0 += KU) {
+      const float* kr[KU];
+      for (int u = 0; u < KU; ++u) kr[u] = tr.k + std::min(j0 + u, keys - 1) * tr.k_stride;
+      F acc[KU][NR] = {};
       for (int64_t c = 0; c < d; ++c) {
-        vfloat qv[NR];
-#pragma GCC unroll 2
-        for (int r = 0; r < NR; ++r) qv[r] = vload(qt + c * R + r * kVec);
+        F qv[NR];
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; ++r) qv[r] = load_v<F>(qt + c * R + r * W);
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < KU; ++u) {
           const float kc = kr[u][c];
-#pragma GCC unroll 2
+#pragma GCC unroll 8
           for (int r = 0; r < NR; ++r) acc[u][r] += qv[r] * kc;
         }
       }
-      for (int u = 0; u < 4 && j0 + u < keys; ++u)
-        for (int r = 0; r < NR; ++r) vstore(st + (j0 + u) * R + r * kVec, acc[u][r]);
+      for (int u = 0; u < KU && j0 + u < keys; ++u)
+        for (int r = 0; r < NR; ++r) store_v(st + (j0 + u) * R + r * W, acc[u][r]);
     }
 
-    // The visibility rule (attention_math.h key_visible), one key across all rows at a time.
-    if (!all_visible) {
-      for (int j = 0; j < keys; ++j) {
-        float* sj = st + j * R;
-        if (kvalid != nullptr && !kvalid[k0 + j]) {
-          std::fill(sj, sj + R, kNegInf);
-          continue;
-        }
-        const int64_t kp = kpos[k0 + j];
-        for (int i = 0; i < R; ++i) sj[i] = kp <= qp[i] ? sj[i] : kNegInf;
-        const int64_t col = k0 + j - block_start;
-        if (tree != nullptr && col >= 0) {
-          for (int64_t i = 0; i < nrows; ++i)
-            if (!tree_bit(tree + i * pb.words, col)) sj[i] = kNegInf;
-        }
-      }
-    }
-
-    // Online softmax across the rows' lanes.
-    vfloat alpha[NR], shift[NR], sum[NR];
+    // The visibility rule (attention_math.h key_visible) one key across R rows at a time, then
+    // the online softmax across the rows' lanes.
+    F alpha[NR];
     for (int r = 0; r < NR; ++r) {
-      vfloat mx = splat(kNegInf);
-      for (int j = 0; j < keys; ++j) {
-        const vfloat x = vload(st + j * R + r * kVec);
-        mx = vmax(x, mx);
+      F mx = splat_v<F>(kNegInf);
+      if (all_visible) {
+        for (int j = 0; j < keys; ++j) mx = vmax_v(mx, load_v<F>(st + j * R + r * W));
+      } else {
+        const L qpr = load_v<L>(qp + r * W);
+        const I bit = load_v<I>(lane_bit + r * W);
+        for (int j = 0; j < keys; ++j) {
+          const int64_t kj = k0 + j;
+          I vis = __builtin_convertvector(qpr >= (L{} + it.kpos[kj]), I);
+          if (it.kvalid != nullptr) vis &= I{} - static_cast<int32_t>(it.kvalid[kj]);
+          const int64_t col = kj - it.block_start;
+          if (tree_cols != nullptr && col >= 0) vis &= (bit & static_cast<int32_t>(tree_cols[col])) != 0;
+          const F x = select_v(vis, load_v<F>(st + j * R + r * W), splat_v<F>(kNegInf));
+          store_v(st + j * R + r * W, x);
+          mx = vmax_v(mx, x);
+        }
       }
-      const vfloat m_new = vmax(mx, m[r]);
+      const F m_new = vmax_v(mx, m[r]);
       // A lane that has seen nothing yet keeps m = -inf: shift by 0 (its scores are all -inf).
-      shift[r] = select(m_new == splat(kNegInf), splat(0.0f), m_new);
-      alpha[r] = select(m[r] == splat(kNegInf), splat(0.0f), exp2_vec(m[r] - m_new));
+      const F shift = select_v(m_new == kNegInf, F{}, m_new);
+      alpha[r] = select_v(m[r] == kNegInf, F{}, exp2_v(m[r] - m_new));
       m[r] = m_new;
-      sum[r] = splat(0.0f);
-    }
-    for (int j = 0; j < keys; ++j) {
-#pragma GCC unroll 2
-      for (int r = 0; r < NR; ++r) {
-        const vfloat x = vload(st + j * R + r * kVec);
-        const vfloat p = select(x == splat(kNegInf), splat(0.0f), exp2_vec(x - shift[r]));
-        vstore(st + j * R + r * kVec, p);  // S^T now holds P^T for the P.V product
-        sum[r] += p;
+      F sum = F{};
+      for (int j = 0; j < keys; ++j) {
+        const F x = load_v<F>(st + j * R + r * W);
+        const F p = select_v(x == kNegInf, F{}, exp2_v(x - shift));
+        store_v(st + j * R + r * W, p);  // S^T now holds P^T for the P.V product
+        sum += p;
       }
+      l[r] = l[r] * alpha[r] + sum;
     }
     alignas(64) float scale_rows[R];
-    for (int r = 0; r < NR; ++r) {
-      l[r] = l[r] * alpha[r] + sum[r];
-      vstore(scale_rows + r * kVec, alpha[r]);
-    }
-    for (int i = 0; i < rows; ++i) {
+    for (int r = 0; r < NR; ++r) store_v(scale_rows + r * W, alpha[r]);
+    for (int i = 0; i < nrows; ++i) {
       if (scale_rows[i] == 1.0f) continue;
       float* o = sc.o + i * dp;
-      for (int64_t c = 0; c < dp; ++c) o[c] *= scale_rows[i];
+      for (int64_t c = 0; c < dw; ++c) o[c] *= scale_rows[i];
     }
-    pv_tile(st, 1, R, vrows, vstride, sc.o, rows, keys, dp);
+    pv_any<W>(st, 1, R, tr.v, tr.v_stride, idx, tr.n, !tile.all_valid, sc.o, nrows, dp, dw);
   }
 
   alignas(64) float lv[R], mv[R];
   for (int r = 0; r < NR; ++r) {
-    vstore(lv + r * kVec, l[r]);
-    vstore(mv + r * kVec, m[r]);
+    store_v(lv + r * W, l[r]);
+    store_v(mv + r * W, m[r]);
   }
   store_item(pb, it, sc.o, lv, mv);
 }
 
-// Picks the body for an item by its number of queries.
+// Picks the body for an item by its number of queries: the fewest vectors of rows that hold them.
 template <int W>
 SPECDEC_INLINE void attend_item_body(const Problem& pb, int64_t b, int64_t h, int64_t q0, Scratch& sc) {
   const int64_t nrows = std::min<int64_t>(kQueryTile, pb.nq - q0);
   if (nrows <= kRowBlock) {
     attend_few_body<W>(pb, b, h, q0, sc);
-  } else if (nrows <= kVec) {
-    attend_rows_body<1>(pb, b, h, q0, sc);
+  } else if (nrows <= W) {
+    attend_rows_body<W, 1>(pb, b, h, q0, sc);
+  } else if (nrows <= 2 * W || 4 * W > kQueryTile) {
+    attend_rows_body<W, 2>(pb, b, h, q0, sc);
+  } else if (nrows <= 4 * W || 8 * W > kQueryTile) {
+    attend_rows_body<W, (4 * W <= kQueryTile ? 4 : 2)>(pb, b, h, q0, sc);
   } else {
-    attend_rows_body<2>(pb, b, h, q0, sc);
+    attend_rows_body<W, (8 * W <= kQueryTile ? 8 : 2)>(pb, b, h, q0, sc);
   }
 }
 
@@ -903,7 +825,7 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   const int64_t items = b * hq * q_tiles;
   static const AttendFn attend_query_tile = pick_attend();
   at::parallel_for(0, items, grain_for(int64_t{kQueryTile} * nk * d), [&](int64_t begin, int64_t end) {
-    Scratch scratch(pb.dp);
+    Scratch& scratch = thread_scratch(pb.dp);
     for (int64_t it = begin; it < end; ++it) {
       const int64_t t = it % q_tiles;
       const int64_t bh = it / q_tiles;
