@@ -8,19 +8,21 @@
 // from positions and validity alone; tiles every query fully sees skip the per-pair rule.
 //
 // Two bodies, by the item's number of queries:
-// - at most 4 (the decoders' one-token steps): scores row-major, one dot product per key with
-//   float32 K read where it lies (K staged transposed for 16-bit inputs);
+// - at most 4 (the decoders' one-token steps): scores row-major, W keys' dot products reduced
+//   together by a transpose-add, float32 K read where it lies;
 // - more (verification windows, prefill): scores transposed, S^T[key][query row], one query row
 //   per vector lane, so K rows are read where they lie (float32) or converted row by row, and the
-//   visibility rule and the online softmax run across rows in vector lanes. This replaced a
-//   transposed copy of every key tile per item with per-row scalar softmax loops, which was 2-3x
-//   slower than torch's SDPA at the decoders' 16-80-query windows.
-// V is read in place for float32 tiles whose keys are all valid, else staged with invalid
-// slots zeroed (an empty cache slot may hold garbage, even NaN, and 0 * NaN is NaN).
+//   visibility rule and the online softmax run across rows in vector lanes.
+// float32 K and V (D a multiple of W) are read in place, other rows converted into scratch;
+// P.V reads only valid keys (an empty cache slot may hold garbage, even NaN, and 0 * NaN is NaN)
+// and only the item's real query rows.
 //
-// Inner loops use GCC/Clang vector extensions (16 floats) and are compiled for AVX-512, AVX2
-// and baseline x86-64 with target_clones, picked once at load time; fp16/bf16 are converted to
-// float tile by tile (float32 accumulation everywhere).
+// Inner loops use GCC/Clang vector extensions in vectors of W floats, W the register width of
+// the instruction set (16 under AVX-512, 8 under AVX2, 4 on baseline x86-64): the same source is
+// compiled once per instruction set and picked at load time. (A fixed 16-float type was two ymm
+// registers per value under AVX2: its accumulators spilled to the stack and the bodies ran
+// 10-35x slower than torch's SDPA.) fp16/bf16 are widened W at a time (float32 accumulation
+// everywhere).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -43,11 +45,20 @@
 // The build compiles with -ffp-contract=off so kernel 1 rounds like its reference; attention is
 // checked against tolerances instead, and fused multiply-adds halve its inner-loop instructions.
 #pragma GCC optimize("fp-contract=fast")
-// The 64-byte vector type is passed between always-inlined helpers only; no ABI is involved.
+// Vector types wider than the baseline ISA's registers are passed between always-inlined helpers
+// only; no ABI is involved.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 // Helpers are force-inlined so each target clone of attend_query_tile gets its own vector code.
 #define SPECDEC_INLINE inline __attribute__((always_inline))
+
+// Two-source lane shuffle with constant indices: Clang and GCC >= 12 spell it
+// __builtin_shufflevector, older GCC __builtin_shuffle with an index vector of type IDX.
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SPECDEC_SHUFFLE(IDX, x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+#define SPECDEC_SHUFFLE(IDX, x, y, ...) __builtin_shuffle(x, y, IDX{__VA_ARGS__})
+#endif
 
 
 namespace specdec {
@@ -213,14 +224,11 @@ SPECDEC_INLINE void store_item(const Problem& pb, const Item& it, float* o_rows,
 }
 
 // ---------------------------------------------------------------------------------------------
-// The few-query body (at most kRowBlock queries: the decoders' one-token steps) works in vectors
-// of W floats, W matching the instruction set of its clone (16 under AVX-512, 8 under AVX2, 4 on
-// baseline x86-64). It used the 16-float vfloat everywhere, which on AVX2 is two ymm registers
-// per value: its 4-key x 16-lane accumulators spilled, and per-key horizontal sums stored
-// scalars that vector loads read right after (store-forwarding stalls), ~18x slower per key than
-// torch's SDPA. Here scores for W keys are reduced together by a transpose-add (no horizontal
-// sum through memory), visibility masks are built before the dot products (so their scalar
-// stores have retired when the softmax reads them as vectors), and P.V only runs the real rows.
+// Vectors of W floats and their helpers. The few-query body keeps one query's scores for W keys
+// in one vector: W dot products are reduced together by a transpose-add (no horizontal sum
+// through memory, whose scalar stores read back by vector loads stalled store forwarding), and
+// visibility masks are built before the dot products (so the masks' few scalar stores have
+// retired by the time the softmax reads them as vectors).
 
 template <int W>
 struct VecT {
@@ -292,11 +300,11 @@ SPECDEC_INLINE float hmax_v(typename VecT<W>::f x) {
 // Transpose-add: lane u of the result is the sum of the W lanes of a[u]. Each step adds the
 // even and odd lanes of two vectors; after log2(W) steps the sums are in order.
 SPECDEC_INLINE VecT<4>::f pair_add(VecT<4>::f x, VecT<4>::f y) {
-  return __builtin_shufflevector(x, y, 0, 2, 4, 6) + __builtin_shufflevector(x, y, 1, 3, 5, 7);
+  return SPECDEC_SHUFFLE(VecT<4>::i, x, y, 0, 2, 4, 6) + SPECDEC_SHUFFLE(VecT<4>::i, x, y, 1, 3, 5, 7);
 }
 SPECDEC_INLINE VecT<16>::f pair_add(VecT<16>::f x, VecT<16>::f y) {
-  return __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-         __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return SPECDEC_SHUFFLE(VecT<16>::i, x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         SPECDEC_SHUFFLE(VecT<16>::i, x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 template <int W>
 SPECDEC_INLINE typename VecT<W>::f reduce_lanes(typename VecT<W>::f* a) {
@@ -307,15 +315,15 @@ SPECDEC_INLINE typename VecT<W>::f reduce_lanes(typename VecT<W>::f* a) {
 // AVX2: the same within each 128-bit half (vshufps, no lane crossing) for two steps, then one
 // cross-half add (vperm2f128): 21 instructions for 8 dot products.
 SPECDEC_INLINE VecT<8>::f hadd8(VecT<8>::f x, VecT<8>::f y) {
-  return __builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) +
-         __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15);
+  return SPECDEC_SHUFFLE(VecT<8>::i, x, y, 0, 2, 8, 10, 4, 6, 12, 14) +
+         SPECDEC_SHUFFLE(VecT<8>::i, x, y, 1, 3, 9, 11, 5, 7, 13, 15);
 }
 template <>
 SPECDEC_INLINE VecT<8>::f reduce_lanes<8>(VecT<8>::f* a) {
   const VecT<8>::f u0 = hadd8(hadd8(a[0], a[1]), hadd8(a[2], a[3]));
   const VecT<8>::f u1 = hadd8(hadd8(a[4], a[5]), hadd8(a[6], a[7]));
-  return __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
-         __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+  return SPECDEC_SHUFFLE(VecT<8>::i, u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+         SPECDEC_SHUFFLE(VecT<8>::i, u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 // dst[0, d) = row * mul as float, dst[d, dw) = 0 (padding that dot products may read).
