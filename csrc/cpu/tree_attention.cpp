@@ -71,10 +71,19 @@ constexpr int kRowBlock = 4;             // at most this many queries: the few-q
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Positions and validity of one key tile: the smallest and largest position of its valid keys
+// (kmin > kmax when none is valid) and whether all its keys are valid.
+struct KeyTile {
+  int64_t kmin, kmax;
+  bool all_valid;
+};
+
 // Everything a work item needs, in raw pointers and element strides.
 struct Problem : AttentionProblem {
   at::ScalarType dtype;
   int64_t dp;                   // D rounded up to kVec: the row stride of the scratch buffers
+  int64_t key_tiles;            // ceil(Nk / kKeyTile)
+  const KeyTile* tiles;         // [B, key_tiles]: the same for every head, so scanned once per call
 };
 
 // Per-thread buffers, 64-byte aligned, kept between calls (thread_scratch): allocating and
@@ -163,22 +172,14 @@ SPECDEC_INLINE T exp_taylor(T f) {
   return p * f + 1.0f;
 }
 
-// Positions and validity of one key tile: the smallest and largest position of its valid keys
-// (kmin > kmax when none is valid) and whether all its keys are valid.
-struct KeyTile {
-  int64_t kmin, kmax;
-  bool all_valid;
-};
-
-SPECDEC_INLINE KeyTile scan_key_tile(const bool* kvalid, const int64_t* kpos, int64_t k0, int keys) {
+KeyTile scan_key_tile(const bool* kvalid, const int64_t* kpos, int64_t k0, int keys) {
   KeyTile t{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), true};
   for (int j = 0; j < keys; ++j) {
     const bool ok = kvalid == nullptr || kvalid[k0 + j];
     t.all_valid &= ok;
-    if (ok) {
-      t.kmin = std::min(t.kmin, kpos[k0 + j]);
-      t.kmax = std::max(t.kmax, kpos[k0 + j]);
-    }
+    const int64_t p = kpos[k0 + j];
+    t.kmin = std::min(t.kmin, ok ? p : std::numeric_limits<int64_t>::max());
+    t.kmax = std::max(t.kmax, ok ? p : std::numeric_limits<int64_t>::min());
   }
   return t;
 }
@@ -578,7 +579,7 @@ SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
     // Tile skipping from positions and validity: nothing visible -> no work at all.
-    const KeyTile tile = scan_key_tile(it.kvalid, it.kpos, k0, keys);
+    const KeyTile& tile = pb.tiles[b * pb.key_tiles + k0 / kKeyTile];
     if (tile.kmin > qmax) continue;  // also covers a tile with no valid key
     const bool touches_tree = it.tree != nullptr && k0 + keys > it.block_start;
     const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree && keys == kKeyTile;
@@ -686,7 +687,7 @@ SPECDEC_INLINE void attend_rows_body(const Problem& pb, int64_t b, int64_t h, in
   float* st = sc.s;  // S^T [kKeyTile, R]
   for (int64_t k0 = 0; k0 < pb.nk; k0 += kKeyTile) {
     const int keys = static_cast<int>(std::min<int64_t>(kKeyTile, pb.nk - k0));
-    const KeyTile tile = scan_key_tile(it.kvalid, it.kpos, k0, keys);
+    const KeyTile& tile = pb.tiles[b * pb.key_tiles + k0 / kKeyTile];
     if (tile.kmin > qmax) continue;  // nothing visible (also a tile with no valid key)
     const bool touches_tree = it.tree != nullptr && k0 + keys > it.block_start;
     const bool all_visible = tile.all_valid && tile.kmax <= qmin && !touches_tree;
@@ -829,10 +830,24 @@ AttentionOut tree_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   pb.dtype = q.scalar_type();
   pb.dp = (d + kVec - 1) / kVec * kVec;
 
+  // Key tile summaries for tile skipping, once per batch row (scanning them per item cost about
+  // as much as a decode step's dot products).
+  pb.key_tiles = (nk + kKeyTile - 1) / kKeyTile;
+  std::vector<KeyTile> tiles(b * pb.key_tiles);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < pb.key_tiles; ++t)
+      tiles[r * pb.key_tiles + t] =
+          scan_key_tile(pb.kv_valid ? pb.kv_valid + r * nk : nullptr, pb.kv_pos + r * nk, t * kKeyTile,
+                        static_cast<int>(std::min<int64_t>(kKeyTile, nk - t * kKeyTile)));
+  pb.tiles = tiles.data();
+
   const int64_t q_tiles = (nq + kQueryTile - 1) / kQueryTile;
   const int64_t items = b * hq * q_tiles;
   static const AttendFn attend_query_tile = pick_attend();
-  at::parallel_for(0, items, grain_for(int64_t{kQueryTile} * nk * d), [&](int64_t begin, int64_t end) {
+  // An item's work is its real queries times the keys, not kQueryTile times: one-query steps
+  // over a short cache stay on the calling thread (cpu_parallel.h).
+  const int64_t item_work = std::min<int64_t>(nq, kQueryTile) * nk * d;
+  at::parallel_for(0, items, grain_for(item_work), [&](int64_t begin, int64_t end) {
     Scratch& scratch = thread_scratch(pb.dp);
     for (int64_t it = begin; it < end; ++it) {
       const int64_t t = it % q_tiles;
