@@ -49,7 +49,8 @@
 // only; no ABI is involved.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-// Helpers are force-inlined so each target clone of attend_query_tile gets its own vector code.
+// Helpers are force-inlined so each instruction-set clone (attend_avx512, attend_avx2,
+// attend_generic) gets its own vector code.
 #define SPECDEC_INLINE inline __attribute__((always_inline))
 
 // Two-source lane shuffle with constant indices: Clang and GCC >= 12 spell it
@@ -160,8 +161,8 @@ SPECDEC_INLINE void store_row(void* base, int64_t offset, at::ScalarType dtype, 
   }
 }
 
-// e^f for |f| <= ln(2) / 2: its degree-6 Taylor polynomial by Horner, on a vector of floats of
-// any width, so exp2_vec (16 lanes) and exp2_v (W lanes) compute the same digits.
+// e^f for |f| <= ln(2) / 2: its degree-6 Taylor polynomial by Horner, on a float or a vector of
+// floats of any width (every instruction-set clone computes the same digits).
 template <class T>
 SPECDEC_INLINE T exp_taylor(T f) {
   T p = f * (1.0f / 720.0f) + 1.0f / 120.0f;
@@ -270,7 +271,9 @@ template <class F>
 SPECDEC_INLINE F vmax_v(F a, F b) {
   return select_v(a > b, a, b);
 }
-// exp2_vec's arithmetic (clamp, round-to-nearest split, exp_taylor, exponent bits) on W lanes.
+// 2^t for t <= 0 without libm: t = n + f, |f| <= 1/2 (round to nearest by the 1.5 * 2^23 trick),
+// 2^f by exp_taylor (relative error ~1e-7), 2^n built in the exponent bits. Arguments below -126
+// give 2^-126 (a masked score is zeroed by the caller).
 template <class F>
 SPECDEC_INLINE F exp2_v(F t) {
   using I = decltype(t < t);
