@@ -134,8 +134,10 @@ class CompiledForward:
     at positions up to its own) and writes the token's keys and values at its slot again; in a
     block attended without writing in place (a tree mask, or `write=False`), a tree mask hides the
     copies from the real queries and gives each copy the last real row's mask
-    (`_visible_columns`). So the real outputs and the cache are those of the unpadded pass (bit
-    for bit with row-by-row products: tested); the outputs are cut back to the N real columns."""
+    (`_visible_columns`). So the real outputs and the cache are those of the unpadded pass (with
+    row-by-row products and one attention product per query: bit for bit for in-place passes, to
+    float32 rounding for a block, whose softmax sums the masked copies' zeros too; tested); the
+    outputs are cut back to the N real columns."""
 
     def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None):
         self.model, self.cache, self.backend = model, cache, backend
