@@ -469,3 +469,23 @@ def test_upsample_shapes_and_errors(fam):
         upsample(low, 2, "pixel")
     with pytest.raises(ValueError, match="factor"):
         upsample(low, 0, "nearest")
+
+
+def test_the_shipped_upsampler_is_loaded_once_per_file_version(tmp_path):
+    """load_upsampler (what decode("mulo", family) calls per decode) reads a file once per
+    modification time and device; a rewritten file is read again."""
+    import os
+    import shutil
+
+    from specdec.decoding.upsample import WEIGHTS_NAME, load_upsampler
+    from specdec.models.default import WEIGHTS_DIR
+
+    path = tmp_path / "up.safetensors"
+    shutil.copy(os.path.join(WEIGHTS_DIR, WEIGHTS_NAME), path)
+    first = load_upsampler(str(path))
+    assert load_upsampler(str(path)) is first
+    assert not any(p.requires_grad for p in first.parameters()) and not first.training
+    os.utime(path, (os.path.getatime(path), os.path.getmtime(path) + 10))
+    again = load_upsampler(str(path))
+    assert again is not first
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))

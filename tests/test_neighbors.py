@@ -43,3 +43,22 @@ def test_int16_and_errors():
         knn_table(bad, 2)
     with pytest.raises(ValueError, match="dtype"):
         knn_table(codebook, 2, dtype=torch.int64)
+
+
+def test_decoders_table_is_kept_per_codebook_and_rebuilt_after_an_edit():
+    """neighbor_table (what lantern and mulo call per decode) keeps the table of a codebook it has
+    seen, and an in-place edit of the codebook gives a fresh one."""
+    from specdec.decoding.lantern import neighbor_table
+
+    codebook = torch.randn(30, 4)
+    first = neighbor_table(codebook, 5)
+    assert neighbor_table(codebook, 5) is first
+    assert torch.equal(first, knn_table(codebook, 5))
+    assert neighbor_table(codebook, 3).shape == (30, 3)
+    codebook[0] += 100.0                       # entry 0 moves far away from every other
+    edited = neighbor_table(codebook, 5)
+    assert edited is not first and torch.equal(edited, knn_table(codebook, 5))
+    assert not torch.equal(edited, first)
+    assert neighbor_table(codebook.clone(), 50).shape == (30, 29)   # k capped at V - 1
+    with pytest.raises(ValueError, match="k must be"):
+        neighbor_table(codebook, -1)

@@ -9,6 +9,7 @@ Defaults are LANTERN's code: k = 1000 neighbours (capped at V - 1), delta = 0.1.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -17,11 +18,31 @@ from specdec.decoding.sd import speculative_decode
 from specdec.neighbors import knn_table
 
 
+# The tables of the last few codebooks: a decoder call builds its table from the codebook, and
+# decoding image by image would rebuild it for every image (a sort over V x V distances; 7 ms,
+# 10% of a compiled MuLo-SD image on the embedded family). Keyed by the codebook's storage and
+# version counter (an in-place edit bumps it), holding the codebook so its memory is not reused.
+_TABLES: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+
 def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
-    """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token."""
+    """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token (kept for the
+    last few codebooks asked)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0, got {k!r}")
-    return knn_table(codebook, min(k, codebook.shape[0] - 1))
+    if not isinstance(codebook, torch.Tensor) or codebook.dim() != 2:
+        return knn_table(codebook, k)   # knn_table names the bad argument
+    key = (codebook.data_ptr(), tuple(codebook.shape), tuple(codebook.stride()), codebook.dtype, codebook.device,
+           codebook._version, k)
+    hit = _TABLES.get(key)
+    if hit is not None:
+        _TABLES.move_to_end(key)
+        return hit[1]
+    table = knn_table(codebook, min(k, codebook.shape[0] - 1))
+    _TABLES[key] = (codebook, table)
+    while len(_TABLES) > 4:
+        _TABLES.popitem(last=False)
+    return table
 
 
 def check_delta(delta) -> float:

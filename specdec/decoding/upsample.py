@@ -71,16 +71,25 @@ class TokenUpsampler(nn.Module):
         return self(low).argmax(1)
 
 
+# Loaded up-samplers by (file, modification time, device): `decode("mulo", family)` loads the
+# shipped one for every call, and decoding image by image would read the file for every image.
+_LOADED: dict = {}
+
+
 def load_upsampler(path: Optional[str] = None, device="cpu") -> TokenUpsampler:
-    """The trained learned up-sampler (default: specdec/weights/upsampler.safetensors)."""
+    """The trained learned up-sampler (default: specdec/weights/upsampler.safetensors), loaded once
+    per file version and device (the module is frozen: eval, no gradients)."""
     from specdec.models.weights_io import load_module
 
     if path is None:
         from specdec.models.default import WEIGHTS_DIR
 
         path = os.path.join(WEIGHTS_DIR, WEIGHTS_NAME)
-    net, _ = load_module(path, lambda c: TokenUpsampler(**c), "train it with `python -m specdec.train upsampler`")
-    return net.to(device).eval().requires_grad_(False)
+    key = (os.path.abspath(path), os.path.getmtime(path) if os.path.exists(path) else None, str(torch.device(device)))
+    if key not in _LOADED:
+        net, _ = load_module(path, lambda c: TokenUpsampler(**c), "train it with `python -m specdec.train upsampler`")
+        _LOADED[key] = net.to(device).eval().requires_grad_(False)
+    return _LOADED[key]
 
 
 def _check(low: torch.Tensor, factor: int):
