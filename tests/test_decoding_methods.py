@@ -269,7 +269,7 @@ def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resa
     block (radius 0), which the first cycle resolves last; after the second (last) cycle of a
     4x4 grid every slot of the first cycle's rows must be valid."""
     runners, unfed = [], []
-    real_runner, real_verify = mulo.ModelRunner, mulo.verify
+    real_runner, real_verify = mulo.runner_for, mulo.verify
     real_resample = getattr(mulo, f"resample_{resample}")
 
     def runner(model, *a, **kw):
@@ -288,7 +288,7 @@ def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resa
         unfed.append([list(image) for image in last])   # host ints per image: the passes read nothing back
         return last
 
-    monkeypatch.setattr(mulo, "ModelRunner", runner)
+    monkeypatch.setattr(mulo, "runner_for", runner)
     monkeypatch.setattr(mulo, "verify", verify_rejecting_slot_1)
     monkeypatch.setattr(mulo, f"resample_{resample}", resample_fn)
     H, W = fam.target.grid
