@@ -69,10 +69,16 @@ class SlotKVCache:
         return tokens
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [rows, Hkv, N, D] at slots [rows, N] (overwrites what was there)."""
-        idx = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        self.k[layer].scatter_(2, idx, k.to(self.k[layer].dtype))
-        self.v[layer].scatter_(2, idx, v.to(self.v[layer].dtype))
+        """Store k, v [rows, Hkv, N, D] at slots [rows, N] (overwrites what was there).
+
+        An indexed store (`index_put_`) rather than `scatter_` with an expanded index: both write
+        the same elements, but torch.compile lowered the scatter into loops over the whole cache
+        (rows x heads x slots x D, several times per layer), which made a compiled AR step at
+        batch 16 twice as slow as the eager one; the indexed store touches the new slots only."""
+        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        # cache[rows, :, slots] is [rows, N, Hkv, D] (the advanced indices' dimensions first)
+        self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k[layer].dtype)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v[layer].dtype)
 
     def set_valid(self, slots: torch.Tensor, value: bool = True) -> None:
         slots = self.check_slots(slots)
