@@ -28,6 +28,10 @@ call, its host-side work (argument checks, launches, the synchronisation) includ
 CUDA-graph replay where `timer=cuda-graph`. `kernels` is the GPU time spent in kernels per call
 (torch.profiler), with its own speed-up against the reference's kernels: the cost once launches
 and host work are hidden (CUDA graphs, a busy stream). For small inputs the two differ many times.
+
+The decode engine's table on CUDA (CUDA graphs, `benchmarks/gpu_check.sh` step `engine`) has not
+been measured: no GPU was lent since the engine's compiled passes exist. The engine tables below
+are from the 2-core CPU.
 """
 
 
