@@ -47,12 +47,14 @@ def test_int16_and_errors():
 
 def test_decoders_table_is_kept_per_codebook_and_rebuilt_after_an_edit():
     """neighbor_table (what lantern and mulo call per decode) keeps the table of a codebook it has
-    seen, and an in-place edit of the codebook gives a fresh one."""
+    seen (by contents: families hand out a new normalised tensor per call), and an edited codebook
+    gets its own."""
     from specdec.decoding.lantern import neighbor_table
 
     codebook = torch.randn(30, 4)
     first = neighbor_table(codebook, 5)
     assert neighbor_table(codebook, 5) is first
+    assert neighbor_table(codebook.clone(), 5) is first        # the same contents in a new tensor
     assert torch.equal(first, knn_table(codebook, 5))
     assert neighbor_table(codebook, 3).shape == (30, 3)
     codebook[0] += 100.0                       # entry 0 moves far away from every other

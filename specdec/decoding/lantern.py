@@ -8,6 +8,7 @@ Defaults are LANTERN's code: k = 1000 neighbours (capped at V - 1), delta = 0.1.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 
@@ -20,9 +21,10 @@ from specdec.neighbors import knn_table
 
 # The tables of the last few codebooks: a decoder call builds its table from the codebook, and
 # decoding image by image would rebuild it for every image (a sort over V x V distances; 7 ms,
-# 10% of a compiled MuLo-SD image on the embedded family). Keyed by the codebook's storage and
-# version counter (an in-place edit bumps it), holding the codebook so its memory is not reused.
-_TABLES: "OrderedDict[tuple, tuple]" = OrderedDict()
+# 10% of a compiled MuLo-SD image on the embedded family). Keyed by the codebook's contents (a
+# digest of its bytes: families hand out a freshly normalised tensor on every call, so its
+# storage says nothing), shape, dtype and device.
+_TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 
 
 def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
@@ -32,14 +34,13 @@ def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"k must be an int >= 0, got {k!r}")
     if not isinstance(codebook, torch.Tensor) or codebook.dim() != 2:
         return knn_table(codebook, k)   # knn_table names the bad argument
-    key = (codebook.data_ptr(), tuple(codebook.shape), tuple(codebook.stride()), codebook.dtype, codebook.device,
-           codebook._version, k)
-    hit = _TABLES.get(key)
-    if hit is not None:
+    digest = hashlib.sha1(codebook.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+    key = (digest, tuple(codebook.shape), codebook.dtype, codebook.device, k)
+    table = _TABLES.get(key)
+    if table is not None:
         _TABLES.move_to_end(key)
-        return hit[1]
-    table = knn_table(codebook, min(k, codebook.shape[0] - 1))
-    _TABLES[key] = (codebook, table)
+        return table
+    table = _TABLES[key] = knn_table(codebook, min(k, codebook.shape[0] - 1))
     while len(_TABLES) > 4:
         _TABLES.popitem(last=False)
     return table
