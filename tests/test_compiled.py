@@ -6,7 +6,7 @@ import torch
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding.common import ModelRunner, Sampling
-from specdec.decoding.compiled import CompiledForward, bucket_width
+from specdec.decoding.compiled import CompiledForward, bucket_width, compile_options
 from specdec.masks import pack
 from specdec.numerics import batch_invariant
 
@@ -112,3 +112,15 @@ def test_compiled_graphs_are_kept_between_decodes(fam):
     again = decoding.decode("sjd", fam, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
     assert again.stats.extra["compile_s"] == [0.0]
     assert torch.equal(again.tokens, first.tokens)
+
+
+def test_cuda_steps_ask_for_cuda_graphs_in_a_form_torch_compile_takes():
+    """The CUDA path (never run on a GPU here) must ask for CUDA graphs through an option:
+    torch.compile refuses a mode together with options, and the guards are dropped by an option."""
+    import torch._inductor
+
+    cuda, cpu = compile_options(torch.device("cuda")), compile_options(torch.device("cpu"))
+    assert cuda["triton.cudagraphs"] is True and "triton.cudagraphs" not in cpu
+    reduce_overhead = torch._inductor.list_mode_options("reduce-overhead")
+    assert set(reduce_overhead) <= set(cuda) and all(cuda[k] == v for k, v in reduce_overhead.items())
+    torch.compile(lambda x: x + 1, fullgraph=True, dynamic=False, options=cuda)   # accepted (lazy: nothing runs)
