@@ -101,15 +101,17 @@ def test_every_method_compiled_gives_its_eager_tokens(fam, method, options):
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.target_forwards == eager.stats.target_forwards
     assert compiled.stats.draft_forwards == eager.stats.draft_forwards
-    (compile_s,) = compiled.stats.extra["compile_s"]
-    assert compile_s >= 0
+    assert len(compiled.stats.extra["compile_s"]) == 1      # one figure per batch (graphs may be shared)
 
 
-def test_compiled_graphs_are_kept_between_decodes(fam):
-    """A second compiled decode of the same batch shape compiles nothing (the runner and its graphs
-    live on the model) and still gives the eager tokens."""
-    first = decoding.decode("sjd", fam, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
-    again = decoding.decode("sjd", fam, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+def test_compiled_graphs_are_kept_between_decodes():
+    """On models of its own, a first compiled decode reports its compile time; a second one of the
+    same batch shape compiles nothing (the runner and its graphs live on the model) and gives the
+    same tokens."""
+    own = TinyFamily(seed=3)
+    first = decoding.decode("sjd", own, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+    again = decoding.decode("sjd", own, torch.tensor([1, 2]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+    assert first.stats.extra["compile_s"][0] > 0
     assert again.stats.extra["compile_s"] == [0.0]
     assert torch.equal(again.tokens, first.tokens)
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, uniforms
-from specdec.decoding.compiled import TokenStep, check_compile, compiled_token_step, take_compile_s
+from specdec.decoding.compiled import TokenStep, check_compile, compiled_token_step, record_compile_s
 
 
 @torch.no_grad()
@@ -59,7 +59,7 @@ def decode(target, classes, *, seed: int = 0, first_index: int = 0, sampling: Sa
         x = sample_grid(runner, cls, gen, step=step)
         stats.target_forwards = runner.forwards * cls.shape[0]
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
+            record_compile_s(stats, runner)
         return x
 
     return run_batches("ar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

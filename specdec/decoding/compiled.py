@@ -79,7 +79,19 @@ def mark_cache_static(cache) -> None:
         torch._dynamo.mark_static_address(t)
 
 
-class TokenStep:
+class _CompileClock:
+    """The one-off compile time of an object's compiled functions (their first calls), reported
+    once."""
+
+    compile_s = 0.0
+
+    def take_compile_s(self) -> float:
+        """The compile time not reported yet (0 once reported)."""
+        seconds, self.compile_s = self.compile_s, 0.0
+        return seconds
+
+
+class TokenStep(_CompileClock):
     """Feed one token per row at one raster position and sample the next: the AR step.
 
     `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`,
@@ -88,7 +100,6 @@ class TokenStep:
     def __init__(self, runner, *, compile: bool = False):
         self.runner = runner
         self.compiled = compile
-        self.compile_s = 0.0
         self._calls = 0
         model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
         guided = s.guided
@@ -117,19 +128,12 @@ class TokenStep:
         if not self.compiled:
             return self._step(tokens, position, uniforms, reach)
         tokens = tokens.contiguous()   # traced contiguous, no guards (see CompiledForward.__call__)
+        start = time.perf_counter()
+        out = self._step(tokens, position, uniforms)
         if self._calls == 0:
-            start = time.perf_counter()
-            out = self._step(tokens, position, uniforms)
-            self.compile_s = time.perf_counter() - start
-        else:
-            out = self._step(tokens, position, uniforms)
+            self.compile_s += time.perf_counter() - start
         self._calls += 1
         return out
-
-    def take_compile_s(self) -> float:
-        """The compile time not reported yet (the first call's; 0 once reported)."""
-        seconds, self.compile_s = self.compile_s, 0.0
-        return seconds
 
 
 def _visible_columns(real: int, width: int, device) -> torch.Tensor:
@@ -138,7 +142,7 @@ def _visible_columns(real: int, width: int, device) -> torch.Tensor:
     return masks.pack(torch.arange(width, device=device) < real)
 
 
-class CompiledForward:
+class CompiledForward(_CompileClock):
     """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
     (padded width, tree mask or not, write or not), made on first use and kept.
 
@@ -158,7 +162,6 @@ class CompiledForward:
         # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
         # with eager numerics.
         self.compiler = compiler or compile_step
-        self.compile_s = 0.0
         self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
         if cache.device.type == "cuda":
@@ -167,7 +170,7 @@ class CompiledForward:
     def _graph(self, key):
         graph = self._graphs.get(key)
         if graph is None:
-            _, masked, write = key
+            write = key[2]   # the mask's presence is fixed by tracing with or without one
             model, cache, backend, fast = self.model, self.cache, self.backend, self.fast
 
             def forward(tokens, positions, tree_mask):
@@ -217,15 +220,12 @@ class CompiledForward:
                                None if tree_mask is None else tree_mask.contiguous())
         if first:
             self.compile_s += time.perf_counter() - start
+        logits, hidden = logits[:, :n], hidden[:, :n]
         if self.cache.device.type == "cuda":
             # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
-            # across later passes.
+            # across later passes (only the real columns are copied).
             logits, hidden = logits.clone(), hidden.clone()
-        return logits[:, :n], hidden[:, :n]
-
-    def take_compile_s(self) -> float:
-        seconds, self.compile_s = self.compile_s, 0.0
-        return seconds
+        return logits, hidden
 
 
 def _store_key(model, sampling, batch: int, backend) -> tuple:
@@ -265,15 +265,16 @@ def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = Fal
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 
-def take_compile_s(*runners) -> float:
-    """The compile time the runners' compiled passes and token steps spent since last asked (0 for
-    eager runners and for graphs compiled by an earlier decode)."""
+def record_compile_s(stats, *runners) -> None:
+    """Append to stats.extra["compile_s"] the compile time the runners' compiled passes and token
+    steps spent since last asked (0 for graphs compiled by an earlier decode; eager runners add
+    nothing)."""
     total = 0.0
     for r in runners:
         for part in (getattr(r, "compiled_forward", None), getattr(r, "token_step", None)):
             if part is not None:
                 total += part.take_compile_s()
-    return total
+    stats.extra.setdefault("compile_s", []).append(total)
 
 
 def compiled_token_step(model, sampling, batch: int, backend=None):
@@ -289,4 +290,4 @@ def compiled_token_step(model, sampling, batch: int, backend=None):
 
 
 __all__ = ["TokenStep", "CompiledForward", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
-           "runner_for", "take_compile_s", "check_compile", "mark_cache_static"]
+           "runner_for", "record_compile_s", "check_compile", "mark_cache_static"]

@@ -33,7 +33,7 @@ import torch
 from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
-from specdec.decoding.compiled import check_compile, compiled_token_step, runner_for, take_compile_s
+from specdec.decoding.compiled import check_compile, compiled_token_step, runner_for, record_compile_s
 from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, check_grid_model, op_backend,
                                      run_batches, verify)
@@ -375,7 +375,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
         stats.target_forwards = runner.forwards * B
         stats.draft_forwards = drunner.forwards * B
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner, drunner))
+            record_compile_s(stats, runner, drunner)
         return x
 
     return run_batches("mulo", target, classes, seed, run, batch_size=batch_size,

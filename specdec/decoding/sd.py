@@ -17,7 +17,7 @@ import torch
 from specdec.decoding import heads as _heads
 from specdec.decoding.common import Sampling, check_grid_model, run_batches
 from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, raster_speculate
-from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
+from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
 def check_chunk(chunk) -> int:
@@ -64,7 +64,7 @@ def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, 
         stats.target_forwards = runner.forwards * cls.shape[0]
         stats.draft_forwards = d.forwards * cls.shape[0]
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner, getattr(d, "runner", None)))
+            record_compile_s(stats, runner, getattr(d, "runner", None))
         return x
 
     return run_batches(method, target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

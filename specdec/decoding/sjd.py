@@ -24,7 +24,7 @@ from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, op_backend,
                                      run_batches)
 from specdec.decoding.speculative import padded_block
-from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
+from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
 def _long(values, device) -> torch.Tensor:
@@ -140,7 +140,7 @@ def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int
         x = sjd_grid(runner, cls, gen, stats, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
+            record_compile_s(stats, runner)
         return x
 
     return run_batches("sjd", target, classes, seed, run, batch_size=batch_size,

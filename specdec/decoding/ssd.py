@@ -63,7 +63,7 @@ from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, draw_residual,
                                      op_backend, run_batches, verify)
 from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
-from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
+from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
 ROUND_Q = ("resampled", "previous")
@@ -354,7 +354,7 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
                         round_q=round_q, commit=commit, max_tail=max_tail, final_passes=final_passes)
         stats.target_forwards = runner.forwards * cls.shape[0]
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
+            record_compile_s(stats, runner)
         return x
 
     return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

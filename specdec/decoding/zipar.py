@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches
-from specdec.decoding.compiled import check_compile, runner_for, take_compile_s
+from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
 def check_window(window, width: int) -> int:
@@ -84,7 +84,7 @@ def decode(target, classes, *, window: int = 4, seed: int = 0, first_index: int 
         x = zipar_grid(runner, cls, gen, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]
         if compile:
-            stats.extra.setdefault("compile_s", []).append(take_compile_s(runner))
+            record_compile_s(stats, runner)
         return x
 
     return run_batches("zipar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,

@@ -35,6 +35,7 @@ class SlotKVCache:
         self.k: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.valid = torch.zeros(self.rows, n_slots, dtype=torch.bool, device=device)
+        self._row_index = torch.arange(self.rows, device=device)[:, None]   # write()'s row index, made once
         # Key positions are the slot indices themselves (raster order = causal order).
         self.kv_pos = torch.arange(n_slots, dtype=torch.int32, device=device).expand(self.rows, n_slots)
 
@@ -75,7 +76,7 @@ class SlotKVCache:
         the same elements, but torch.compile lowered the scatter into loops over the whole cache
         (rows x heads x slots x D, several times per layer), which made a compiled AR step at
         batch 16 twice as slow as the eager one; the indexed store touches the new slots only."""
-        rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        rows = self._row_index if slots.shape[0] == self.rows else torch.arange(slots.shape[0], device=slots.device)[:, None]
         # cache[rows, :, slots] is [rows, N, Hkv, D] (the advanced indices' dimensions first)
         self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k[layer].dtype)
         self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v[layer].dtype)
