@@ -1,5 +1,7 @@
 """Every decoder on tiny random models: determinism, the documented limits of MuLo-SD's tau, SSD's
 pass count, exact equivalences between methods, and clear errors for bad arguments."""
+import functools
+
 import pytest
 import torch
 
@@ -31,6 +33,28 @@ def test_every_method_is_deterministic_under_a_seed(fam, method):
     assert not torch.equal(a.tokens, c.tokens)
     s = a.stats
     assert s.images == 3 and s.tokens == 3 * H * W and s.target_forwards >= 3 and s.wall_s > 0
+
+
+@pytest.mark.parametrize("method", decoding.METHODS)
+def test_every_model_pass_runs_without_autograd(method, monkeypatch):
+    """Parameters that require grad (a transformers checkpoint's do) must not make a decode record
+    autograd graphs: every pass of every model of the decode runs with grad disabled."""
+    fam = TinyFamily(seed=5)
+    models = [fam.target, fam.drafter, fam.sd_drafter]
+    for m in models:
+        m.requires_grad_(True)
+    grad_modes = []
+    for m in models:
+        for name in ("prefill", "forward_tokens"):
+            original = getattr(m, name)
+
+            @functools.wraps(original)   # keeps the signature (the runner looks for `checked`)
+            def recording(*args, _original=original, **kwargs):
+                grad_modes.append(torch.is_grad_enabled())
+                return _original(*args, **kwargs)
+            monkeypatch.setattr(m, name, recording)
+    decoding.decode(method, fam, CLASSES[:2], seed=1, sampling=SAMPLING, batch_size=2)
+    assert grad_modes and not any(grad_modes)
 
 
 @pytest.mark.parametrize("method", decoding.METHODS)

@@ -473,7 +473,10 @@ def run_batches(method: str, model, classes, seed: int, decode_batch, *, batch_s
     for i in range(0, classes.shape[0], batch_size):
         cls = classes[i:i + batch_size]
         stats = DecodeStats(method, images=cls.shape[0], tokens=cls.shape[0] * H * W)
-        with Timer() as t:
+        # Decoding is inference: without no_grad a model whose parameters require grad (a
+        # transformers checkpoint, say) would record autograd graphs in eager passes, and
+        # torch.compile would trace a training graph (a backward beside every compiled pass).
+        with Timer() as t, torch.no_grad():
             streams = ImageStreams(seed, range(first_index + i, first_index + i + cls.shape[0]))
             grids.append(decode_batch(cls, streams, stats).view(-1, H, W).cpu())
         stats.wall_s = t.seconds
