@@ -129,6 +129,18 @@ def test_mulo_pixel_upsampling(families):
     assert out.tokens.shape == (1, 4, 4)
 
 
+@pytest.mark.parametrize("method", ["ar", "sjd", "mulo", "ssd"])   # token step, padded passes, tree masks, heads
+def test_compiled_passes_on_the_wrapped_model_give_the_eager_tokens(families, method):
+    """compile=True through the adapter: transformers' decoder layers inside the compiled graphs
+    (no graph break: fullgraph), prompts of two lengths in one batch, the same tokens as eager."""
+    kw = dict(prompts=PROMPTS, negative_prompts=[None, torch.tensor([BOS, PAD, BOI])],
+              sampling=Sampling(cfg_scale=2.0), batch_size=2, seed=4, **OPTIONS[method])
+    eager = dec.decode(method, families, **kw)
+    compiled = dec.decode(method, families, compile=True, **kw)
+    assert "compile_s" in compiled.stats.extra   # the compiled runners ran
+    assert torch.equal(compiled.tokens, eager.tokens)
+
+
 def test_missing_token_ids_are_named():
     m = tiny_janus()
     m.generation_config.generation_kwargs = {}
