@@ -230,6 +230,26 @@ def render_engine(data, name):
     return lines + [""]
 
 
+def render_graph_time(data, name):
+    """Where a compiled decode's time goes (benchmarks/record_graph_time.py): seconds inside the
+    compiled graphs and outside them, and the speed-up over compiled ar with free host work."""
+    date = data["datetime"][:19].replace("T", " ")
+    lines = [f"## Time inside compiled graphs: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `{data['command'].strip()}`, {data['num_images']} images per method at "
+             f"batch 1, compiled, {data['threads']} CPU thread(s), embedded default family, methods taking turns "
+             "image by image. Graph-only ceiling: `ar`'s seconds per image over the method's seconds inside "
+             "compiled graphs (its speed-up if the host work between graphs cost nothing). Tokens fed: the "
+             "target's, bucket padding included (an AR step feeds one).", "",
+             "| method | s / image | in graphs | outside | target passes / image | tokens fed / image "
+             "| speed-up vs ar | graph-only ceiling |", "|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['method']} | {r['s_per_image']:.3f} | {r['graph_s_per_image']:.3f} "
+                     f"({r['graph_share']:.0%}) | {r['host_s_per_image']:.3f} | {r['target_passes_per_image']:.1f} | "
+                     f"{r['target_tokens_fed_per_image']:.0f} | {r['speedup_vs_ar']:.2f}x | "
+                     f"{r['graph_only_ceiling_vs_ar']:.2f}x |")
+    return lines + [""]
+
+
 def main():
     files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=lambda p: (_run_date(p), os.path.basename(p)))
     out = [HEADER]
@@ -247,6 +267,8 @@ def main():
             out += render_sample(data, os.path.basename(path))
         elif isinstance(data, dict) and data.get("kind") == "specdec-engine":
             out += render_engine(data, os.path.basename(path))
+        elif isinstance(data, dict) and data.get("kind") == "specdec-graph-time":
+            out += render_graph_time(data, os.path.basename(path))
         else:
             out += render_run(data, os.path.basename(path))
     # Machine-code reports (registers, shared memory, spills, 128-bit loads, tensor-core
