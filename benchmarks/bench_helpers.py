@@ -23,6 +23,22 @@ def device_description() -> str:
     return f"{brand}, {os.cpu_count()} cores, no GPU"
 
 
+def decode_record(kind: str, script: str, argv, started, args, rows) -> dict:
+    """The record of a decode benchmark run over the embedded family: what ran (the command line,
+    threads, images per cell), where and when, and its rows."""
+    import sys
+
+    return {
+        "kind": kind,
+        "datetime": started.isoformat(),
+        "machine": device_description(),
+        "command": f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": args.threads,
+        "num_images": args.num_images,
+        "rows": rows,
+    }
+
+
 def save_record(prefix: str, started, record: dict) -> str:
     """Write an end-to-end benchmark's record as benchmarks/results/<prefix>-<machine>-<stamp>.json
     (what make_results.py renders) and return its path."""

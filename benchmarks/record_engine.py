@@ -25,7 +25,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_helpers import device_description, save_record, synchronize  # noqa: E402
+from bench_helpers import decode_record, save_record, synchronize  # noqa: E402
 
 
 def count_target_passes(model):
@@ -126,15 +126,7 @@ def main(argv=None):
         base = results.get(("ar", b, mode))
         r["speedup_vs_ar"] = base["wall_s"] / base["images"] / r["s_per_image"] if base else None
         rows.append(r)
-    record = {
-        "kind": "specdec-engine",
-        "datetime": started.isoformat(),
-        "machine": device_description(),
-        "command": "python benchmarks/record_engine.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "threads": args.threads,
-        "num_images": args.num_images,
-        "rows": rows,
-    }
+    record = decode_record("specdec-engine", "record_engine.py", argv, started, args, rows)
     save_record("engine", started, record)
 
 if __name__ == "__main__":

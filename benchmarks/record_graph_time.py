@@ -32,7 +32,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_helpers import device_description, save_record  # noqa: E402
+from bench_helpers import decode_record, save_record  # noqa: E402
 
 
 class GraphClock:
@@ -128,15 +128,7 @@ def main(argv=None):
         print(f"{r['method']:>6}: {r['s_per_image'] * 1e3:6.1f} ms/img, {r['graph_s_per_image'] * 1e3:6.1f} in graphs "
               f"({r['graph_share']:.0%}), {r['target_tokens_fed_per_image']:5.0f} tokens fed, "
               f"{r['speedup_vs_ar']:.2f}x over ar, ceiling {r['graph_only_ceiling_vs_ar']:.2f}x", flush=True)
-    record = {
-        "kind": "specdec-graph-time",
-        "datetime": started.isoformat(),
-        "machine": device_description(),
-        "command": "python benchmarks/record_graph_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "threads": args.threads,
-        "num_images": n,
-        "rows": rows,
-    }
+    record = decode_record("specdec-graph-time", "record_graph_time.py", argv, started, args, rows)
     save_record("graph-time", started, record)
 
 
