@@ -64,7 +64,7 @@ def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
     with batch_invariant(), torch.no_grad():
         eager, padded = _runners(model, classes)
         padded.compiled_forward = CompiledForward(model, padded.cache, "reference", padded._fast,
-                                                  compiler=lambda fn, device: fn)
+                                                  compiler=lambda fn, device: fn, sampling=SAMPLING)
         g = torch.Generator().manual_seed(n)
         tokens = torch.randint(0, model.vocab_size, (2, n), generator=g)
         # Each image its own positions after the committed ones (the second out of raster order).
@@ -72,6 +72,8 @@ def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
         mask = _tree(2, n, n) if tree else None
         a = eager.forward(tokens, positions, tree_mask=mask, write=write)
         b = padded.forward(tokens, positions, tree_mask=mask, write=write)
+        assert a.probs is None and b.probs is not None   # the padded pass made them in its graph
+        a = a._replace(probs=eager.probs(a))
     assert bucket_width(n) > n
     # Written in place, a query attends over the cache alone: bit for bit. A block attended
     # without an in-place write has the padding among its keys (masked: exact zeros in the
@@ -102,6 +104,21 @@ def test_every_method_compiled_gives_its_eager_tokens(fam, method, options):
     assert compiled.stats.target_forwards == eager.stats.target_forwards
     assert compiled.stats.draft_forwards == eager.stats.draft_forwards
     assert len(compiled.stats.extra["compile_s"]) == 1      # one figure per batch (graphs may be shared)
+
+@pytest.mark.parametrize("method", ["sjd", "ssd"])
+def test_distributions_made_inside_the_graphs_follow_the_cfg_interval(fam, method):
+    """A compiled pass makes the sampling distribution inside its graph; with LlamaGen's
+    cfg_interval (guidance off after raster token 6) it must switch guidance off where the eager
+    runner does, at each output's own position."""
+    sampling = Sampling(cfg_scale=3.0, cfg_interval=5)
+    eager = decoding.decode(method, fam, torch.tensor([0, 1, 2]), seed=2, sampling=sampling, batch_size=3)
+    compiled = decoding.decode(method, fam, torch.tensor([0, 1, 2]), seed=2, sampling=sampling, batch_size=3,
+                               compile=True)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    guided = decoding.decode(method, fam, torch.tensor([0, 1, 2]), seed=2, sampling=Sampling(cfg_scale=3.0),
+                             batch_size=3)
+    assert not torch.equal(guided.tokens, eager.tokens)   # the interval changes the images
+
 
 
 def test_compiled_graphs_are_kept_between_decodes():

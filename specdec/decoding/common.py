@@ -278,18 +278,23 @@ class Outputs(NamedTuple):
     cond: torch.Tensor               #: [B, N, V] conditional logits
     uncond: Optional[torch.Tensor]   #: [B, N, V] unconditional logits (None without CFG)
     hidden: torch.Tensor             #: [rows, N, dim] (rows = 2B with CFG)
+    #: [B, N, V] the runner's sampling distribution of every output, when the pass computed it
+    #: (a compiled pass does, inside its graph); None: `ModelRunner.probs` computes it
+    probs: Optional[torch.Tensor] = None
 
     def select(self, index) -> "Outputs":
         """Outputs at the positions `index` (anything that indexes dim 1)."""
-        return Outputs(self.cond[:, index], None if self.uncond is None else self.uncond[:, index],
-                       self.hidden[:, index])
+        return self.map(lambda t: t[:, index])
+
+    def map(self, f) -> "Outputs":
+        """`f` applied to every tensor of the outputs (each indexed alike along its first two dims)."""
+        return Outputs(*(None if t is None else f(t) for t in self))
 
     @staticmethod
     def cat(parts) -> "Outputs":
         parts = list(parts)
-        return Outputs(torch.cat([o.cond for o in parts], 1),
-                       None if parts[0].uncond is None else torch.cat([o.uncond for o in parts], 1),
-                       torch.cat([o.hidden for o in parts], 1))
+        fields = zip(*parts)
+        return Outputs(*(None if any(t is None for t in ts) else torch.cat(ts, 1) for ts in fields))
 
 
 class ModelRunner:
@@ -308,6 +313,8 @@ class ModelRunner:
         #: (`compiled_runner`); None: eager passes
         self.compiled_forward = None
         self.token_step = None   #: the compiled AR step of a compiled runner, once made
+        #: other compiled functions kept with a compiled runner (`compiled.runner_function`)
+        self.functions = {}
         # The checked fast path (see specdec.decoding.kernels): models that offer it skip the
         # per-pass value checks of positions and token ids, which the decoders produce themselves.
         self._fast = {"checked": False} if "checked" in inspect.signature(model.forward_tokens).parameters else {}
@@ -334,7 +341,16 @@ class ModelRunner:
     def prefill(self, classes: torch.Tensor) -> Outputs:
         """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
         self.forwards += 1
-        return self._split(self.model.prefill(self.cache, classes.to(self.device), backend=self.backend))
+        classes = classes.to(self.device)
+        if (self.compiled_forward is not None and isinstance(classes, torch.Tensor)
+                and getattr(self.model, "compilable_prefill", False)):
+            from specdec.decoding.compiled import runner_function
+
+            model, cache, backend = self.model, self.cache, self.backend
+            prefill = runner_function(self, ("prefill", tuple(classes.shape)),
+                                      lambda: lambda c: tuple(model.prefill(cache, c, backend=backend)))
+            return self.outputs(*prefill(classes))
+        return self._split(self.model.prefill(self.cache, classes, backend=self.backend))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
@@ -342,7 +358,8 @@ class ModelRunner:
         self.forwards += 1
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         if self.compiled_forward is not None:
-            o = self.outputs(*self.compiled_forward(tokens, positions, tree_mask, write))
+            logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
+            o = self.outputs(logits, hidden)._replace(probs=probs)
         else:
             o = self._split(self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
                                                       backend=self.backend, **self._fast))
@@ -367,7 +384,10 @@ class ModelRunner:
         return dict(cfg_scale=s.cfg_scale, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
 
     def probs(self, o: Outputs) -> torch.Tensor:
-        """The sampling distribution [B, N, V] (CFG, temperature, top-k) of every output."""
+        """The sampling distribution [B, N, V] (CFG, temperature, top-k) of every output (the
+        one its pass computed, when it did)."""
+        if o.probs is not None:
+            return o.probs
         B, N, V = o.cond.shape
         p = ops.sampling_probs(o.cond.reshape(-1, V),
                                uncond_logits=None if o.uncond is None else o.uncond.reshape(-1, V),

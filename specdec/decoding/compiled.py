@@ -136,6 +136,42 @@ class TokenStep(_CompileClock):
         return out
 
 
+class CompiledFunction(_CompileClock):
+    """`fn(*tensors)` compiled for one set of input shapes (no guards, like the steps above): its
+    tensor inputs are made contiguous, as traced. The first call compiles (timed in `compile_s`)."""
+
+    def __init__(self, fn: Callable, device: torch.device):
+        self._fn = compile_step(fn, device)
+        self._device = device
+        self._calls = 0
+
+    def __call__(self, *tensors):
+        if self._device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        start = time.perf_counter()
+        out = self._fn(*(t.contiguous() for t in tensors))
+        if self._calls == 0:
+            self.compile_s += time.perf_counter() - start
+        self._calls += 1
+        if self._device.type == "cuda":
+            out = tuple(t.clone() for t in out)   # a replay reuses its output memory
+        return out
+
+
+def runner_function(runner, key, make: Callable[[], Callable]) -> Callable:
+    """The function `make()` returns, compiled and kept on a compiled runner under `key` (which
+    must name everything the function closes over that may change between decodes: the shapes
+    it is called with, a heads module), or `make()` itself on an eager runner. For the small
+    eager computations between target passes (SSD's head drafts), which cost a pass's worth of
+    host work each when run op by op."""
+    if runner.compiled_forward is None:
+        return make()
+    found = runner.functions.get(key)
+    if found is None:
+        found = runner.functions[key] = CompiledFunction(make(), runner.device)
+    return found
+
+
 def _visible_columns(real: int, width: int, device) -> torch.Tensor:
     """int32 [ceil(width / 32)]: the packed tree-mask row whose bits 0..real-1 are set (the real
     columns of a block padded to `width`)."""
@@ -153,11 +189,17 @@ class CompiledForward(_CompileClock):
     copies from the real queries and gives each copy the last real row's mask
     (`_visible_columns`). So the real outputs and the cache are those of the unpadded pass (with
     row-by-row products and one attention product per query: bit for bit for in-place passes, to
-    float32 rounding for a block, whose softmax sums the masked copies' zeros too; tested); the
-    outputs are cut back to the N real columns."""
+    float32 rounding for a block, whose softmax sums the masked copies' zeros too; tested).
 
-    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None):
+    A call returns (logits [rows, N, V], hidden [rows, N, dim], probs [B, N, V] or None), cut back
+    to the N real columns; probs (the `sampling` distribution, made inside the graph) only when
+    the CompiledForward was given a sampling."""
+
+    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None, sampling=None):
         self.model, self.cache, self.backend = model, cache, backend
+        # With `sampling`, each graph also turns the logits into the sampling distribution (what
+        # ModelRunner.probs computes, row by row with the same op): one eager call less per pass.
+        self.sampling = sampling
         self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
         # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
         # with eager numerics.
@@ -171,12 +213,12 @@ class CompiledForward(_CompileClock):
         graph = self._graphs.get(key)
         if graph is None:
             write = key[2]   # the mask's presence is fixed by tracing with or without one
-            model, cache, backend, fast = self.model, self.cache, self.backend, self.fast
+            model, cache, backend, fast, s = self.model, self.cache, self.backend, self.fast, self.sampling
 
             def forward(tokens, positions, tree_mask):
                 out = model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
                                            backend=backend, **fast)
-                return out.logits, out.hidden
+                return out.logits, out.hidden, None if s is None else _sampling_probs(s, out.logits, positions, backend)
 
             graph = self._graphs[key] = self.compiler(forward, cache.device)
         return graph
@@ -216,16 +258,31 @@ class CompiledForward(_CompileClock):
         start = time.perf_counter()
         # The graph was traced on contiguous inputs and keeps no guards: a strided view (a slice
         # of the token grid) would fail inductor's stride assertion.
-        logits, hidden = graph(tokens.contiguous(), positions.contiguous(),
-                               None if tree_mask is None else tree_mask.contiguous())
+        outputs = graph(tokens.contiguous(), positions.contiguous(),
+                        None if tree_mask is None else tree_mask.contiguous())
         if first:
             self.compile_s += time.perf_counter() - start
-        logits, hidden = logits[:, :n], hidden[:, :n]
+        outputs = tuple(None if t is None else t[:, :n] for t in outputs)
         if self.cache.device.type == "cuda":
             # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
             # across later passes (only the real columns are copied).
-            logits, hidden = logits.clone(), hidden.clone()
-        return logits, hidden
+            outputs = tuple(None if t is None else t.clone() for t in outputs)
+        return outputs
+
+
+def _sampling_probs(sampling, logits, positions, backend):
+    """ModelRunner.probs of a pass's raw logits [rows, N, V] fed at positions [B, N] -> [B, N, V]
+    (guidance halves split, LlamaGen's cfg_interval applied, as ModelRunner.forward does)."""
+    from specdec.decoding.common import unguided_after_interval
+    from specdec.models.protocol import split_cfg
+
+    cond, uncond = split_cfg(logits) if sampling.guided else (logits, None)
+    if sampling.has_cfg_interval:
+        uncond = unguided_after_interval(sampling, cond, uncond, positions)
+    B, N, V = cond.shape
+    p = kernels.sampling_probs(cond.reshape(-1, V), None if uncond is None else uncond.reshape(-1, V), sampling,
+                               backend)
+    return p.view(B, N, V)
 
 
 def _store_key(model, sampling, batch: int, backend) -> tuple:
@@ -248,7 +305,7 @@ def compiled_runner(model, sampling, batch: int, backend=None):
     key = _store_key(model, sampling, batch, backend)
     if key not in store:
         runner = ModelRunner(model, sampling, batch=batch, backend=backend)
-        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast)
+        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast, sampling=sampling)
         store[key] = runner
     runner = store[key]
     runner.reset()
@@ -271,7 +328,8 @@ def record_compile_s(stats, *runners) -> None:
     nothing)."""
     total = 0.0
     for r in runners:
-        for part in (getattr(r, "compiled_forward", None), getattr(r, "token_step", None)):
+        parts = [getattr(r, "compiled_forward", None), getattr(r, "token_step", None)]
+        for part in parts + list(getattr(r, "functions", {}).values()):
             if part is not None:
                 total += part.take_compile_s()
     stats.extra.setdefault("compile_s", []).append(total)
@@ -289,5 +347,5 @@ def compiled_token_step(model, sampling, batch: int, backend=None):
     return runner, step
 
 
-__all__ = ["TokenStep", "CompiledForward", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
+__all__ = ["TokenStep", "CompiledForward", "CompiledFunction", "runner_function", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
            "runner_for", "record_compile_s", "check_compile", "mark_cache_static"]

@@ -54,3 +54,27 @@ def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torc
             raise ValueError(f"ssd heads: {kind} offset {k} asked, {len(seq)} heads available")
         outs.append(_call(seq[k - 1], h, e))
     return torch.stack(outs, dim=-2)
+
+
+def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor):
+    """SSD's drafts from heads `kind` number `offsets` (1-based) of the target `runner`: h
+    [rows, ..., dim] the target's hidden states that gave `tokens` [rows, ...] (CFG rows
+    included). Returns the predicted hidden states [rows, n * ..., dim] (head offsets[0]'s block
+    first) and the draft distribution q [B, n * ..., V]: the target's final norm, LM head and
+    sampling on them. On a compiled runner this is one compiled graph per shape (kept with the
+    runner, keyed by the heads module too), instead of some twenty eager ops."""
+    from specdec.decoding.compiled import runner_function
+
+    offsets = tuple(offsets)
+
+    def make():
+        model = runner.model
+
+        def fn(h, tokens):
+            pred = predict(heads, kind, offsets, h, model.embed_tokens(tokens))     # [rows, ..., n, dim]
+            pred = pred.movedim(-2, 1).reshape(pred.shape[0], -1, pred.shape[-1])
+            return pred, runner.probs(runner.outputs(model.head(pred), pred))
+        return fn
+
+    return runner_function(runner, ("heads", heads, kind, offsets, tuple(h.shape)), make)(h, tokens)
+

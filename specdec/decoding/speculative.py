@@ -43,7 +43,8 @@ def gather_rows(o: Outputs, index: torch.Tensor) -> Outputs:
     hid_rows = o.hidden.shape[0]
     hid_idx = index.repeat(hid_rows // B)
     return Outputs(o.cond[ar, index][:, None], None if o.uncond is None else o.uncond[ar, index][:, None],
-                   o.hidden[torch.arange(hid_rows, device=index.device), hid_idx][:, None])
+                   o.hidden[torch.arange(hid_rows, device=index.device), hid_idx][:, None],
+                   None if o.probs is None else o.probs[ar, index][:, None])
 
 
 class ModelDrafter:
@@ -113,9 +114,8 @@ class HeadsDrafter:
         self.forwards += 1
         last = x.gather(1, (c - 1).clamp_min(0)[:, None])[:, 0]
         rows = self.hid_prev.shape[0]
-        e = t.model.embed_tokens(last.repeat(rows // last.shape[0]))                    # [rows, dim]
-        pred = _heads.predict(self.heads, "horizontal", range(1, n + 1), self.hid_prev, e)  # [rows, n, dim]
-        q = t.probs(t.outputs(t.model.head(pred), pred))                                # [B, n, V]
+        _, q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hid_prev,
+                            last.repeat(rows // last.shape[0]))                           # q [B, n, V]
         B, _, V = q.shape
         return draw(q.reshape(-1, V), gen, t.backend).view(B, n), q
 

@@ -89,7 +89,6 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
                 max_tail: int | None = None, final_passes: int | None = None) -> torch.Tensor:
     B = classes.shape[0]
     H, W = runner.H, runner.W
-    model = runner.model
     first = runner.prefill(classes)
     rows = first.hidden.shape[0]
     x = torch.zeros(B, H * W, dtype=torch.long, device=runner.device)
@@ -106,11 +105,9 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
         n = min(vertical_heads, H - i)                                               # rows drafted together
         lo, hi = i * W, (i + n) * W                                                  # the n rows, raster order
         above = slice(lo - W, lo)
-        e = model.embed_tokens(x[:, above].repeat(rows // B, 1))                      # [rows, W, dim]
-        pred = _heads.predict(heads, "vertical", range(1, n + 1), hid[:, above], e)  # [rows, W, n, dim]
-        pred = pred.transpose(1, 2).reshape(rows, n * W, -1)                         # head k drafts row i + k - 1
+        # Head k drafts row i + k - 1 from the row above: q [B, nW, V], the rows in raster order.
+        _, q = _heads.draft(runner, heads, "vertical", range(1, n + 1), hid[:, above], x[:, above].repeat(rows // B, 1))
         draft_calls += 1
-        q = runner.probs(runner.outputs(model.head(pred), pred))                      # [B, nW, V]
         V = q.shape[-1]
         x[:, lo:hi] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
         if commit == "verify":

@@ -226,6 +226,11 @@ class LlamaGenGPT(nn.Module):
         return self.text_conditional or self.null_class is not None
 
     @property
+    def compilable_prefill(self) -> bool:
+        """Class ids in, no host read on the way (see the protocol): compile=True compiles the prefill."""
+        return not self.text_conditional
+
+    @property
     def hidden_dim(self) -> int:
         return self.config.dim
 
@@ -255,7 +260,10 @@ class LlamaGenGPT(nn.Module):
         if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"classes must be a 1-D int tensor, got {tuple(classes.shape)} {classes.dtype}")
         limit = self.num_classes + (self.null_class is not None)
-        if classes.numel() and (int(classes.min()) < 0 or int(classes.max()) >= limit):
+        # The range check reads the ids back; a compiled prefill (compile=True) cannot, and its
+        # decoder checked them once at decode().
+        if not torch.compiler.is_compiling() and classes.numel() and (
+                int(classes.min()) < 0 or int(classes.max()) >= limit):
             raise ValueError(f"classes must lie in [0, {limit})")
         emb = self.cls_embedding.embedding_table(classes.long()).unsqueeze(1)
         return emb.expand(-1, self.prefix_len, -1)
@@ -307,7 +315,9 @@ class LlamaGenGPT(nn.Module):
         if emb.shape[0] != cache.rows:
             raise ValueError(f"cond gives {emb.shape[0]} rows for a cache of {cache.rows}")
         slots = torch.arange(self.prefix_len, device=cache.device).expand(cache.rows, -1)
-        out = self._run(cache, emb.to(self.tok_embeddings.weight.dtype), slots, None, True, backend)
+        # The slots are [0, P): the attention limit is known without reading them (a traceable prefill).
+        out = self._run(cache, emb.to(self.tok_embeddings.weight.dtype), slots, None, True, backend,
+                        limit=self.prefix_len)
         return ForwardOutput(out.logits[:, -1:], out.hidden[:, -1:])
 
     def forward_tokens(self, cache: SlotKVCache, tokens: torch.Tensor, positions: torch.Tensor, *,

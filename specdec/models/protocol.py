@@ -40,6 +40,8 @@ class ARImageModel(Protocol):
     tokens, positions, tree_mask=None, write=True)` feeds tokens [B, N] at raster positions [N]
     or [B, N] under `tree_attention`'s visibility rule; `write=False` scores without caching.
     `embed_tokens` and `head` (final norm + LM head, float32 logits) are what SSD's heads use.
+    Optional: `compilable_prefill` True when `prefill` of class ids traces without a host read,
+    so that `compile=True` compiles it too (the embedded and LlamaGen class-conditional models).
     """
 
     grid: Tuple[int, int]
