@@ -8,7 +8,8 @@ from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fi
 from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
-from specdec.decoding.common import ImageStreams, ModelRunner, Outputs, Sampling, image_generator
+from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, image_generator, step_uniforms,
+                                     uniforms)
 from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
 from specdec.profiling import count_host_syncs
 
@@ -57,6 +58,22 @@ def test_image_streams_give_each_image_its_own_generator_stream():
     assert torch.equal(w, torch.cat([torch.rand(2, generator=g4), torch.rand(3, generator=g6)]))
     with pytest.raises(ValueError, match="divisible by 3"):
         streams.rand((4,))
+
+
+@pytest.mark.parametrize("per_step", [3, 6])
+def test_uniforms_drawn_before_a_loop_are_the_ones_drawn_step_by_step(per_step):
+    """AR's loop draws all its steps' uniforms at once: row s must be what the s-th draw of one
+    step would have been, for image streams (one or two numbers per image a step) and a plain
+    generator, and the streams must end where step-by-step draws leave them."""
+    ahead, stepwise = ImageStreams(3, [0, 4, 9]), ImageStreams(3, [0, 4, 9])
+    rows = step_uniforms(ahead, 5, per_step, "cpu")
+    assert torch.equal(rows, torch.stack([uniforms(stepwise, (per_step,), "cpu") for _ in range(5)]))
+    assert torch.equal(ahead.rand((3,)), stepwise.rand((3,)))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(step_uniforms(g1, 4, per_step, "cpu"),
+                       torch.stack([uniforms(g2, (per_step,), "cpu") for _ in range(4)]))
+    with pytest.raises(ValueError, match="divisible by 3"):
+        step_uniforms(ahead, 2, 4, "cpu")
 
 
 def test_row_linear_and_row_matmul_compute_each_row_alone():

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, uniforms
+from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, step_uniforms
 from specdec.decoding.compiled import TokenStep, check_compile, compiled_token_step, record_compile_s
 
 
@@ -34,11 +34,13 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
     step = step or TokenStep(runner)
     # Everything the loop touches stays on the device: the position is a tensor filled in place
-    # and the step returns the next tokens as a tensor (no host read per token).
+    # and the step returns the next tokens as a tensor (no host read per token). The uniforms of
+    # every step are drawn before the loop (the same numbers as drawn step by step).
     pos = torch.zeros(1, dtype=torch.long, device=runner.device)
+    us = step_uniforms(gen, max(0, end - start - 1), B, runner.device)
     for u in range(start + 1, end):
         pos.fill_(u - 1)
-        x[:, u] = step(x[:, u - 1:u], pos, uniforms(gen, (B,), runner.device), reach=u - 1)
+        x[:, u] = step(x[:, u - 1:u], pos, us[u - start - 1], reach=u - 1)
     return x
 
 

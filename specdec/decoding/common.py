@@ -220,6 +220,20 @@ def uniforms(gen, shape, device) -> torch.Tensor:
     return torch.rand(shape, generator=gen, dtype=torch.float32).to(device)
 
 
+def step_uniforms(gen, steps: int, per_step: int, device) -> torch.Tensor:
+    """[steps, per_step] float32: row s holds the uniforms that the s-th of `steps` successive
+    `uniforms(gen, (per_step,), device)` calls would return, drawn at once (a loop of steps then
+    draws nothing per step; each image's stream is consumed exactly as step by step)."""
+    if isinstance(gen, ImageStreams):
+        n = len(gen)
+        if per_step % n:
+            raise ValueError(f"a draw for {n} images needs a count divisible by {n}, got {per_step}")
+        per = per_step // n     # each image draws `per` numbers a step, step after step
+        u = gen.rand((n * steps * per,)).view(n, steps, per)
+        return u.transpose(0, 1).reshape(steps, per_step).to(device)
+    return torch.rand((steps, per_step), generator=gen, dtype=torch.float32).to(device)
+
+
 def op_backend(name: str, backend: Optional[str], device: torch.device) -> Optional[str]:
     """`backend`, except that an extension built before op `name` existed falls back to the reference."""
     if backend is None and device.type == "cpu" and not hasattr(torch.ops.specdec, name):
