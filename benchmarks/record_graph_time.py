@@ -2,8 +2,9 @@
 compiled `ar` would remain if the host work around them cost nothing.
 
 A compiled decode is a sequence of compiled graphs (the AR token step; the target passes, padded
-to bucket widths; a drafter's steps and prefix passes) with eager work in between: the prefill,
-drafting heads, sampling outside a step, bookkeeping, the loop-control read. This benchmark times
+to bucket widths; a drafter's steps and prefix passes; the class-conditional prefill; SSD's head
+drafts) with eager work in between: drawing and judging tokens outside a step, the up-sampler,
+bookkeeping, the loop-control read. This benchmark times
 every graph call inside real decodes (batch 1, compiled, the methods taking turns image by image
 so a slow spell of a shared machine falls on all of them), and reports per method:
 
@@ -36,8 +37,9 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 
 
 class GraphClock:
-    """Wraps the compiled forward and the compiled token step: seconds spent in them and the
-    target's passes and fed tokens, per method (`self.method` names the decode running)."""
+    """Wraps the compiled forward, the compiled token step and the other compiled functions
+    (prefill, head drafts): seconds spent in them, and the target's passes and fed tokens (the
+    prefill not counted), per method (`self.method` names the decode running)."""
 
     def __init__(self, target):
         from specdec.decoding import compiled
@@ -47,6 +49,7 @@ class GraphClock:
         self.passes = collections.Counter()
         self.tokens = collections.Counter()
         forward, step = compiled.CompiledForward.__call__, compiled.TokenStep.__call__
+        function = compiled.CompiledFunction.__call__
         clock = self
 
         def timed_forward(cf, tokens, positions, tree_mask=None, write=True):
@@ -69,7 +72,15 @@ class GraphClock:
             finally:
                 clock.seconds[clock.method] += time.perf_counter() - t
 
+        def timed_function(cf, *tensors):   # a prefill or head-draft graph: time only
+            t = time.perf_counter()
+            try:
+                return function(cf, *tensors)
+            finally:
+                clock.seconds[clock.method] += time.perf_counter() - t
+
         compiled.CompiledForward.__call__, compiled.TokenStep.__call__ = timed_forward, timed_step
+        compiled.CompiledFunction.__call__ = timed_function
 
     def clear(self):
         self.seconds.clear()

@@ -234,8 +234,8 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
     resampling step may take more than one pass); each image draws from its own stream.
     `compile=True` runs the drafter's serial AR steps through the compiled token step compiled
     `ar` runs, and every target pass (verification, resampling) and the drafter's prefix passes
-    through compiled graphs padded to bucket widths (specdec.decoding.compiled); the VQ round trip
-    and the up-sampler stay eager."""
+    through compiled graphs padded to bucket widths (specdec.decoding.compiled), and both
+    prefills when the models allow it; the VQ round trip and the up-sampler stay eager."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)

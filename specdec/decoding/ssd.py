@@ -318,7 +318,8 @@ def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_
     behind a group's rows are kept as last judged; `final_passes`: at most this many passes close
     the last group's tail, what stays open is kept as last judged (both: None or an int >= 0,
     used by commit="verify" only). `compile=True` runs every target pass through compiled graphs
-    padded to bucket widths (specdec.decoding.compiled); the heads stay eager."""
+    padded to bucket widths (specdec.decoding.compiled), and each head draft (embedding, heads,
+    LM head, sampling) as one compiled graph per shape."""
     check_grid_model(target, "target")
     compile = check_compile(compile)
     if heads is None:
