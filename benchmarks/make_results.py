@@ -210,18 +210,25 @@ def render_sample(data, name):
     return lines + [""]
 
 
+def _decode_section(title, data, name, description, columns):
+    """The heading, the file line and the table header of a decode benchmark's section."""
+    date = data["datetime"][:19].replace("T", " ")
+    return [f"## {title}: {date} UTC — {data['machine']}", "",
+            f"File `results/{name}`: `{data['command'].strip()}`, {description}", "",
+            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def render_engine(data, name):
     """The decode engine's table (benchmarks/record_engine.py): every method at each batch size,
     eager and compiled, speed-ups against ar in the same mode and batch size of the same run."""
-    date = data["datetime"][:19].replace("T", " ")
-    lines = [f"## Decode engine: {date} UTC — {data['machine']}", "",
-             f"File `results/{name}`: `{data['command'].strip()}`, {data['num_images']} images per cell, "
-             f"{data['threads']} CPU thread(s), embedded default family (16x16, CFG 2), methods taking turns. "
-             "Speed-up: against `ar` in the same mode and batch size. Host round trips and ATen ops per real "
-             "target pass (a batched pass counts once), counted eagerly (torch.compile does not run under the "
-             "counter; a fullgraph compiled step holds no host read).", "",
-             "| method | batch | mode | s / image | images / s | speed-up vs ar | target passes / image "
-             "| host round trips / pass | ATen ops / pass | compile s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = _decode_section(
+        "Decode engine", data, name,
+        f"{data['num_images']} images per cell, {data['threads']} CPU thread(s), embedded default family (16x16, "
+        "CFG 2), methods taking turns. Speed-up: against `ar` in the same mode and batch size. Host round trips and "
+        "ATen ops per real target pass (a batched pass counts once), counted eagerly (torch.compile does not run "
+        "under the counter; a fullgraph compiled step holds no host read).",
+        ["method", "batch", "mode", "s / image", "images / s", "speed-up vs ar", "target passes / image",
+         "host round trips / pass", "ATen ops / pass", "compile s"])
     for r in sorted(data["rows"], key=lambda r: (r["batch_size"], r["mode"] != "eager", r["method"] != "ar")):
         ops = "-" if r["aten_ops_per_pass"] is None else f"{r['aten_ops_per_pass']:.0f}"
         lines.append(f"| {r['method']} | {r['batch_size']} | {r['mode']} | {r['s_per_image']:.3f} | "
@@ -233,15 +240,14 @@ def render_engine(data, name):
 def render_graph_time(data, name):
     """Where a compiled decode's time goes (benchmarks/record_graph_time.py): seconds inside the
     compiled graphs and outside them, and the speed-up over compiled ar with free host work."""
-    date = data["datetime"][:19].replace("T", " ")
-    lines = [f"## Time inside compiled graphs: {date} UTC — {data['machine']}", "",
-             f"File `results/{name}`: `{data['command'].strip()}`, {data['num_images']} images per method at "
-             f"batch 1, compiled, {data['threads']} CPU thread(s), embedded default family, methods taking turns "
-             "image by image. Graph-only ceiling: `ar`'s seconds per image over the method's seconds inside "
-             "compiled graphs (its speed-up if the host work between graphs cost nothing). Tokens fed: the "
-             "target's, bucket padding included (an AR step feeds one).", "",
-             "| method | s / image | in graphs | outside | target passes / image | tokens fed / image "
-             "| speed-up vs ar | graph-only ceiling |", "|---|---|---|---|---|---|---|---|"]
+    lines = _decode_section(
+        "Time inside compiled graphs", data, name,
+        f"{data['num_images']} images per method at batch 1, compiled, {data['threads']} CPU thread(s), embedded "
+        "default family, methods taking turns image by image. Graph-only ceiling: `ar`'s seconds per image over the "
+        "method's seconds inside compiled graphs (its speed-up if the host work between graphs cost nothing). "
+        "Tokens fed: the target's, bucket padding included (an AR step feeds one).",
+        ["method", "s / image", "in graphs", "outside", "target passes / image", "tokens fed / image",
+         "speed-up vs ar", "graph-only ceiling"])
     for r in data["rows"]:
         lines.append(f"| {r['method']} | {r['s_per_image']:.3f} | {r['graph_s_per_image']:.3f} "
                      f"({r['graph_share']:.0%}) | {r['host_s_per_image']:.3f} | {r['target_passes_per_image']:.1f} | "
