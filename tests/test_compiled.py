@@ -3,7 +3,7 @@ pass fit its bucket, and every method's compiled decode against its eager one.""
 import pytest
 import torch
 
-from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from decoding_models import TinyFamily, single_thread, tiny_heads  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding.common import ModelRunner, Sampling
 from specdec.decoding.compiled import CompiledForward, bucket_width, compile_options
@@ -119,6 +119,17 @@ def test_distributions_made_inside_the_graphs_follow_the_cfg_interval(fam, metho
                              batch_size=3)
     assert not torch.equal(guided.tokens, eager.tokens)   # the interval changes the images
 
+
+
+def test_compiled_head_drafts_follow_the_heads_module_given(fam):
+    """SSD's head drafts are compiled graphs kept with the target's runner, which outlives a
+    decode: other heads on the same target must get graphs of their own, not the first ones'."""
+    other = tiny_heads(32, width=4, seed=9, vertical=2)
+    classes = torch.tensor([0, 1])
+    first = decoding.decode("ssd", fam, classes, seed=3, sampling=SAMPLING, batch_size=2, compile=True)
+    second = decoding.decode("ssd", fam, classes, seed=3, sampling=SAMPLING, batch_size=2, compile=True, heads=other)
+    eager = decoding.decode("ssd", fam, classes, seed=3, sampling=SAMPLING, batch_size=2, heads=other)
+    assert torch.equal(second.tokens, eager.tokens) and not torch.equal(second.tokens, first.tokens)
 
 
 def test_compiled_graphs_are_kept_between_decodes():

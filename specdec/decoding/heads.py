@@ -76,5 +76,9 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
             return pred, runner.probs(runner.outputs(model.head(pred), pred))
         return fn
 
-    return runner_function(runner, ("heads", heads, kind, offsets, tuple(h.shape)), make)(h, tokens)
+    # The graphs keep no guards: the key names what they depend on (a heads module cast to another
+    # dtype or moved gets new graphs).
+    p = next(iter(heads.parameters()), None) if hasattr(heads, "parameters") else None
+    key = ("heads", heads, None if p is None else (p.dtype, p.device), kind, offsets, tuple(h.shape))
+    return runner_function(runner, key, make)(h, tokens)
 
