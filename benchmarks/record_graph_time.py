@@ -48,39 +48,31 @@ class GraphClock:
         self.seconds = collections.Counter()
         self.passes = collections.Counter()
         self.tokens = collections.Counter()
-        forward, step = compiled.CompiledForward.__call__, compiled.TokenStep.__call__
-        function = compiled.CompiledFunction.__call__
         clock = self
 
-        def timed_forward(cf, tokens, positions, tree_mask=None, write=True):
-            if cf.model is target:
-                clock.passes[clock.method] += 1
-                clock.tokens[clock.method] += compiled.bucket_width(tokens.shape[1])
-            t = time.perf_counter()
-            try:
-                return forward(cf, tokens, positions, tree_mask, write)
-            finally:
-                clock.seconds[clock.method] += time.perf_counter() - t
+        def counting(original, model_of, tokens_of):
+            def counted(obj, *args, **kwargs):
+                if model_of(obj) is target:
+                    clock.passes[clock.method] += 1
+                    clock.tokens[clock.method] += tokens_of(*args)
+                return original(obj, *args, **kwargs)
+            return counted
 
-        def timed_step(ts, *args, **kwargs):
-            if ts.runner.model is target:
-                clock.passes[clock.method] += 1
-                clock.tokens[clock.method] += 1
-            t = time.perf_counter()
-            try:
-                return step(ts, *args, **kwargs)
-            finally:
-                clock.seconds[clock.method] += time.perf_counter() - t
+        def timed(original):
+            def timed_call(obj, *args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return original(obj, *args, **kwargs)
+                finally:
+                    clock.seconds[clock.method] += time.perf_counter() - t
+            return timed_call
 
-        def timed_function(cf, *tensors):   # a prefill or head-draft graph: time only
-            t = time.perf_counter()
-            try:
-                return function(cf, *tensors)
-            finally:
-                clock.seconds[clock.method] += time.perf_counter() - t
-
-        compiled.CompiledForward.__call__, compiled.TokenStep.__call__ = timed_forward, timed_step
-        compiled.CompiledFunction.__call__ = timed_function
+        # Timed: the compiled passes and every CompiledFunction (the token step's graph, prefills,
+        # head drafts); counted: the target's passes, a token step feeding one token.
+        compiled.CompiledForward.__call__ = counting(timed(compiled.CompiledForward.__call__), lambda cf: cf.model,
+                                                     lambda tokens, *_: compiled.bucket_width(tokens.shape[1]))
+        compiled.TokenStep.__call__ = counting(compiled.TokenStep.__call__, lambda ts: ts.runner.model, lambda *_: 1)
+        compiled.CompiledFunction.__call__ = timed(compiled.CompiledFunction.__call__)
 
     def clear(self):
         self.seconds.clear()

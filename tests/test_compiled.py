@@ -6,7 +6,7 @@ import torch
 from decoding_models import TinyFamily, single_thread, tiny_heads  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding.common import ModelRunner, Sampling
-from specdec.decoding.compiled import CompiledForward, bucket_width, compile_options
+from specdec.decoding.compiled import CompiledForward, bucket_width, compile_options, distribution_of
 from specdec.masks import pack
 from specdec.numerics import batch_invariant
 
@@ -64,7 +64,7 @@ def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
     with batch_invariant(), torch.no_grad():
         eager, padded = _runners(model, classes)
         padded.compiled_forward = CompiledForward(model, padded.cache, "reference", padded._fast,
-                                                  compiler=lambda fn, device: fn, sampling=SAMPLING)
+                                                  compiler=lambda fn, device: fn, distribution=distribution_of(padded))
         g = torch.Generator().manual_seed(n)
         tokens = torch.randint(0, model.vocab_size, (2, n), generator=g)
         # Each image its own positions after the committed ones (the second out of raster order).

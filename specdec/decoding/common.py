@@ -361,9 +361,12 @@ class ModelRunner:
             from specdec.decoding.compiled import runner_function
 
             model, cache, backend = self.model, self.cache, self.backend
-            prefill = runner_function(self, ("prefill", tuple(classes.shape)),
-                                      lambda: lambda c: tuple(model.prefill(cache, c, backend=backend)))
-            return self.outputs(*prefill(classes))
+
+            def make():
+                def prefill(c):
+                    return tuple(model.prefill(cache, c, backend=backend))
+                return prefill
+            return self.outputs(*runner_function(self, ("prefill", tuple(classes.shape)), make)(classes))
         return self._split(self.model.prefill(self.cache, classes, backend=self.backend))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
@@ -373,10 +376,16 @@ class ModelRunner:
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         if self.compiled_forward is not None:
             logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
-            o = self.outputs(logits, hidden)._replace(probs=probs)
-        else:
-            o = self._split(self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
-                                                      backend=self.backend, **self._fast))
+            return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
+        out = self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                        backend=self.backend, **self._fast)
+        return self.outputs_at(out.logits, out.hidden, positions)
+
+    def outputs_at(self, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> Outputs:
+        """Outputs of a pass's raw logits [rows, N, V] fed at raster `positions` ([N] or [B, N]):
+        `outputs`, with LlamaGen's cfg_interval applied at each output's position. A compiled pass
+        calls it inside its graph too, to make `probs` of the same outputs."""
+        o = self.outputs(logits, hidden)
         if self.sampling.has_cfg_interval:
             o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
         return o

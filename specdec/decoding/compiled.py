@@ -91,53 +91,8 @@ class _CompileClock:
         return seconds
 
 
-class TokenStep(_CompileClock):
-    """Feed one token per row at one raster position and sample the next: the AR step.
-
-    `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`,
-    eager or compiled. The first compiled call compiles (timed in `compile_s`)."""
-
-    def __init__(self, runner, *, compile: bool = False):
-        self.runner = runner
-        self.compiled = compile
-        self._calls = 0
-        model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
-        guided = s.guided
-        interval = s.has_cfg_interval
-
-        def step(tokens, position, uniforms, reach=None):
-            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
-            logits = out.logits[:, -1]
-            cond, uncond = logits.chunk(2) if guided else (logits, None)
-            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
-                uncond = torch.where(position > s.cfg_interval, cond, uncond)
-            p = kernels.sampling_probs(cond, uncond, s, backend)
-            return kernels.sample_residual(p, None, uniforms, backend).tokens.long()
-
-        if compile:
-            if cache.device.type == "cuda":
-                mark_cache_static(cache)
-            step = compile_step(step, cache.device)
-        self._step = step
-
-    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
-        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
-        eager step then reads only the cache prefix up to it; the compiled step ignores it and
-        reads the whole cache (one shape for every step, so one graph)."""
-        self.runner.forwards += 1
-        if not self.compiled:
-            return self._step(tokens, position, uniforms, reach)
-        tokens = tokens.contiguous()   # traced contiguous, no guards (see CompiledForward.__call__)
-        start = time.perf_counter()
-        out = self._step(tokens, position, uniforms)
-        if self._calls == 0:
-            self.compile_s += time.perf_counter() - start
-        self._calls += 1
-        return out
-
-
 class CompiledFunction(_CompileClock):
-    """`fn(*tensors)` compiled for one set of input shapes (no guards, like the steps above): its
+    """`fn(*tensors)` compiled for one set of input shapes (no guards; see the module docstring): its
     tensor inputs are made contiguous, as traced. The first call compiles (timed in `compile_s`)."""
 
     def __init__(self, fn: Callable, device: torch.device):
@@ -156,6 +111,48 @@ class CompiledFunction(_CompileClock):
         if self._device.type == "cuda":
             out = tuple(t.clone() for t in out)   # a replay reuses its output memory
         return out
+
+
+class TokenStep:
+    """Feed one token per row at one raster position and sample the next: the AR step.
+
+    `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`,
+    eager or compiled (a `CompiledFunction`: its first call compiles, timed in its `compile_s`)."""
+
+    def __init__(self, runner, *, compile: bool = False):
+        self.runner = runner
+        self.compiled = compile
+        model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
+        guided = s.guided
+        interval = s.has_cfg_interval
+
+        def step(tokens, position, uniforms, reach=None):
+            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
+            logits = out.logits[:, -1]
+            cond, uncond = logits.chunk(2) if guided else (logits, None)
+            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
+                uncond = torch.where(position > s.cfg_interval, cond, uncond)
+            p = kernels.sampling_probs(cond, uncond, s, backend)
+            return (kernels.sample_residual(p, None, uniforms, backend).tokens.long(),)
+
+        if compile:
+            if cache.device.type == "cuda":
+                mark_cache_static(cache)
+            step = CompiledFunction(step, cache.device)
+        self._step = step
+
+    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
+        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
+        eager step then reads only the cache prefix up to it; the compiled step ignores it and
+        reads the whole cache (one shape for every step, so one graph)."""
+        self.runner.forwards += 1
+        (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
+                                                                                           uniforms, reach)
+        return tokens
+
+    def take_compile_s(self) -> float:
+        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
+        return self._step.take_compile_s() if self.compiled else 0.0
 
 
 def runner_function(runner, key, make: Callable[[], Callable]) -> Callable:
@@ -192,14 +189,15 @@ class CompiledForward(_CompileClock):
     float32 rounding for a block, whose softmax sums the masked copies' zeros too; tested).
 
     A call returns (logits [rows, N, V], hidden [rows, N, dim], probs [B, N, V] or None), cut back
-    to the N real columns; probs (the `sampling` distribution, made inside the graph) only when
-    the CompiledForward was given a sampling."""
+    to the N real columns; probs (made inside the graph) only when the CompiledForward was given
+    a `distribution`."""
 
-    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None, sampling=None):
+    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None,
+                 distribution: Callable = None):
         self.model, self.cache, self.backend = model, cache, backend
-        # With `sampling`, each graph also turns the logits into the sampling distribution (what
-        # ModelRunner.probs computes, row by row with the same op): one eager call less per pass.
-        self.sampling = sampling
+        # `distribution(logits, hidden, positions) -> probs [B, N, V]`: made inside each graph too
+        # (the runner's `probs` of its `outputs_at`): one eager call less per pass.
+        self.distribution = distribution
         self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
         # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
         # with eager numerics.
@@ -213,12 +211,12 @@ class CompiledForward(_CompileClock):
         graph = self._graphs.get(key)
         if graph is None:
             write = key[2]   # the mask's presence is fixed by tracing with or without one
-            model, cache, backend, fast, s = self.model, self.cache, self.backend, self.fast, self.sampling
+            model, cache, backend, fast, dist = self.model, self.cache, self.backend, self.fast, self.distribution
 
             def forward(tokens, positions, tree_mask):
                 out = model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
                                            backend=backend, **fast)
-                return out.logits, out.hidden, None if s is None else _sampling_probs(s, out.logits, positions, backend)
+                return out.logits, out.hidden, None if dist is None else dist(out.logits, out.hidden, positions)
 
             graph = self._graphs[key] = self.compiler(forward, cache.device)
         return graph
@@ -270,21 +268,6 @@ class CompiledForward(_CompileClock):
         return outputs
 
 
-def _sampling_probs(sampling, logits, positions, backend):
-    """ModelRunner.probs of a pass's raw logits [rows, N, V] fed at positions [B, N] -> [B, N, V]
-    (guidance halves split, LlamaGen's cfg_interval applied, as ModelRunner.forward does)."""
-    from specdec.decoding.common import unguided_after_interval
-    from specdec.models.protocol import split_cfg
-
-    cond, uncond = split_cfg(logits) if sampling.guided else (logits, None)
-    if sampling.has_cfg_interval:
-        uncond = unguided_after_interval(sampling, cond, uncond, positions)
-    B, N, V = cond.shape
-    p = kernels.sampling_probs(cond.reshape(-1, V), None if uncond is None else uncond.reshape(-1, V), sampling,
-                               backend)
-    return p.view(B, N, V)
-
-
 def _store_key(model, sampling, batch: int, backend) -> tuple:
     """What a compiled graph was made for: the batch, sampling and backend, and what the model's
     numerics depend on (its parameters' dtype and device, the batch-invariant mode), since the
@@ -293,6 +276,12 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
 
     p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return (batch, sampling, backend, None if p is None else (p.dtype, p.device), batch_invariant_enabled())
+
+
+def distribution_of(runner) -> Callable:
+    """What a compiled pass of `runner` makes inside its graph beside its logits: the runner's
+    sampling distribution of those outputs (`ModelRunner.probs` of `outputs_at`)."""
+    return lambda logits, hidden, positions: runner.probs(runner.outputs_at(logits, hidden, positions))
 
 
 def compiled_runner(model, sampling, batch: int, backend=None):
@@ -305,7 +294,8 @@ def compiled_runner(model, sampling, batch: int, backend=None):
     key = _store_key(model, sampling, batch, backend)
     if key not in store:
         runner = ModelRunner(model, sampling, batch=batch, backend=backend)
-        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast, sampling=sampling)
+        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast,
+                                                  distribution=distribution_of(runner))
         store[key] = runner
     runner = store[key]
     runner.reset()
@@ -348,4 +338,4 @@ def compiled_token_step(model, sampling, batch: int, backend=None):
 
 
 __all__ = ["TokenStep", "CompiledForward", "CompiledFunction", "runner_function", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
-           "runner_for", "record_compile_s", "check_compile", "mark_cache_static"]
+           "runner_for", "record_compile_s", "check_compile", "mark_cache_static", "distribution_of"]

@@ -79,8 +79,7 @@ def _gathered(o: Outputs, rows: list, cols: list) -> Outputs:
     """Outputs [1, n, V] at the (row, column) pairs (host ints) of a batched pass."""
     rr = torch.tensor(rows, dtype=torch.long, device=o.cond.device)
     cc = torch.tensor(cols, dtype=torch.long, device=o.cond.device)
-    return Outputs(o.cond[rr, cc][None], None if o.uncond is None else o.uncond[rr, cc][None], o.hidden[rr, cc][None],
-                   None if o.probs is None else o.probs[rr, cc][None])
+    return o.map(lambda t: t[rr, cc][None])
 
 
 def _draw_at(runner: ModelRunner, x, o: Outputs, picks: list, gen) -> None:
