@@ -9,7 +9,10 @@ device, and the ops whose output shape depends on data (which need such a read t
 It counts at the ATen level with a `TorchDispatchMode`, so it sees the same thing on CPU and CUDA
 tensors (on CPU nothing waits, but the same loop on a GPU would): `.item()`, `int(t)`, `bool(t)`,
 and `float(t)` (each `aten._local_scalar_dense`), `.tolist()`, copies from a CUDA tensor to the CPU (`.cpu()`),
-and `nonzero`, `unique`, `masked_select` and boolean-mask indexing. On CUDA,
+and `nonzero`, `unique`, `masked_select` and boolean-mask indexing; and blocking copies from the CPU
+to an accelerator (`.to("cuda")`, `torch.tensor(..., device="cuda")`): PyTorch synchronizes the
+stream around such a copy, so the host waits for every queued kernel (copy from pinned memory with
+`non_blocking=True` instead; `specdec.decoding.common.to_device` does). On CUDA,
 `torch.cuda.set_sync_debug_mode("error")` is the complementary check: it raises at the sync itself.
 torch.compile does not run under a dispatch mode: count a loop eagerly (a compiled step built with
 fullgraph=True has no host round trip inside it, or it would not have compiled).
@@ -52,6 +55,19 @@ def _device_to_host(func, args, kwargs) -> bool:
     return False
 
 
+def _blocking_upload(func, args, kwargs) -> bool:
+    """A copy from the CPU to another device that does not ask for non_blocking."""
+    if func is _aten._to_copy.default:
+        src, dev = args[0], kwargs.get("device")
+        return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and dev is not None
+                and torch.device(dev).type != "cpu" and not kwargs.get("non_blocking", False))
+    if func is _aten.copy_.default:
+        dst, src = args[0], args[1]
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return src.device.type == "cpu" and dst.device.type != "cpu" and not non_blocking
+    return False
+
+
 @dataclass
 class HostSyncCount:
     """What `count_host_syncs` saw. `round_trips` = `scalar_reads + device_to_host + data_dependent`."""
@@ -59,12 +75,13 @@ class HostSyncCount:
     scalar_reads: int = 0      #: aten._local_scalar_dense (.item(), int(t), bool(t), float(t)) and .tolist()
     device_to_host: int = 0    #: copies from an accelerator to the CPU
     data_dependent: int = 0    #: nonzero, unique, masked_select, boolean-mask indexing
+    uploads: int = 0           #: blocking copies from the CPU to an accelerator
     ops: int = 0               #: every ATen op
     by_op: Counter = field(default_factory=Counter)   #: the round trips by op name
 
     @property
     def round_trips(self) -> int:
-        return self.scalar_reads + self.device_to_host + self.data_dependent
+        return self.scalar_reads + self.device_to_host + self.data_dependent + self.uploads
 
 
 class _Counter(TorchDispatchMode):
@@ -85,6 +102,9 @@ class _Counter(TorchDispatchMode):
         elif _device_to_host(func, args, kwargs):
             c.device_to_host += 1
             c.by_op["device_to_host"] += 1
+        elif _blocking_upload(func, args, kwargs):
+            c.uploads += 1
+            c.by_op["upload"] += 1
         return func(*args, **kwargs)
 
 
@@ -108,11 +128,31 @@ def _counting_tolist(count: HostSyncCount):
 
 
 @contextlib.contextmanager
+def _counting_tensor_uploads(count: HostSyncCount):
+    # torch.tensor(data, device=...) copies from the CPU in C++ without an ATen op: count the
+    # calls that place the data on another device, one blocking upload each.
+    original = torch.tensor
+
+    def tensor(data, *args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            count.uploads += 1
+            count.by_op["upload"] += 1
+        return original(data, *args, **kwargs)
+
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = original
+
+
+@contextlib.contextmanager
 def count_host_syncs():
     """Count host round trips and ATen ops inside the block (a `HostSyncCount`, filled as it runs).
     Not thread-safe: other threads' ops during the block are counted too."""
     count = HostSyncCount()
-    with _counting_tolist(count), _Counter(count):
+    with _counting_tolist(count), _counting_tensor_uploads(count), _Counter(count):
         yield count
 
 

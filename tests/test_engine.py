@@ -9,7 +9,7 @@ from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
 from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, image_generator, step_uniforms,
-                                     uniforms)
+                                     to_device, uniforms)
 from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
 from specdec.profiling import count_host_syncs
 
@@ -107,6 +107,31 @@ def test_count_host_syncs_sees_reads_and_data_dependent_ops():
     with count_host_syncs() as none:
         y = y + 1
     assert none.round_trips == 0 and none.ops == 1
+
+
+def test_count_host_syncs_sees_blocking_copies_to_a_device():
+    """A copy from the CPU to an accelerator without non_blocking makes the host wait for the
+    device's queue (on CUDA); `torch.tensor(..., device=...)` is one, though no ATen op shows it.
+    The meta device stands in for a GPU here."""
+    original = torch.tensor
+    with count_host_syncs() as c:
+        torch.ones(2).to("meta")
+        torch.tensor([1, 2], device="meta")
+        torch.empty(2, device="meta").copy_(torch.ones(2))
+        torch.ones(2).to("meta", non_blocking=True)       # asynchronous (from pinned memory on CUDA)
+        torch.ones(2).to("cpu")
+        torch.tensor([1, 2])
+        torch.tensor([1, 2], device="cpu")
+    assert c.uploads == 3 and c.round_trips == 3, c.by_op
+    assert torch.tensor is original                   # put back after the block
+
+
+def test_to_device_gives_the_host_values_on_the_cpu():
+    got = to_device([[1, 2], [3, 4]], "cpu", torch.long)
+    assert got.dtype == torch.long and got.tolist() == [[1, 2], [3, 4]]
+    u = torch.rand(5)
+    assert to_device(u, torch.device("cpu")) is u
+    assert torch.equal(to_device(torch.tensor([1, 0]), "cpu", torch.bool), torch.tensor([True, False]))
 
 
 @pytest.mark.parametrize("batch", [1, 3])

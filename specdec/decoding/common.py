@@ -212,12 +212,31 @@ class ImageStreams:
         return one
 
 
+def to_device(data, device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Host data (numbers in nested lists, or a CPU tensor) as a tensor on `device`, without
+    waiting for the device.
+
+    A plain copy from ordinary (pageable) host memory to a GPU is a blocking copy: PyTorch
+    synchronizes the stream around it, so the host first waits for every kernel already queued
+    (`torch.cuda.set_sync_debug_mode` reports it as a sync). The decoders send index lists and
+    uniforms to the device every pass, so on CUDA they go through pinned memory and an
+    asynchronous copy, ordered on the stream before the kernels that read them. On the CPU this
+    is the plain tensor."""
+    t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def uniforms(gen, shape, device) -> torch.Tensor:
     """float32 uniforms in [0, 1) from `gen` (ImageStreams or a CPU torch.Generator), moved to
     `device` (same numbers anywhere)."""
     if isinstance(gen, ImageStreams):
-        return gen.rand(shape).to(device)
-    return torch.rand(shape, generator=gen, dtype=torch.float32).to(device)
+        return to_device(gen.rand(shape), device)
+    return to_device(torch.rand(shape, generator=gen, dtype=torch.float32), device)
 
 
 def step_uniforms(gen, steps: int, per_step: int, device) -> torch.Tensor:
@@ -230,8 +249,8 @@ def step_uniforms(gen, steps: int, per_step: int, device) -> torch.Tensor:
             raise ValueError(f"a draw for {n} images needs a count divisible by {n}, got {per_step}")
         per = per_step // n     # each image draws `per` numbers a step, step after step
         u = gen.rand((n * steps * per,)).view(n, steps, per)
-        return u.transpose(0, 1).reshape(steps, per_step).to(device)
-    return torch.rand((steps, per_step), generator=gen, dtype=torch.float32).to(device)
+        return to_device(u.transpose(0, 1).reshape(steps, per_step), device)
+    return to_device(torch.rand((steps, per_step), generator=gen, dtype=torch.float32), device)
 
 
 def op_backend(name: str, backend: Optional[str], device: torch.device) -> Optional[str]:
@@ -260,9 +279,9 @@ def draw_residual(p: torch.Tensor, q: torch.Tensor, gen, backend=None, *,
     own rows' uniforms from its own stream. `counts` (host ints, one per image): the same with
     the number of rows of each image given instead of the mask (no read-back)."""
     if counts is not None and isinstance(gen, ImageStreams):
-        u = gen.rand_counts(list(counts)).to(p.device)
+        u = to_device(gen.rand_counts(list(counts)), p.device)
     elif rows_of is not None and isinstance(gen, ImageStreams):
-        u = gen.rand_where(rows_of).to(p.device)
+        u = to_device(gen.rand_where(rows_of), p.device)
     else:
         u = uniforms(gen, (p.shape[0],), p.device)
     out = kernels.sample_residual(p, q, u, op_backend("sample_residual", backend, p.device))
@@ -355,7 +374,7 @@ class ModelRunner:
     def prefill(self, classes: torch.Tensor) -> Outputs:
         """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
         self.forwards += 1
-        classes = classes.to(self.device)
+        classes = to_device(classes, self.device) if isinstance(classes, torch.Tensor) else classes.to(self.device)
         if (self.compiled_forward is not None and isinstance(classes, torch.Tensor)
                 and getattr(self.model, "compilable_prefill", False)):
             from specdec.decoding.compiled import runner_function

@@ -36,7 +36,7 @@ from specdec.decoding.ar import sample_grid
 from specdec.decoding.compiled import check_compile, compiled_token_step, runner_for, record_compile_s
 from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, check_grid_model, op_backend,
-                                     run_batches, verify)
+                                     run_batches, to_device, verify)
 from specdec.decoding.lantern import check_delta, neighbor_table
 from specdec.decoding.zipar import check_window, zipar_grid
 
@@ -77,8 +77,7 @@ def island_schedule(resample: list, islands: list) -> list:
 
 def _gathered(o: Outputs, rows: list, cols: list) -> Outputs:
     """Outputs [1, n, V] at the (row, column) pairs (host ints) of a batched pass."""
-    rr = torch.tensor(rows, dtype=torch.long, device=o.cond.device)
-    cc = torch.tensor(cols, dtype=torch.long, device=o.cond.device)
+    rr, cc = to_device([rows, cols], o.cond.device, torch.long)
     return o.map(lambda t: t[rr, cc][None])
 
 
@@ -96,11 +95,10 @@ def _draw_at(runner: ModelRunner, x, o: Outputs, picks: list, gen) -> None:
         u = gen.rand_counts(counts)
     else:
         u = torch.rand((len(picks),), generator=gen, dtype=torch.float32)
-    tok = kernels.sample_residual(probs, None, u.to(probs.device), op_backend("sample_residual", runner.backend,
+    tok = kernels.sample_residual(probs, None, to_device(u, probs.device), op_backend("sample_residual", runner.backend,
                                                                           probs.device)).tokens.long()
     dev = x.device
-    x[torch.tensor([b for b, _, _ in picks], dtype=torch.long, device=dev),
-      torch.tensor([t for _, _, t in picks], dtype=torch.long, device=dev)] = tok
+    x[tuple(to_device([[b for b, _, _ in picks], [t for _, _, t in picks]], dev, torch.long))] = tok
 
 
 def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: int, end: int) -> list:
@@ -139,7 +137,7 @@ def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: i
             N = max(len(work[b][1]) for b in members)
             pos_host = [work[b][1] + [end - 1] * (N - len(work[b][1])) if b in members else [end - 1] * N
                         for b in range(B)]
-            pos = torch.tensor(pos_host, dtype=torch.long, device=dev)
+            pos = to_device(pos_host, dev, torch.long)
             tree = None
             if key is not None:
                 # A query slot of another island's unresolved token: visible to its own query only
@@ -148,13 +146,13 @@ def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: i
                 for b in members:
                     seen = torch.tensor(work[b][2], dtype=torch.bool)
                     dense[b] |= seen[None, :]
-                tree = masks.pack(dense.to(dev))
+                tree = masks.pack(to_device(dense, dev))
             out = runner.forward(x.gather(1, pos), pos, tree_mask=tree)
             if tree is not None:
                 stale = torch.zeros(B, N, dtype=torch.bool)
                 for b in members:
                     stale[b, :len(work[b][2])] = torch.tensor([not ok for ok in work[b][2]])
-                runner.invalidate_where(pos, stale.to(dev))
+                runner.invalidate_where(pos, to_device(stale, dev))
             picks = [(b, work[b][1].index(u - 1), u) for b in members for u in work[b][0]]
             _draw_at(runner, x, out, picks, gen)
             for b in members:
@@ -297,7 +295,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
                 # the VQ round trip image by image, so an image's prefix does not depend on its batch).
                 prefix = torch.cat([_up.downsample(x[b:b + 1].view(1, H, W)[:, :done * factor].cpu(), factor,
                                                    tokenizer=tokenizer, pad_to=H) for b in range(B)])
-                low[:, :lo] = prefix.reshape(B, lo).to(low.device)
+                low[:, :lo] = to_device(prefix.reshape(B, lo), low.device)
                 dstart = drunner.forward(low[:, :lo], torch.arange(lo, device=low.device)).select(slice(-1, None))
             if drafting == "serial":
                 sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi, step=dstep)
@@ -309,7 +307,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
             up = torch.cat([_up.upsample(low[b:b + 1, :hi].view(1, done + rows, w), factor, upsample,
                                          tokenizer=tokenizer, net=upsampler) for b in range(B)])
             b0, b1 = done * factor * W, (done + rows) * factor * W       # the block of high-resolution slots
-            x[:, b0:b1] = up.reshape(B, -1)[:, b0:b1].to(x.device)
+            x[:, b0:b1] = to_device(up.reshape(B, -1)[:, b0:b1], x.device)
             # 3. One target pass over the block: output i is the distribution of slot b0 + i. It
             # also writes the tokens the previous cycle resolved in its last resampling pass
             # (`unfed`, per image), so the block's context has no holes. Rows with fewer unfed
@@ -320,7 +318,7 @@ def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel",
             else:
                 fed = [sorted(set(u) | set(range(b0 - 1, b1 - 1))) for u in unfed]
                 N = max(map(len, fed))
-                pos = torch.tensor([[b1 - 2] * (N - len(f)) + f for f in fed], dtype=torch.long, device=x.device)
+                pos = to_device([[b1 - 2] * (N - len(f)) + f for f in fed], x.device, torch.long)
                 ver = runner.forward(x.gather(1, pos), pos).select(slice(N - (b1 - b0), None))
             # 4.-5. Pooled threshold, local rejection windows inside the block.
             pooled = runner.token_probs(ver, x[:, b0:b1], neighbors, delta if neighbors is not None else None).pooled

@@ -22,21 +22,21 @@ import torch
 
 from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, op_backend,
-                                     run_batches)
+                                     run_batches, to_device)
 from specdec.decoding.speculative import padded_block
 from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
 def _long(values, device) -> torch.Tensor:
     """Host ints -> an int64 tensor on `device` (a host-to-device copy, no read-back)."""
-    return torch.tensor(values, dtype=torch.long, device=device)
+    return to_device(values, device, torch.long)
 
 
 def _draw_rows(probs, streams: ImageStreams, counts, backend):
     """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its own
     stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
     B, L, V = probs.shape
-    u = streams.rand_padded(counts, L).to(probs.device).view(-1)
+    u = to_device(streams.rand_padded(counts, L), probs.device).view(-1)
     out = kernels.sample_residual(probs.reshape(-1, V), None, u, op_backend("sample_residual", backend, probs.device))
     return out.tokens.long().view(B, L)
 
@@ -74,7 +74,7 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
         q_tok = q.gather(2, y[..., None])[..., 0]
         ragged = any(nb != L for nb in n_host)
         valid = (j[:, :L] < n[:, None]) if ragged else None
-        u = gen.rand_padded(n_host, L).to(dev)
+        u = to_device(gen.rand_padded(n_host, L), dev)
         verdict = kernels.verify_grid(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="raster",
                                       uniforms=u.view(B, 1, L), valid=None if valid is None else valid.view(B, 1, L),
                                       backend=op_backend("verify_grid", runner.backend, dev))
@@ -98,14 +98,14 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
         bonus = [b for b in range(B) if a_host[b] == n_host[b] > 0 and c_host[b] + n_host[b] < HW]
         if fix:
             rr, aa = _long(fix, dev), a[_long(fix, dev)]
-            u_fix = gen.rand_counts([int(b in fix) for b in range(B)]).to(dev)
+            u_fix = to_device(gen.rand_counts([int(b in fix) for b in range(B)]), dev)
             tok = kernels.sample_residual(p[rr, aa], q[rr, aa], u_fix,
                                           op_backend("sample_residual", runner.backend, dev)).tokens.long()
             x[rr, c[rr] + aa] = tok
             runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
         if bonus:
             rr = _long(bonus, dev)
-            u_bonus = gen.rand_counts([int(b in bonus) for b in range(B)]).to(dev)
+            u_bonus = to_device(gen.rand_counts([int(b in bonus) for b in range(B)]), dev)
             tok = kernels.sample_residual(p[rr, n[rr]], None, u_bonus,
                                           op_backend("sample_residual", runner.backend, dev)).tokens.long()
             x[rr, c[rr] + n[rr]] = tok

@@ -61,7 +61,7 @@ import torch
 from specdec.decoding import heads as _heads
 from specdec.decoding import kernels
 from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, draw_residual,
-                                     op_backend, run_batches, verify)
+                                     op_backend, run_batches, to_device, verify)
 from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
 from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
@@ -213,8 +213,7 @@ def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_
     while any(active) and (max_passes is None or passes < max_passes):
         span = [hi - lb if a else 0 for lb, a in zip(lo, active)]
         N = max(span)
-        count = torch.tensor(span, dtype=torch.long, device=dev)
-        start = torch.tensor([lb - 1 if a else hi - 1 for lb, a in zip(lo, active)], dtype=torch.long, device=dev)
+        count, start = to_device([span, [lb - 1 if a else hi - 1 for lb, a in zip(lo, active)]], dev, torch.long)
         pos = padded_block(start, count, N)                    # real: the span's feeds; then re-feeds
         out = runner.forward(x.gather(1, pos), pos)
         passes += 1
@@ -229,13 +228,13 @@ def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_
         V = p_all.shape[-1]
         offset = N - count
         judged_n = [sp - kb if a else 0 for sp, kb, a in zip(span, keep, active)]
-        judged = j >= (N - torch.tensor(judged_n, dtype=torch.long, device=dev))[:, None]
+        judged = j >= (N - to_device(judged_n, dev, torch.long))[:, None]
         p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, V))
         qf = _fit(q, N)
         xw = x[:, hi - N:hi]
         p_tok = p.gather(2, xw[..., None])[..., 0]
         q_tok = qf.gather(2, xw[..., None])[..., 0]
-        u = _right_uniforms(gen, judged_n, N).to(dev)
+        u = to_device(_right_uniforms(gen, judged_n, N), dev)
         verdict = kernels.verify_grid(p_tok.view(B, 1, N), q_tok.view(B, 1, N), rule="ratio", mode="independent",
                                       uniforms=u.view(B, 1, N), valid=judged.view(B, 1, N),
                                       backend=op_backend("verify_grid", runner.backend, dev))
@@ -249,8 +248,7 @@ def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_
         stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
         where = [(b, k) for b in range(B) for k in range(N) if redo[b][k]]    # row-major: each image's in order
         if where:
-            rr = torch.tensor([b for b, _ in where], dtype=torch.long, device=dev)
-            kk = torch.tensor([k for _, k in where], dtype=torch.long, device=dev)
+            rr, kk = to_device([[b for b, _ in where], [k for _, k in where]], dev, torch.long)
             x[rr, hi - N + kk] = draw_residual(p[rr, kk], qf[rr, kk], gen, runner.backend,
                                                counts=[sum(row) for row in redo])
         # After verify-and-correct every token follows this pass's p (kept ones by acceptance,
@@ -289,8 +287,7 @@ def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, sta
     where = [(b, j) for b in range(B) for j in range(L) if redo[b][j]]    # row-major, as a mask selects
     if where:
         keep_q = round_q == "resampled"
-        rr = torch.tensor([b for b, _ in where], dtype=torch.long, device=x.device)
-        jj = torch.tensor([j for _, j in where], dtype=torch.long, device=x.device)
+        rr, jj = to_device([[b for b, _ in where], [j for _, j in where]], x.device, torch.long)
         drawn = draw_residual(p[rr, jj], q[rr, jj], gen, runner.backend, with_distribution=keep_q,
                               counts=[sum(row) for row in redo])
         x[rr, lo + jj] = drawn[0] if keep_q else drawn

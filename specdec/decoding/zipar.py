@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches
+from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, to_device
 from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
 
 
@@ -32,7 +32,7 @@ def schedule(H: int, W: int, window: int, device) -> list:
     query, and the positions it samples. It depends on (t, window, H, W) only, so it is worked out
     on the host once and sent to the device before the loop (no read-back, no copy per step)."""
     def tensor(values):
-        return torch.tensor(values, dtype=torch.long, device=device)
+        return to_device(values, device, torch.long)
 
     plan = []
     for t in range(1, (H - 1) * window + W):
