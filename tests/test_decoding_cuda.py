@@ -1,15 +1,22 @@
 """Every decoder on CUDA tensors, on the embedded default family: what users run on a GPU box.
 
 The CPU suite runs the decoders on tiny random models; here the trained family moves to the GPU,
-where the kernels are compiled Triton and CUDA C++ rather than the CPU backends. Sampling on CUDA
-draws from a CUDA generator, so tokens cannot be compared with the CPU's; what must hold is that
+where the kernels are compiled Triton and CUDA C++ rather than the CPU backends. The uniforms are
+the CPU's, but the GPU's logits differ in their last bits, so tokens cannot be compared with the
+CPU's (one flipped draw changes the rest of an image); what must hold is that
 the target's logits agree with the CPU's, that every method is deterministic under a seed and
-gives valid grids, and that SSD's commit="verify" pass count follows its CPU schedule.
+gives valid grids, and that SSD's commit="verify" pass count follows its CPU schedule. And the
+decode engine's budget where it matters: `torch.cuda.set_sync_debug_mode` reports every time the
+host waits for the GPU (reads, and blocking copies either way), which no CPU test can see.
 """
+import contextlib
+import warnings
+
 import pytest
 import torch
 
 from specdec import decoding
+from specdec.decoding.common import ModelRunner, to_device
 from specdec.models import default
 
 pytestmark = [pytest.mark.gpu,
@@ -72,3 +79,91 @@ def test_compare_runs_on_cuda(families, tmp_path):
     for r in rows:
         assert 0.0 <= r["class_accuracy"] <= 1.0 and r["fd"] >= 0.0
     assert (tmp_path / "mulo_maps.png").exists()
+
+
+@contextlib.contextmanager
+def _host_waits():
+    """The synchronizations of the host with the GPU inside the block, as
+    `torch.cuda.set_sync_debug_mode("warn")` reports them (a list of warnings, filled as it runs)."""
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as log:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            found = []
+            yield found
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+            found.extend(w for w in log if "synchroniz" in str(w.message))
+
+
+def test_host_data_reaches_the_gpu_without_waiting_for_it():
+    """`to_device` (index lists and uniforms, every pass) copies through pinned memory, ordered
+    on the stream; the plain copy it replaces waits for the GPU's queue."""
+    busy = torch.randn(2048, 2048, device="cuda")
+    torch.cuda.synchronize()
+    with _host_waits() as waits:
+        busy = busy @ busy                       # queued work the copies must not wait for
+        ids = to_device([[1, 2], [3, 4]], "cuda", torch.long)
+        u = to_device(torch.tensor([0.25, 0.5]), "cuda")
+    assert waits == []
+    assert ids.tolist() == [[1, 2], [3, 4]] and u.tolist() == [0.25, 0.5]
+    with _host_waits() as waits:
+        torch.tensor([1, 2], device="cuda")
+    assert len(waits) == 1
+
+
+class _LoopWaits:
+    """The host's waits for the GPU inside one method's batch decoder (from its prefills to its
+    last pass: the hand-back of tokens and images to the CPU comes after it and is per batch), less
+    the prefills' model checks (per batch: each prefill records its waits in a log of its own, so
+    the decoder's log leaves them out), beside the target passes (a batched pass counts once)."""
+
+    def __init__(self, monkeypatch, target):
+        from specdec.decoding import common
+
+        self.passes, self.batches, self.loop_waits, self.setup_waits = 0, 0, 0, 0
+        run_batches = common.run_batches
+        prefill, forward = ModelRunner.prefill, ModelRunner.forward
+
+        def counted_run_batches(name, model, classes, seed, decode_batch, **kwargs):
+            def counted_batch(*args):
+                self.batches += 1
+                with _host_waits() as waits:
+                    out = decode_batch(*args)
+                self.loop_waits += len(waits)
+                return out
+            return run_batches(name, model, classes, seed, counted_batch, **kwargs)
+
+        def counted_prefill(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            with _host_waits() as waits:
+                out = prefill(runner, *args, **kwargs)
+            self.setup_waits += len(waits)
+            return out
+
+        def counted_forward(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            return forward(runner, *args, **kwargs)
+
+        for module in vars(decoding).values():      # every decoder module calls it by its own name
+            if getattr(module, "run_batches", None) is run_batches:
+                monkeypatch.setattr(module, "run_batches", counted_run_batches)
+        monkeypatch.setattr(ModelRunner, "prefill", counted_prefill)
+        monkeypatch.setattr(ModelRunner, "forward", counted_forward)
+
+
+@pytest.mark.parametrize("method", decoding.METHODS)
+def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(families, monkeypatch, method):
+    """The engine's host round-trip budget on CUDA, as the GPU sees it: `ar` never waits once its
+    prefill is done, every speculative method at most once per target pass (its loop-control
+    read), at batch 2. A blocking copy of an index list or of uniforms to the GPU would count."""
+    _, gpu = families
+    counter = _LoopWaits(monkeypatch, gpu.target)
+    out = decoding.decode(method, gpu, CLASSES.cuda(), seed=0, batch_size=2)
+    assert counter.batches == 1
+    if method == "ar":                  # its token steps are not ModelRunner passes
+        assert counter.loop_waits == 0
+        return
+    assert counter.passes == out.stats.target_forwards // 2
+    assert counter.loop_waits <= counter.passes, (counter.loop_waits, counter.passes)
