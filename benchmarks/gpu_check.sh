@@ -12,9 +12,10 @@
 # paths of issue #19 (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
 # same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
 # of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
-# (7b) the decode engine's table (benchmarks/record_engine.py: every method at batch 1 and 16,
-# eager, and ar, mulo and ssd compiled = CUDA graphs; never run on a GPU before), (8)
-# OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
+# (7b) the decode engine's tables (benchmarks/record_engine.py: every method eager at batch 1 and
+# 16, then ar, mulo and ssd compiled = CUDA graphs, never run on a GPU before; two runs with a
+# timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
+# timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
 # results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
@@ -50,12 +51,13 @@ STEPS=(
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
-  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --compiled-methods ar,mulo,ssd"
+  "engine_eager|90|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
+  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
 )
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
-SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine}"
+SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine_eager engine}"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/device_limits.py benchmarks/conftest.py benchmarks/record_engine.py)
 
@@ -90,6 +92,15 @@ mkdir -p "$LOGS"
 nvidia-smi >"$LOGS/nvidia-smi-before.txt" 2>&1
 before_results=$(ls benchmarks/results/*.json 2>/dev/null | sort)
 
+# The JSON files this run added to benchmarks/results, in one archive, remade after every step:
+# a call cut off by the device's time limit still brings back what its finished steps measured.
+save_results() {
+  local new_results
+  new_results=$(comm -13 <(echo "$before_results") <(ls benchmarks/results/*.json 2>/dev/null | sort))
+  [[ -n "$new_results" ]] && tar czf "$OUT/results.tgz" $new_results
+  return 0
+}
+
 declare -A RESULT SECONDS_TAKEN
 for step in "${STEPS[@]}"; do
   IFS='|' read -r name limit cmd <<<"$step"
@@ -101,6 +112,7 @@ for step in "${STEPS[@]}"; do
   SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))
   RESULT[$name]=$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")
   tail -n 4 "$LOGS/$name.log"
+  save_results
   if [[ $name == build && $rc != 0 ]]; then
     echo "build failed; see $LOGS/build.log"
     break
@@ -108,9 +120,7 @@ for step in "${STEPS[@]}"; do
 done
 nvidia-smi >"$LOGS/nvidia-smi-after.txt" 2>&1
 
-# The JSON files this run added to benchmarks/results, in one archive.
-new_results=$(comm -13 <(echo "$before_results") <(ls benchmarks/results/*.json 2>/dev/null | sort))
-[[ -n "$new_results" ]] && tar czf "$OUT/results.tgz" $new_results
+save_results
 # For a later run on the same torch and Triton: the extension (stripped) and Triton's cache.
 so=$(ls specdec/_C*.so 2>/dev/null | head -1)
 [[ -n "$so" ]] && { cp "$so" "$OUT/"; strip --strip-debug "$OUT/$(basename "$so")" 2>/dev/null; }
@@ -132,7 +142,7 @@ so=$(ls specdec/_C*.so 2>/dev/null | head -1)
   grep -E "passed|failed|error" "$LOGS/tests.log" 2>/dev/null | tail -n 1
   echo
   [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
-  for name in compare compare_verify engine; do
+  for name in compare compare_verify engine_eager engine; do
     [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
   done
 } >"$OUT/summary.md"

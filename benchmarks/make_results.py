@@ -29,9 +29,9 @@ CUDA-graph replay where `timer=cuda-graph`. `kernels` is the GPU time spent in k
 (torch.profiler), with its own speed-up against the reference's kernels: the cost once launches
 and host work are hidden (CUDA graphs, a busy stream). For small inputs the two differ many times.
 
-The decode engine's table on CUDA (CUDA graphs, `benchmarks/gpu_check.sh` step `engine`) has not
-been measured: no GPU was lent since the engine's compiled passes exist. The engine tables below
-are from the 2-core CPU.
+The decode engine's tables on CUDA (`benchmarks/gpu_check.sh` steps `engine_eager` and `engine`,
+the latter with CUDA graphs) have not been measured: no GPU was lent since the engine's compiled
+passes exist. The engine tables below are from the 2-core CPU.
 """
 
 
@@ -229,11 +229,19 @@ def render_engine(data, name):
         "under the counter; a fullgraph compiled step holds no host read).",
         ["method", "batch", "mode", "s / image", "images / s", "speed-up vs ar", "target passes / image",
          "host round trips / pass", "ATen ops / pass", "compile s"])
+    if data.get("stopped_early"):
+        # A run cut short by a time limit (record_engine.py saves on SIGTERM): its cells without
+        # timed images have compile times and round trips only.
+        lines[4:4] = ["Stopped early by a time limit: a cell shows the figures it reached ('-': not timed).", ""]
+
+    def fmt(value, spec, suffix=""):
+        return "-" if value is None else f"{value:{spec}}{suffix}"
+
     for r in sorted(data["rows"], key=lambda r: (r["batch_size"], r["mode"] != "eager", r["method"] != "ar")):
-        ops = "-" if r["aten_ops_per_pass"] is None else f"{r['aten_ops_per_pass']:.0f}"
-        lines.append(f"| {r['method']} | {r['batch_size']} | {r['mode']} | {r['s_per_image']:.3f} | "
-                     f"{r['images_per_s']:.2f} | {r['speedup_vs_ar']:.2f}x | {r['target_passes_per_image']:.1f} | "
-                     f"{r['round_trips_per_pass']:.2f} | {ops} | {r['compile_s']:.1f} |")
+        lines.append(f"| {r['method']} | {r['batch_size']} | {r['mode']} | {fmt(r['s_per_image'], '.3f')} | "
+                     f"{fmt(r['images_per_s'], '.2f')} | {fmt(r['speedup_vs_ar'], '.2f', 'x')} | "
+                     f"{fmt(r['target_passes_per_image'], '.1f')} | {r['round_trips_per_pass']:.2f} | "
+                     f"{fmt(r['aten_ops_per_pass'], '.0f')} | {r['compile_s']:.1f} |")
     return lines + [""]
 
 

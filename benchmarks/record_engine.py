@@ -12,11 +12,16 @@ Each cell is warmed up at its batch shape first (most of the compilation happens
 width first met in a timed batch is compiled there, and its compile time is moved from the image
 time to compile_s; inductor's disk cache makes it shorter on later runs). The methods take turns
 batch by batch, so a slow spell of a shared machine falls on all of them alike.
+
+A run stopped by SIGTERM (a time limit, such as gpu_check.sh's per-step timeout) still writes its
+record, marked `stopped_early`: every cell warmed up so far with its compile time and round trips,
+and the images each one timed (none yet: no time columns).
 """
 import argparse
 import datetime
 import functools
 import os
+import signal
 import sys
 import time
 
@@ -51,10 +56,40 @@ def count_target_passes(model):
     return counter
 
 
+class Stopped(Exception):
+    """SIGTERM arrived: stop measuring and keep what was measured."""
+
+
+def stop_on_sigterm():
+    """From now on SIGTERM raises `Stopped` in the main thread (the run then saves what it has)."""
+    def stop(signum, frame):
+        raise Stopped()
+    signal.signal(signal.SIGTERM, stop)
+
+
+def engine_rows(results: dict) -> list:
+    """The rows of the record from the cells' running totals {(method, batch, mode): row}: per-image
+    figures for the cells that timed images (None for the others), and the speed-up against `ar`
+    at the same batch size and mode when both timed some."""
+    def per_image(r):
+        return r["wall_s"] / r["images"] if r["images"] else None
+
+    rows = []
+    for (m, b, mode), r in results.items():
+        s = per_image(r)
+        r["s_per_image"] = s
+        r["images_per_s"] = r["images"] / r["wall_s"] if r["images"] and r["wall_s"] > 0 else None
+        r["target_passes_per_image"] = r["target_forwards"] / r["images"] if r["images"] else None
+        base = results.get(("ar", b, mode))
+        base_s = per_image(base) if base else None
+        r["speedup_vs_ar"] = base_s / s if base_s and s else None
+        rows.append(r)
+    return rows
+
+
 def main(argv=None):
     from specdec import decoding
     from specdec.models import default
-    from specdec.profiling import count_host_syncs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
@@ -85,6 +120,26 @@ def main(argv=None):
         return dict(batch_size=b, **({"compile": True} if mode == "compiled" else {}))
 
     results = {}
+    stop_on_sigterm()
+    try:
+        measure(cells, results, fam, classes, passes, options, args, max(batch_sizes))
+        stopped = False
+    except Stopped:
+        stopped = True
+        print("stopped by SIGTERM: saving what was measured", flush=True)
+    record = decode_record("specdec-engine", "record_engine.py", argv, started, args, engine_rows(results))
+    if stopped:
+        record["stopped_early"] = True
+    save_record("engine", started, record)
+    if stopped:
+        sys.exit(128 + signal.SIGTERM)     # a stopped run is not a finished one
+
+
+def measure(cells, results, fam, classes, passes, options, args, per_round):
+    """Warm up every cell, then time them, methods taking turns; fills `results` as it goes."""
+    from specdec import decoding
+    from specdec.profiling import count_host_syncs
+
     for m, b, mode in cells:                      # warm-up at the cell's shape; compile time
         t = time.perf_counter()
         out = decoding.decode(m, fam, classes[:b], seed=10_000, **options(m, b, mode))
@@ -104,9 +159,9 @@ def main(argv=None):
                                  "counted_passes": n_passes, "wall_s": 0.0, "images": 0, "target_forwards": 0}
         print(f"warm {m} b={b} {mode}: compile {compile_s:.1f} s, {c.round_trips / n_passes:.1f} round trips/pass",
               flush=True)
-    for start in range(0, args.num_images, max(batch_sizes)):   # the timed part, methods taking turns
+    for start in range(0, args.num_images, per_round):   # the timed part, methods taking turns
         for m, b, mode in cells:
-            for s in range(start, start + max(batch_sizes), b):
+            for s in range(start, start + per_round, b):
                 out = decoding.decode(m, fam, classes[s:s + b], seed=0, first_index=s, **options(m, b, mode))
                 synchronize(args.device)
                 r = results[(m, b, mode)]
@@ -117,17 +172,7 @@ def main(argv=None):
                 r["wall_s"] += out.stats.wall_s - late
                 r["images"] += out.stats.images
                 r["target_forwards"] += out.stats.target_forwards
-        print(f"timed {min(start + max(batch_sizes), args.num_images)}/{args.num_images} images per cell", flush=True)
-    rows = []
-    for (m, b, mode), r in results.items():
-        r["s_per_image"] = r["wall_s"] / r["images"]
-        r["images_per_s"] = r["images"] / r["wall_s"]
-        r["target_passes_per_image"] = r["target_forwards"] / r["images"]
-        base = results.get(("ar", b, mode))
-        r["speedup_vs_ar"] = base["wall_s"] / base["images"] / r["s_per_image"] if base else None
-        rows.append(r)
-    record = decode_record("specdec-engine", "record_engine.py", argv, started, args, rows)
-    save_record("engine", started, record)
+        print(f"timed {min(start + per_round, args.num_images)}/{args.num_images} images per cell", flush=True)
 
 if __name__ == "__main__":
     main()

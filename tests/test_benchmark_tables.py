@@ -56,3 +56,58 @@ def test_plot_shows_the_largest_newest_compare_run(tmp_path):
     out = mr.plot_compare(data, "b.json", str(tmp_path / "decoders.png"))
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _record_engine():
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))     # it imports bench_helpers
+    spec = importlib.util.spec_from_file_location("record_engine", os.path.join(ROOT, "benchmarks", "record_engine.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cell(method, mode, wall_s, images, target_forwards):
+    return {"method": method, "batch_size": 1, "mode": mode, "compile_s": 2.0, "round_trips_per_pass": 0.5,
+            "aten_ops_per_pass": 100.0 if mode == "eager" else None, "wall_s": wall_s, "images": images,
+            "target_forwards": target_forwards}
+
+
+def test_an_engine_run_stopped_early_keeps_what_each_cell_measured():
+    """record_engine.py saves on SIGTERM (gpu_check.sh's step timeout): cells that timed images
+    get their figures, the others none, and a speed-up needs both the cell and its `ar` timed."""
+    eng, mr = _record_engine(), _make_results()
+    results = {("ar", 1, "eager"): _cell("ar", "eager", 2.0, 4, 1024),
+               ("mulo", 1, "eager"): _cell("mulo", "eager", 0.5, 4, 80),
+               ("ar", 1, "compiled"): _cell("ar", "compiled", 0.0, 0, 0),          # warmed up, not timed
+               ("mulo", 1, "compiled"): _cell("mulo", "compiled", 0.25, 2, 40)}
+    rows = {(r["method"], r["mode"]): r for r in eng.engine_rows(results)}
+    assert rows["mulo", "eager"]["s_per_image"] == 0.125 and rows["mulo", "eager"]["speedup_vs_ar"] == 4.0
+    assert rows["ar", "compiled"]["s_per_image"] is None and rows["ar", "compiled"]["images_per_s"] is None
+    assert rows["mulo", "compiled"]["s_per_image"] == 0.125 and rows["mulo", "compiled"]["speedup_vs_ar"] is None
+    data = {"kind": "specdec-engine", "datetime": "2026-12-01T00:00:00", "machine": "test machine",
+            "command": "python benchmarks/record_engine.py", "threads": 1, "num_images": 4,
+            "rows": list(rows.values()), "stopped_early": True}
+    text = "\n".join(mr.render_engine(data, "engine.json"))
+    assert "Stopped early by a time limit" in text
+    assert "| mulo | 1 | eager | 0.125 | 8.00 | 4.00x | 20.0 | 0.50 | 100 | 2.0 |" in text
+    assert "| ar | 1 | compiled | - | - | - | - | 0.50 | - | 2.0 |" in text
+    assert "| mulo | 1 | compiled | 0.125 | 8.00 | - | 20.0 |" in text
+    del data["stopped_early"]
+    assert "Stopped early" not in "\n".join(mr.render_engine(data, "engine.json"))
+
+
+def test_sigterm_stops_an_engine_run_so_that_it_saves():
+    import signal
+    import time
+
+    eng = _record_engine()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        eng.stop_on_sigterm()
+        with pytest.raises(eng.Stopped):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)                          # the handler runs at the next bytecode
+    finally:
+        signal.signal(signal.SIGTERM, before)
