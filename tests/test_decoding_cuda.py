@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from specdec import decoding
-from specdec.decoding.common import ModelRunner, to_device
+from specdec.decoding.common import ASYNC_UPLOADS_ENV, ModelRunner, to_device
 from specdec.models import default
 
 pytestmark = [pytest.mark.gpu,
@@ -97,9 +97,11 @@ def _host_waits():
             found.extend(w for w in log if "synchroniz" in str(w.message))
 
 
-def test_host_data_reaches_the_gpu_without_waiting_for_it():
+def test_host_data_reaches_the_gpu_without_waiting_for_it(monkeypatch):
     """`to_device` (index lists and uniforms, every pass) copies through pinned memory, ordered
-    on the stream; the plain copy it replaces waits for the GPU's queue."""
+    on the stream, with SPECDEC_ASYNC_UPLOADS=1; the plain copy it replaces waits for the GPU's
+    queue."""
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
     busy = torch.randn(2048, 2048, device="cuda")
     torch.cuda.synchronize()
     with _host_waits() as waits:
@@ -110,6 +112,10 @@ def test_host_data_reaches_the_gpu_without_waiting_for_it():
     assert ids.tolist() == [[1, 2], [3, 4]] and u.tolist() == [0.25, 0.5]
     with _host_waits() as waits:
         torch.tensor([1, 2], device="cuda")
+    assert len(waits) == 1
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "0")        # the default: the plain copy
+    with _host_waits() as waits:
+        to_device([1, 2], "cuda", torch.long)
     assert len(waits) == 1
 
 
@@ -157,7 +163,9 @@ class _LoopWaits:
 def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(families, monkeypatch, method):
     """The engine's host round-trip budget on CUDA, as the GPU sees it: `ar` never waits once its
     prefill is done, every speculative method at most once per target pass (its loop-control
-    read), at batch 2. A blocking copy of an index list or of uniforms to the GPU would count."""
+    read), at batch 2. A blocking copy of an index list or of uniforms to the GPU would count, so
+    this holds with the asynchronous uploads (SPECDEC_ASYNC_UPLOADS=1, opt-in until this has run)."""
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
     _, gpu = families
     counter = _LoopWaits(monkeypatch, gpu.target)
     out = decoding.decode(method, gpu, CLASSES.cuda(), seed=0, batch_size=2)

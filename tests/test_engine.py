@@ -8,8 +8,8 @@ from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fi
 from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
-from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, image_generator, step_uniforms,
-                                     to_device, uniforms)
+from specdec.decoding.common import (ASYNC_UPLOADS_ENV, ImageStreams, ModelRunner, Outputs, Sampling, async_uploads,
+                                     image_generator, step_uniforms, to_device, uniforms)
 from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
 from specdec.profiling import count_host_syncs
 
@@ -126,12 +126,24 @@ def test_count_host_syncs_sees_blocking_copies_to_a_device():
     assert torch.tensor is original                   # put back after the block
 
 
-def test_to_device_gives_the_host_values_on_the_cpu():
+@pytest.mark.parametrize("uploads", ["0", "1"])
+def test_to_device_gives_the_host_values_on_the_cpu(monkeypatch, uploads):
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, uploads)
     got = to_device([[1, 2], [3, 4]], "cpu", torch.long)
     assert got.dtype == torch.long and got.tolist() == [[1, 2], [3, 4]]
     u = torch.rand(5)
     assert to_device(u, torch.device("cpu")) is u
     assert torch.equal(to_device(torch.tensor([1, 0]), "cpu", torch.bool), torch.tensor([True, False]))
+
+
+def test_async_uploads_are_opt_in_and_the_switch_is_checked(monkeypatch):
+    monkeypatch.delenv(ASYNC_UPLOADS_ENV, raising=False)
+    assert async_uploads() is False
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
+    assert async_uploads() is True
+    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "yes")
+    with pytest.raises(ValueError, match=ASYNC_UPLOADS_ENV):
+        async_uploads()
 
 
 @pytest.mark.parametrize("batch", [1, 3])

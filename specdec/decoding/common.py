@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, NamedTuple, Optional
@@ -212,21 +213,34 @@ class ImageStreams:
         return one
 
 
+#: The switch of `to_device`'s asynchronous uploads: opt-in until they have run on a GPU.
+ASYNC_UPLOADS_ENV = "SPECDEC_ASYNC_UPLOADS"
+
+
+def async_uploads() -> bool:
+    """Whether `to_device` copies to CUDA asynchronously: SPECDEC_ASYNC_UPLOADS=1 (unset or 0: the
+    plain blocking copy, the path that has run on a GPU)."""
+    value = os.environ.get(ASYNC_UPLOADS_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{ASYNC_UPLOADS_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def to_device(data, device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Host data (numbers in nested lists, or a CPU tensor) as a tensor on `device`, without
-    waiting for the device.
+    waiting for the device when asked to (`async_uploads`).
 
     A plain copy from ordinary (pageable) host memory to a GPU is a blocking copy: PyTorch
     synchronizes the stream around it, so the host first waits for every kernel already queued
     (`torch.cuda.set_sync_debug_mode` reports it as a sync). The decoders send index lists and
-    uniforms to the device every pass, so on CUDA they go through pinned memory and an
-    asynchronous copy, ordered on the stream before the kernels that read them. On the CPU this
-    is the plain tensor."""
+    uniforms to the device every pass; with SPECDEC_ASYNC_UPLOADS=1 they go through pinned memory
+    and an asynchronous copy on CUDA, ordered on the stream before the kernels that read them
+    (opt-in: it has not run on a GPU yet). On the CPU this is the plain tensor."""
     t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     device = torch.device(device)
-    if device.type != "cuda" or t.device.type != "cpu":
+    if device.type != "cuda" or t.device.type != "cpu" or not async_uploads():
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
