@@ -12,7 +12,8 @@ and `float(t)` (each `aten._local_scalar_dense`), `.tolist()`, copies from a CUD
 and `nonzero`, `unique`, `masked_select` and boolean-mask indexing; and blocking copies from the CPU
 to an accelerator (`.to("cuda")`, `torch.tensor(..., device="cuda")`): PyTorch synchronizes the
 stream around such a copy, so the host waits for every queued kernel (copy from pinned memory with
-`non_blocking=True` instead; `specdec.decoding.common.to_device` does). On CUDA,
+`non_blocking=True` instead, as `specdec.decoding.common.to_device` does with
+SPECDEC_ASYNC_UPLOADS=1). On CUDA,
 `torch.cuda.set_sync_debug_mode("error")` is the complementary check: it raises at the sync itself.
 torch.compile does not run under a dispatch mode: count a loop eagerly (a compiled step built with
 fullgraph=True has no host round trip inside it, or it would not have compiled).
@@ -43,34 +44,32 @@ def _bool_index(args) -> bool:
     return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in indices or ())
 
 
-def _device_to_host(func, args, kwargs) -> bool:
+def _copy(func, args, kwargs):
+    """(source device type, destination device type, non_blocking) of a copy op, else None."""
+    if func is _aten._to_copy.default:
+        src, dev = args[0], kwargs.get("device")
+        if isinstance(src, torch.Tensor) and dev is not None:
+            return src.device.type, torch.device(dev).type, kwargs.get("non_blocking", False)
+    elif func is _aten.copy_.default:
+        dst, src = args[0], args[1]
+        return src.device.type, dst.device.type, args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+    return None
+
+
+def _device_to_host(copy) -> bool:
     """A copy whose source is on an accelerator and whose result is on the CPU."""
-    if func is _aten._to_copy.default:
-        src, dev = args[0], kwargs.get("device")
-        return isinstance(src, torch.Tensor) and src.device.type != "cpu" and dev is not None and \
-            torch.device(dev).type == "cpu"
-    if func is _aten.copy_.default:
-        dst, src = args[0], args[1]
-        return src.device.type != "cpu" and dst.device.type == "cpu"
-    return False
+    return copy is not None and copy[0] != "cpu" and copy[1] == "cpu"
 
 
-def _blocking_upload(func, args, kwargs) -> bool:
+def _blocking_upload(copy) -> bool:
     """A copy from the CPU to another device that does not ask for non_blocking."""
-    if func is _aten._to_copy.default:
-        src, dev = args[0], kwargs.get("device")
-        return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and dev is not None
-                and torch.device(dev).type != "cpu" and not kwargs.get("non_blocking", False))
-    if func is _aten.copy_.default:
-        dst, src = args[0], args[1]
-        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        return src.device.type == "cpu" and dst.device.type != "cpu" and not non_blocking
-    return False
+    return copy is not None and copy[0] == "cpu" and copy[1] != "cpu" and not copy[2]
 
 
 @dataclass
 class HostSyncCount:
-    """What `count_host_syncs` saw. `round_trips` = `scalar_reads + device_to_host + data_dependent`."""
+    """What `count_host_syncs` saw. `round_trips` = `scalar_reads + device_to_host + data_dependent +
+    uploads`."""
 
     scalar_reads: int = 0      #: aten._local_scalar_dense (.item(), int(t), bool(t), float(t)) and .tolist()
     device_to_host: int = 0    #: copies from an accelerator to the CPU
@@ -99,12 +98,14 @@ class _Counter(TorchDispatchMode):
         elif func in DATA_DEPENDENT or (func is _aten.index.Tensor and _bool_index(args)):
             c.data_dependent += 1
             c.by_op[str(func.overloadpacket.__name__)] += 1
-        elif _device_to_host(func, args, kwargs):
-            c.device_to_host += 1
-            c.by_op["device_to_host"] += 1
-        elif _blocking_upload(func, args, kwargs):
-            c.uploads += 1
-            c.by_op["upload"] += 1
+        else:
+            copy = _copy(func, args, kwargs)
+            if _device_to_host(copy):
+                c.device_to_host += 1
+                c.by_op["device_to_host"] += 1
+            elif _blocking_upload(copy):
+                c.uploads += 1
+                c.by_op["upload"] += 1
         return func(*args, **kwargs)
 
 

@@ -274,8 +274,14 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
     graphs keep no guards."""
     from specdec.numerics import batch_invariant_enabled
 
-    p = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    return (batch, sampling, backend, None if p is None else (p.dtype, p.device), batch_invariant_enabled())
+    return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
+
+
+def weights_key(module):
+    """(dtype, device) of a module's first parameter, or None: a graph traced without guards is
+    only valid for the weights' dtype and device it was traced with."""
+    p = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
+    return None if p is None else (p.dtype, p.device)
 
 
 def distribution_of(runner) -> Callable:

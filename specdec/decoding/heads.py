@@ -63,7 +63,7 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     first) and the draft distribution q [B, n * ..., V]: the target's final norm, LM head and
     sampling on them. On a compiled runner this is one compiled graph per shape (kept with the
     runner, keyed by the heads module too), instead of some twenty eager ops."""
-    from specdec.decoding.compiled import runner_function
+    from specdec.decoding.compiled import runner_function, weights_key
 
     offsets = tuple(offsets)
 
@@ -78,7 +78,6 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
 
     # The graphs keep no guards: the key names what they depend on (a heads module cast to another
     # dtype or moved gets new graphs).
-    p = next(iter(heads.parameters()), None) if hasattr(heads, "parameters") else None
-    key = ("heads", heads, None if p is None else (p.dtype, p.device), kind, offsets, tuple(h.shape))
+    key = ("heads", heads, weights_key(heads), kind, offsets, tuple(h.shape))
     return runner_function(runner, key, make)(h, tokens)
 
