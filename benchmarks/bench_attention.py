@@ -109,7 +109,7 @@ def test_tree_attention_triton_tiles_before_fit(benchmark, shape, monkeypatch):
     _time_backend(benchmark, shape, "cuda", "triton", label="triton, 64x64 tiles (before the fit rule)")
 
 
-# The opt-in kernels of issue #19 (specdec/_attention_paths.py), none of which has run on a GPU
+# The opt-in kernels of issue #19 (specdec/ops/attention.py), none of which has run on a GPU
 # yet: timed beside the default kernels and flex at every shape. Triton's "prefill" is its
 # default kernel, so not repeated.
 OPT_IN_PATHS = [("cuda", "decode"), ("cuda", "prefill"), ("cuda", "auto"), ("triton", "decode"), ("triton", "auto")]

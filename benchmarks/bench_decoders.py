@@ -1,5 +1,5 @@
 """Every decoder on the embedded default family, one image at a time (the latency setting
-speculative decoding is for), at the settings of `specdec.decoding.DEFAULT_OPTIONS`: the wall
+speculative decoding is for), at the defaults of `specdec.decoding.OPTIONS`: the wall
 time per image of each method, with `ar` as the baseline of the group's speed-up column.
 
 The quality side (class accuracy, FD) needs hundreds of images and lives in `specdec compare`
@@ -12,6 +12,7 @@ from bench_helpers import pedantic_one_thread, synchronize
 from specdec.models import default
 
 CLASSES = torch.tensor([3, 7])      # a pullover and a sneaker: a flat and a detailed class
+RUN = dec.RunSettings(seed=0)
 
 
 #: every method at its defaults, and options whose cost docs/experiments.md discusses: SSD by the
@@ -32,7 +33,7 @@ def test_decode_two_images_default_family(benchmark, method, options):
     benchmark.extra_info["baseline"] = method == "ar"
 
     def run():
-        out = dec.decode(method, family, CLASSES, seed=0, **options)
+        out = dec.decode(method, family, CLASSES, run=RUN, **options)
         synchronize("cpu")
         return out
 

@@ -35,23 +35,30 @@ from bench_helpers import decode_record, save_record, synchronize  # noqa: E402
 
 def count_target_passes(model):
     """Count the real passes of `model` (a batched pass is one pass, whatever the number of images
-    in it), at the engine's Python level: ModelRunner's prefill and forward and the AR TokenStep,
-    outside anything compiled (a counter inside a compiled step would be a guard)."""
-    from specdec.decoding.common import ModelRunner
-    from specdec.decoding.compiled import TokenStep
+    in it), at the engine's Python level: the runners' prefill and forward (eager and compiled) and
+    the AR TokenStep, outside anything compiled (a counter inside a compiled step would be a
+    guard). A compiled runner's prefill may fall back to the eager one: a call inside a counted
+    call is not counted again."""
+    from specdec.decoding.compiled import CompiledRunner
+    from specdec.decoding.runner import ModelRunner, TokenStep
 
-    counter = {"passes": 0}
+    counter = {"passes": 0, "depth": 0}
 
     def counting(original, runner_of):
         @functools.wraps(original)
         def counted(self, *args, **kwargs):
-            if runner_of(self).model is model:
+            if runner_of(self).model is model and counter["depth"] == 0:
                 counter["passes"] += 1
-            return original(self, *args, **kwargs)
+            counter["depth"] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                counter["depth"] -= 1
         return counted
 
-    ModelRunner.prefill = counting(ModelRunner.prefill, lambda r: r)
-    ModelRunner.forward = counting(ModelRunner.forward, lambda r: r)
+    for cls in (ModelRunner, CompiledRunner):
+        cls.prefill = counting(cls.prefill, lambda r: r)
+        cls.forward = counting(cls.forward, lambda r: r)
     TokenStep.__call__ = counting(TokenStep.__call__, lambda step: step.runner)
     return counter
 
@@ -90,6 +97,7 @@ def engine_rows(results: dict) -> list:
 def main(argv=None):
     from specdec import decoding
     from specdec.models import default
+    from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
@@ -113,11 +121,12 @@ def main(argv=None):
     classes = torch.arange(args.num_images) % fam.target.num_classes
     compiled = methods if args.compiled_methods is None else args.compiled_methods.split(",")
     cells = [(m, b, mode) for b in batch_sizes for mode in modes for m in methods
-             if mode == "eager" or (m in compiled and "compile" in decoding.method_options(m))]
+             if mode == "eager" or m in compiled]
     started = datetime.datetime.now(datetime.timezone.utc)
 
-    def options(m, b, mode):
-        return dict(batch_size=b, **({"compile": True} if mode == "compiled" else {}))
+    def settings(b, mode, **kw):
+        """The run settings of a cell (built once per cell and call)."""
+        return RunSettings(batch_size=b, compile=mode == "compiled", **kw)
 
     results = {}
     stop_on_sigterm()
@@ -142,7 +151,7 @@ def measure(cells, results, fam, classes, passes, options, args, per_round):
 
     for m, b, mode in cells:                      # warm-up at the cell's shape; compile time
         t = time.perf_counter()
-        out = decoding.decode(m, fam, classes[:b], seed=10_000, **options(m, b, mode))
+        out = decoding.decode(m, fam, classes[:b], run=settings(b, mode, seed=10_000))
         synchronize(args.device)
         compile_s = sum(out.stats.extra.get("compile_s", [0.0])) if mode == "compiled" else 0.0
         # One counted batch (the counter slows it: not timed). torch.compile does not run under a
@@ -150,7 +159,7 @@ def measure(cells, results, fam, classes, passes, options, args, per_round):
         # the same, and the step itself (fullgraph=True) cannot hold a host read.
         with count_host_syncs() as c:
             before = passes["passes"]
-            decoding.decode(m, fam, classes[:b], seed=20_000, batch_size=b)
+            decoding.decode(m, fam, classes[:b], run=settings(b, "eager", seed=20_000))
             n_passes = passes["passes"] - before
         results[(m, b, mode)] = {"method": m, "batch_size": b, "mode": mode, "compile_s": round(compile_s, 2),
                                  "warmup_s": round(time.perf_counter() - t, 2),
@@ -162,7 +171,7 @@ def measure(cells, results, fam, classes, passes, options, args, per_round):
     for start in range(0, args.num_images, per_round):   # the timed part, methods taking turns
         for m, b, mode in cells:
             for s in range(start, start + per_round, b):
-                out = decoding.decode(m, fam, classes[s:s + b], seed=0, first_index=s, **options(m, b, mode))
+                out = decoding.decode(m, fam, classes[s:s + b], run=settings(b, mode, first_index=s))
                 synchronize(args.device)
                 r = results[(m, b, mode)]
                 # A speculative method may meet a new bucket width in a timed batch: its compile

@@ -42,7 +42,7 @@ class GraphClock:
     prefill not counted), per method (`self.method` names the decode running)."""
 
     def __init__(self, target):
-        from specdec.decoding import compiled
+        from specdec.decoding import compiled, runner
 
         self.method = None
         self.seconds = collections.Counter()
@@ -71,7 +71,7 @@ class GraphClock:
         # head drafts); counted: the target's passes, a token step feeding one token.
         compiled.CompiledForward.__call__ = counting(timed(compiled.CompiledForward.__call__), lambda cf: cf.model,
                                                      lambda tokens, *_: compiled.bucket_width(tokens.shape[1]))
-        compiled.TokenStep.__call__ = counting(compiled.TokenStep.__call__, lambda ts: ts.runner.model, lambda *_: 1)
+        runner.TokenStep.__call__ = counting(runner.TokenStep.__call__, lambda ts: ts.runner.model, lambda *_: 1)
         compiled.CompiledFunction.__call__ = timed(compiled.CompiledFunction.__call__)
 
     def clear(self):
@@ -83,6 +83,7 @@ class GraphClock:
 def main(argv=None):
     from specdec import decoding
     from specdec.models import default
+    from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=8, help="timed images per method")
@@ -93,9 +94,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
-    unknown = [m for m in methods if m not in decoding.METHODS or "compile" not in decoding.method_options(m)]
+    unknown = [m for m in methods if m not in decoding.METHODS]
     if unknown:
-        raise SystemExit(f"--methods: {', '.join(unknown)} cannot be compiled")
+        raise SystemExit(f"--methods: unknown method(s) {', '.join(unknown)}")
     if "ar" not in methods:
         methods = ["ar"] + methods
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -105,14 +106,14 @@ def main(argv=None):
     for m in methods:
         clock.method = m
         for i in range(args.warmup):
-            decoding.decode(m, fam, classes[i:i + 1], seed=0, first_index=i, compile=True)
+            decoding.decode(m, fam, classes[i:i + 1], run=RunSettings(first_index=i, compile=True))
         print(f"warm {m}", flush=True)
     clock.clear()
     wall, late = collections.Counter(), collections.Counter()
     for i in range(args.warmup, args.warmup + args.num_images):
         for m in methods:
             clock.method = m
-            out = decoding.decode(m, fam, classes[i:i + 1], seed=0, first_index=i, compile=True)
+            out = decoding.decode(m, fam, classes[i:i + 1], run=RunSettings(first_index=i, compile=True))
             # A bucket width first met here was compiled inside a graph call: not decode time.
             late[m] += sum(out.stats.extra.get("compile_s", [0.0]))
             wall[m] += out.stats.wall_s

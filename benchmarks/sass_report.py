@@ -208,7 +208,7 @@ def main():
         sys.exit("needs cuobjdump and nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
     cuda = []
     if specdec.build_info()["cuda_kernels"]:
-        cuda = cuda_rows(specdec._extension.extension().__file__)
+        cuda = cuda_rows(specdec.ops.dispatch.extension().__file__)
     with tempfile.TemporaryDirectory() as tmp:
         triton = triton_rows(tmp)
     os.makedirs(os.path.dirname(TABLE), exist_ok=True)

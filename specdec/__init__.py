@@ -2,22 +2,23 @@
 
     import specdec
     out = specdec.ops.pool_probs(logits, tokens, neighbors, delta=0.1)
-    specdec.build_info()   # which backends this install has
+    specdec.build_info()   # which backends this install has, and the opt-in switches
 """
 from __future__ import annotations
 
-from specdec import _extension, _library, masks, neighbors, ops  # noqa: F401  (_library registers fakes)
-from specdec._backends import BACKENDS, BackendUnavailableError, available_backends
+from specdec import masks, neighbors, ops, switches  # noqa: F401  (importing ops registers the fakes)
+from specdec.ops.dispatch import BACKENDS, BackendUnavailableError, available_backends
 from specdec._types import PooledProbs
 
 __version__ = "0.1.0"
 
 
 def build_info() -> dict:
-    """What this install can run: compiled backends, CUDA architectures, library versions."""
+    """What this install can run: compiled backends, CUDA architectures, library versions, and the
+    opt-in switches (their values here and which of them have never run on a GPU)."""
     import torch
 
-    from specdec import _backends
+    from specdec.ops import dispatch
 
     try:
         import triton
@@ -29,15 +30,16 @@ def build_info() -> dict:
         "version": __version__,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
-        "cpu_kernels": _extension.has_cpu_kernels(),
-        "cuda_kernels": _extension.has_cuda_kernels(),
-        "cuda_archs": _extension.cuda_archs(),
+        "cpu_kernels": dispatch.has_cpu_kernels(),
+        "cuda_kernels": dispatch.has_cuda_kernels(),
+        "cuda_archs": dispatch.cuda_archs(),
         "triton": triton_version,
-        "triton_interpret": _backends.triton_interpreting(),
-        "extension_error": _extension.load_error(),
+        "triton_interpret": dispatch.triton_interpreting(),
+        "extension_error": dispatch.load_error(),
         "backends_cpu_tensors": available_backends(torch.device("cpu")),
+        "switches": switches.table(),
     }
 
 
-__all__ = ["ops", "masks", "neighbors", "build_info", "BACKENDS", "BackendUnavailableError",
+__all__ = ["ops", "masks", "neighbors", "switches", "build_info", "BACKENDS", "BackendUnavailableError",
            "available_backends", "PooledProbs", "__version__"]

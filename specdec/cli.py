@@ -8,7 +8,7 @@
 Both run on the embedded default family (`specdec.models.default()`), on CPU unless --device says
 otherwise; `generate --model PATH` runs on a LlamaGen checkpoint (class-conditional or
 text-to-image, with --vq for its VQ) or a transformers `save_pretrained` folder (docs/models.md). `--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
-option (see `specdec.decoding.DEFAULT_OPTIONS`).
+option (see `specdec.decoding.OPTIONS`: one options dataclass per method, its defaults the defaults).
 """
 from __future__ import annotations
 
@@ -22,48 +22,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-
-# ---------------------------------------------------------------------------------------------
-# progress
-# ---------------------------------------------------------------------------------------------
-
-class Progress:
-    """tqdm when installed, else a one-line bar on stderr."""
-
-    def __init__(self, total: int, desc: str, enabled: bool = True):
-        self.total, self.desc, self.enabled, self.done = total, desc, enabled, 0
-        self.start = time.perf_counter()
-        self._bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc=desc, unit="img", leave=False, file=sys.stderr)
-            except ImportError:
-                self._bar = None
-
-    def __call__(self, done: int) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(done - self.done)
-        else:
-            width = 30
-            filled = int(width * done / max(1, self.total))
-            rate = (time.perf_counter() - self.start) / max(1, done)
-            sys.stderr.write(f"\r{self.desc:<8} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} "
-                             f"{rate:.2f} s/img")
-            sys.stderr.flush()
-        self.done = done
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.close()
-        else:
-            sys.stderr.write("\r" + " " * 70 + "\r")
-            sys.stderr.flush()
+from specdec.progress import ProgressLine
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,22 +53,22 @@ def parse_sets(items: List[str], per_method: bool) -> Dict:
 
 
 def _sampling(args):
-    from specdec.decoding import DEFAULT_SAMPLING, Sampling
+    from specdec.decoding import DEFAULT_SAMPLING
+    from specdec.settings import Sampling
 
     return Sampling(cfg_scale=DEFAULT_SAMPLING.cfg_scale if args.cfg_scale is None else args.cfg_scale,
                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     cfg_interval=args.cfg_interval, cfg_rule=args.cfg_rule)
 
 
-def _engine_options(args, methods: List[str]) -> Dict[str, dict]:
-    """--batch-size and --compile as options of each method (checked here, so a bad value is one line)."""
+def run_settings(args, progress=None):
+    """The run's settings from the common flags, built once per command (a bad value is one line)."""
+    from specdec.settings import RunSettings
+
     if isinstance(args.batch_size, bool) or args.batch_size < 1:
         raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
-    out = {m: {"batch_size": args.batch_size} for m in methods}
-    if args.compile:   # every method takes it (specdec.decoding.compiled)
-        for m in methods:
-            out[m]["compile"] = True
-    return out
+    return RunSettings(seed=args.seed, sampling=_sampling(args), batch_size=args.batch_size, compile=args.compile,
+                       progress=progress)
 
 
 def check_device(device: str) -> torch.device:
@@ -133,6 +92,16 @@ def _family(args):
     return default(device=args.device)
 
 
+#: The flag of each parameter of specdec.models.loading that a LoadError may name.
+_LOAD_FLAGS = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size",
+               "heads": "--heads", "upsampler": "--upsampler"}
+
+
+def _flagged(error, flag: str = None) -> ValueError:
+    """A LoadError as the one-line error of the flag it concerns."""
+    return ValueError(f"{flag or _LOAD_FLAGS.get(error.argument, error.argument)} {error.message}")
+
+
 # ---------------------------------------------------------------------------------------------
 # generate
 # ---------------------------------------------------------------------------------------------
@@ -154,14 +123,12 @@ def cmd_generate(args) -> int:
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     classes = torch.full((args.num,), args.class_id, dtype=torch.long)
-    engine = _engine_options(args, [args.method])[args.method]
-    bar = Progress(args.num, args.method, enabled=not args.quiet)
-    out = decoding.decode(args.method, fam, classes, seed=args.seed, sampling=_sampling(args), progress=bar,
-                          **{**engine, **options})
+    bar = ProgressLine(args.num, label=args.method, enabled=not args.quiet)
+    out = decoding.decode(args.method, fam, classes, run=run_settings(args, bar), **options)
     bar.close()
     images.save_grid(out.images, args.out, nrow=min(args.num, 8))
     s = out.stats
-    name = fam.class_names[args.class_id] if hasattr(fam, "class_names") else str(args.class_id)
+    name = fam.class_names[args.class_id] if fam.class_names else str(args.class_id)
     print(f"{args.method}: {args.num} x {name!r} -> {args.out}  ({s.target_forwards_per_image:.1f} target passes/image, "
           f"{s.wall_s / s.images:.3f} s/image)")
     return 0
@@ -171,63 +138,29 @@ def cmd_generate(args) -> int:
 # generate --model
 # ---------------------------------------------------------------------------------------------
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 def _model_flags(args) -> Dict[str, object]:
     return {"--vq": args.vq, "--prompt": args.prompt, "--negative-prompt": args.negative_prompt,
             "--caption-embeddings": args.caption_embeddings, "--drafter": args.drafter,
             "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
 
 
-def _size(text: str, flag: str):
-    """A LlamaGen size name, or a dict of config fields written as a Python literal (other sizes)."""
-    if text.lstrip().startswith("{"):
-        value = _value(text)
-        if not isinstance(value, dict):
-            raise ValueError(f"{flag}: expected a size name or a dict of config fields, got {text!r}")
-        return value
-    return text
+def load_model_family(args, path: str = None, flag: str = "--model", grid: int = None):
+    """The family of --model (or of `path`, a drafter's file, named `flag` in errors)."""
+    from specdec.models.loading import DTYPES, LoadError, load_family
 
+    path = args.model if path is None else path
+    if grid is None and not os.path.isdir(path):
+        grid = args.grid_size            # LlamaGen checkpoints: --grid-size (a folder knows its own)
+    if getattr(args, "quiet", False) and os.path.isdir(path):
+        from transformers.utils import logging as hf_logging
 
-def load_model_family(args):
-    """The family of --model: a LlamaGen checkpoint file (with --vq) or a transformers folder."""
-    path = args.model
-    device = check_device(args.device)
-    dtype = _DTYPES[args.dtype]
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"--model {path}: no such file or directory")
-    if os.path.isdir(path):
-        if args.vq is not None:
-            raise ValueError("--vq is for LlamaGen checkpoints; a transformers folder brings its own VQ")
-        if not os.path.exists(os.path.join(path, "config.json")):
-            raise ValueError(f"--model {path}: a folder must be saved with transformers' save_pretrained "
-                             "(no config.json in it)")
-        try:
-            from specdec.models.hf import load_pretrained
-        except ImportError as e:
-            raise ValueError(f"--model {path}: transformers folders need specdec.models.hf, which this "
-                             f"install lacks ({e})") from None
-        if getattr(args, "quiet", False):
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
-        grid = getattr(args, "hf_grid", None)
-        options = {} if grid is None else {"grid": (grid, grid)}
-        try:
-            return load_pretrained(path, device=device, dtype=dtype, **options)
-        except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:
-            raise ValueError(f"--model {path}: {type(e).__name__}: {e}") from None
-    if args.vq is not None and not os.path.exists(args.vq):
-        raise FileNotFoundError(f"--vq {args.vq}: no such file")
-    from specdec.models.llamagen_family import load_llamagen_family
-
+        hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
     try:
-        return load_llamagen_family(path, args.vq, gpt_size=_size(args.gpt_size, "--gpt-size"),
-                                    grid_size=args.grid_size, vq_size=_size(args.vq_size, "--vq-size"),
-                                    device=device, dtype=dtype, trust_pickle=args.trust_pickle)
-    except (OSError, RuntimeError, TypeError) as e:   # e.g. no checkpoint at all, a bad size dict
-        raise ValueError(f"--model {path}: {type(e).__name__}: {e}") from None
+        return load_family(path, vq=args.vq if flag == "--model" or not os.path.isdir(path) else None,
+                           gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid, device=check_device(args.device),
+                           dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle)
+    except LoadError as e:
+        raise _flagged(e, flag if e.argument == "path" else None) from None
 
 
 def model_conditions(args, target):
@@ -283,42 +216,29 @@ def method_resources(args, fam) -> Dict[str, object]:
     """The drafter, SSD heads and up-sampler of --drafter/--heads/--upsampler as method options
     (only those the method takes; a file that does not fit the model is a one-line error)."""
     from specdec import decoding
+    from specdec.models.loading import LoadError, load_ssd_heads, load_upsampler_file
 
     accepted = set(decoding.method_options(args.method))
     out: Dict[str, object] = {}
-    given = {"--drafter": args.drafter, "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
-    for flag, path in given.items():
+    for flag, name in (("--drafter", "drafter"), ("--heads", "heads"), ("--upsampler", "upsampler")):
+        path = getattr(args, name)
         if path is not None and not os.path.exists(path):
             raise FileNotFoundError(f"{flag} {path}: no such file or directory")
-    if args.drafter is not None:
-        if "drafter" not in accepted:
-            raise ValueError(f"--drafter: {args.method} takes no drafter")
-        grid = args.drafter_grid if args.drafter_grid is not None else args.grid_size
-        sub = argparse.Namespace(**{**vars(args), "model": args.drafter, "vq": None if os.path.isdir(args.drafter)
-                                    else args.vq, "grid_size": grid, "hf_grid": args.drafter_grid})
-        out["drafter"] = load_model_family(sub).target
-    if args.heads is not None:
-        if "heads" not in accepted:
-            raise ValueError(f"--heads: {args.method} takes no SSD heads")
-        from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
-        from specdec.models.weights_io import load_module
-
-        heads, _ = load_module(args.heads, lambda c: SSDHeads(SSDHeadsConfig(**c)), "train them with `python -m "
-                               "specdec.train ssd --model ...`")
-        if heads.config.dim != fam.target.hidden_dim or heads.config.grid_width != fam.target.grid[1]:
-            raise ValueError(f"--heads {args.heads}: heads for hidden size {heads.config.dim} and grid width "
-                             f"{heads.config.grid_width}, the model has {fam.target.hidden_dim} and {fam.target.grid[1]}")
-        # In the model's dtype: the heads read its hidden states and embeddings as they come.
-        dtype = next(fam.target.parameters()).dtype
-        out["heads"] = heads.to(check_device(args.device), dtype).eval()
-    if args.upsampler is not None:
-        if "upsampler" not in accepted:
-            raise ValueError(f"--upsampler: {args.method} takes no up-sampler")
-        from specdec.decoding.upsample import load_upsampler
-
-        out["upsampler"] = load_upsampler(args.upsampler, device=check_device(args.device))
-        out["upsample"] = "learned"
-    elif args.method == "mulo":
+        if path is not None and name not in accepted:
+            what = {"drafter": "no drafter", "heads": "no SSD heads", "upsampler": "no up-sampler"}[name]
+            raise ValueError(f"{flag}: {args.method} takes {what}")
+    device = check_device(args.device)
+    try:
+        if args.drafter is not None:
+            out["drafter"] = load_model_family(args, args.drafter, "--drafter", args.drafter_grid).target
+        if args.heads is not None:
+            out["heads"] = load_ssd_heads(args.heads, fam.target, device)
+        if args.upsampler is not None:
+            out["upsampler"] = load_upsampler_file(args.upsampler, device)
+            out["upsample"] = "learned"
+    except LoadError as e:
+        raise _flagged(e) from None
+    if args.upsampler is None and args.method == "mulo":
         out["upsample"] = "pixel"      # the shipped learned up-sampler belongs to the embedded family
     return out
 
@@ -331,8 +251,6 @@ def cmd_generate_model(args) -> int:
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     tokens_only = args.out.endswith(".pt")
-    sampling = _sampling(args)
-    engine = _engine_options(args, [args.method])[args.method]
     torch.set_num_threads(args.threads) if args.threads else None
     fam = load_model_family(args)
     options = {**method_resources(args, fam), **options}
@@ -341,9 +259,9 @@ def cmd_generate_model(args) -> int:
         raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq); write the token "
                          "grids instead with --out FILE.pt")
     total = args.num * (1 if classes is not None else len(prompts))
-    bar = Progress(total, args.method, enabled=not args.quiet)
-    out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative, seed=args.seed,
-                          sampling=sampling, progress=bar, **{**engine, **options})
+    bar = ProgressLine(total, label=args.method, enabled=not args.quiet)
+    out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative,
+                          run=run_settings(args, bar), **options)
     bar.close()
     if tokens_only:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
@@ -360,99 +278,21 @@ def cmd_generate_model(args) -> int:
 # compare
 # ---------------------------------------------------------------------------------------------
 
-COLUMNS = ("method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd")
-
-
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def format_table(rows: List[dict], fd_real: Optional[float] = None) -> str:
-    head = (f"{'method':<9} {'target fwd/img':>14} {'step compr.':>11} {'wall s/img':>10} {'speed-up':>9} "
-            f"{'class acc':>9} {'FD-classifier':>13}")
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['method']:<9} {_fmt(r['target_forwards'], '14.1f')} {_fmt(r['step_compression'], '10.2f')}x "
-                     f"{_fmt(r['wall_s'], '10.3f')} {_fmt(r['speedup'], '8.2f')}x {_fmt(r['class_accuracy'], '9.3f')} "
-                     f"{_fmt(r['fd'], '13.2f')}")
-    if fd_real is not None:
-        lines.append(f"(FD-classifier of as many real held-out images: {fd_real:.2f}; it is not FID)")
-    return "\n".join(lines)
-
-
-#: Images each method decodes per turn in `run_compare`.
-COMPARE_TURN = 10
-
-
-def run_compare(fam, methods: List[str], num_images: int, seed: int, sampling, options: Dict[str, dict], *,
-                out_dir: Optional[str] = None, warmup: bool = True, show_progress: bool = True, log=print,
-                turn: int = COMPARE_TURN):
-    """Every method on the same classes and seeds. The methods take turns, `turn` images each, so
-    that a slow spell of a shared machine (they last minutes on our 2-core development machine, and
-    made methods measured later up to 35% slower in a method-after-method run) falls on all
-    methods alike instead of on whichever ran through it. Image i of every method depends only on
-    (seed, i), so the turns change no token."""
-    from specdec import decoding, images, quality
-    from specdec.decoding.common import concat_results
-
-    for m in methods:
-        decoding.check_method(m)
-    for m in options:
-        decoding.check_method(m)
-    if num_images < 2:
-        raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
-    n_classes = fam.target.num_classes
-    classes = torch.arange(num_images) % n_classes
-    if warmup:   # first-call costs (allocator, kernel caches, compilation of a batch's shapes) are not the method's
-        for m in methods:
-            batch = options.get(m, {}).get("batch_size", 1)
-            decoding.decode(m, fam, classes[:batch], seed=seed + 10_000, sampling=sampling, **options.get(m, {}))
-    parts: Dict[str, list] = {m: [] for m in methods}
-    bar = Progress(num_images * len(methods), ",".join(methods), enabled=show_progress)
-    for start in range(0, num_images, turn):
-        for m in methods:
-            parts[m].append(decoding.decode(m, fam, classes[start:start + turn], seed=seed, first_index=start,
-                                            sampling=sampling, **options.get(m, {})))
-            bar(bar.done + parts[m][-1].tokens.shape[0])
-    bar.close()
-    results, rows = {}, []
-    fd_real = None
-    for m in methods:
-        out = concat_results(m, parts.pop(m))
-        q = quality.evaluate(getattr(fam, "evaluator", None), out.images, classes)
-        fd_real = q["fd_real"] if q["fd_real"] is not None else fd_real
-        s = out.stats
-        results[m] = out
-        rows.append({"method": m, "target_forwards": s.target_forwards_per_image, "step_compression": None,
-                     "wall_s": s.wall_s / s.images, "speedup": None, "class_accuracy": q["class_accuracy"],
-                     "fd": q["fd"], "draft_forwards": s.draft_forwards / s.images,
-                     "tokens_per_target_pass": s.tokens_per_target_pass})
-        if out_dir and out.images is not None:
-            images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
-        if out_dir and m == "mulo" and out.images is not None:
-            images.save_mulo_maps(out.images, s.extra["accept_image"], s.extra["islands"],
-                                  os.path.join(out_dir, "mulo_maps.png"))
-    base = next((r for r in rows if r["method"] == "ar"), None)
-    if base is not None:
-        for r in rows:
-            r["step_compression"] = base["target_forwards"] / r["target_forwards"]
-            r["speedup"] = base["wall_s"] / r["wall_s"]
-    return rows, results, fd_real
-
-
 def cmd_compare(args) -> int:
+    from specdec.compare import COMPARE_TURN, format_table, run_compare
+
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
-    engine = _engine_options(args, methods)
-    options = {m: {**engine.get(m, {}), **options.get(m, {})} for m in set(methods) | set(options)}
+    run = run_settings(args)
     fam = _family(args)
-    sampling = _sampling(args)
+    sampling = run.sampling
     t0 = time.perf_counter()
     # Each turn is a whole number of batches.
     turn = -(-COMPARE_TURN // args.batch_size) * args.batch_size
-    rows, _, fd_real = run_compare(fam, methods, args.num_images, args.seed, sampling, options,
-                                   out_dir=args.out_dir, warmup=not args.no_warmup, show_progress=not args.quiet,
-                                   turn=turn)
+    bar = ProgressLine(args.num_images * len(methods), label=",".join(methods), enabled=not args.quiet)
+    rows, _, fd_real = run_compare(fam, methods, args.num_images, run, options, out_dir=args.out_dir,
+                                   warmup=not args.no_warmup, progress=bar, turn=turn)
+    bar.close()
     batching = "one image at a time" if args.batch_size == 1 else f"batch size {args.batch_size}"
     print(f"{args.num_images} images (classes 0..{fam.target.num_classes - 1} in turn), seed {args.seed}, "
           f"CFG {sampling.cfg_scale}, {batching}, {'compiled' if args.compile else 'eager'}, "
@@ -480,16 +320,14 @@ def cmd_sample(args) -> int:
     from specdec import sample
 
     options = parse_sets(args.set, per_method=False)
-    if args.compile:
-        options["compile"] = True       # a recorded setting: a resumed run keeps its mode
     world = None
     try:
         world, device = sample.join(args.device)
         args.device = str(device)
         fam = _family(args)
-        req = sample.Request(method=args.method, out_dir=args.out, num=args.num, seed=args.seed,
-                             sampling=_sampling(args), options=options, batch_size=args.batch_size,
-                             classes=args.classes, prompts=args.prompts, show_progress=not args.quiet)
+        req = sample.Request(method=args.method, out_dir=args.out, num=args.num, run=run_settings(args),
+                             options=options, classes=args.classes, prompts=args.prompts,
+                             show_progress=not args.quiet)
         summary = sample.run(fam, req, world, device)
     except sample.Refused:
         return 2
@@ -553,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--vq-size", default="VQ-16", help="LlamaGen VQ size of --vq (VQ-16, VQ-8)")
     m.add_argument("--grid-size", type=int, default=16,
                    help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
-    m.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="weights and activations of --model")
+    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32", help="weights and activations of --model")
     m.add_argument("--trust-pickle", action="store_true",
                    help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
     m.add_argument("--prompt", action="append", metavar="TEXT", help="text prompt (repeatable), text-conditional models")

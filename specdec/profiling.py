@@ -12,7 +12,7 @@ and `float(t)` (each `aten._local_scalar_dense`), `.tolist()`, copies from a CUD
 and `nonzero`, `unique`, `masked_select` and boolean-mask indexing; and blocking copies from the CPU
 to an accelerator (`.to("cuda")`, `torch.tensor(..., device="cuda")`): PyTorch synchronizes the
 stream around such a copy, so the host waits for every queued kernel (copy from pinned memory with
-`non_blocking=True` instead, as `specdec.decoding.common.to_device` does with
+`non_blocking=True` instead, as `specdec.decoding.uploads.to_device` does with
 SPECDEC_ASYNC_UPLOADS=1). On CUDA,
 `torch.cuda.set_sync_debug_mode("error")` is the complementary check: it raises at the sync itself.
 torch.compile does not run under a dispatch mode: count a loop eagerly (a compiled step built with

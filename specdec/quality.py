@@ -32,8 +32,9 @@ def likelihood_excess(target, tokens: torch.Tensor, classes, sampling, *, batch_
 
     Returns {"mean": nats per token, "stderr": its standard error over images, "per_row": the
     mean for each token row (H floats)}."""
-    from specdec._validation import read_back
-    from specdec.decoding.common import ModelRunner, check_classes, check_grid_model
+    from specdec.ops.checks import read_back
+    from specdec.decoding.batching import check_classes, check_grid_model
+    from specdec.decoding.runner import ModelRunner
 
     check_grid_model(target, "target")
     classes = check_classes(target, classes)

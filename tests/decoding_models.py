@@ -64,7 +64,7 @@ class TinyFamily:
         self.ssd_heads = tiny_heads(32, width=4, seed=seed + 2, vertical=2)
         self.tokenizer = TinyTokenizer(vocab)
         self.codebook = self.tokenizer.codebook
-        from specdec.decoding.upsample import TokenUpsampler
+        from specdec.models.upsampler import TokenUpsampler
 
         torch.manual_seed(seed)
         self.upsampler = TokenUpsampler(vocab, self.codebook.shape[1], factor=2, channels=8).eval()

@@ -11,7 +11,7 @@ import torch
 
 from decoding_models import single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, decoding
-from specdec.decoding.common import Sampling
+from specdec.settings import Sampling
 from specdec.models import LlamaGenVQ, LlamaGenVQConfig, Prompts
 from specdec.models.llamagen_family import load_llamagen_family
 from test_models_t2i import CAPTION_DIM, SLOTS, captions, t5_style, tiny_t2i, upstream_t2i_state

@@ -5,8 +5,9 @@ import torch
 
 from decoding_models import TinyFamily, single_thread, tiny_heads  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding.common import ModelRunner, Sampling
-from specdec.decoding.compiled import CompiledForward, bucket_width, compile_options, distribution_of
+from specdec.decoding.runner import ModelRunner
+from specdec.settings import Sampling
+from specdec.decoding.compiled import CompiledRunner, bucket_width, compile_options
 from specdec.masks import pack
 from specdec.numerics import batch_invariant
 
@@ -32,14 +33,16 @@ def test_bucket_widths_hold_the_pass_and_pad_at_most_a_third_beyond_16():
 
 
 def _runners(model, classes):
-    """Two runners on `model`, prefilled alike, with a few committed tokens at positions 0..5."""
+    """An eager runner and a compiled one whose "compiler" is the identity (eager numerics, the
+    compiled runner's padding) on `model`, prefilled alike by the eager passes, with a few
+    committed tokens at positions 0..5."""
     out = []
-    for _ in range(2):
-        r = ModelRunner(model, SAMPLING, batch=classes.shape[0], backend="reference")
-        r.prefill(classes)
+    for make in (ModelRunner, lambda *a, **k: CompiledRunner(*a, **k, compiler=lambda fn, device: fn)):
+        r = make(model, SAMPLING, batch=classes.shape[0], backend="reference")
+        ModelRunner.prefill(r, classes)
         g = torch.Generator().manual_seed(3)
         committed = torch.randint(0, model.vocab_size, (classes.shape[0], 6), generator=g)
-        r.forward(committed, torch.arange(6))
+        ModelRunner.forward(r, committed, torch.arange(6))
         out.append(r)
     return out
 
@@ -63,8 +66,6 @@ def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
     classes = torch.tensor([0, 2])
     with batch_invariant(), torch.no_grad():
         eager, padded = _runners(model, classes)
-        padded.compiled_forward = CompiledForward(model, padded.cache, "reference", padded._fast,
-                                                  compiler=lambda fn, device: fn, distribution=distribution_of(padded))
         g = torch.Generator().manual_seed(n)
         tokens = torch.randint(0, model.vocab_size, (2, n), generator=g)
         # Each image its own positions after the committed ones (the second out of raster order).
@@ -88,7 +89,8 @@ def test_a_padded_pass_equals_the_unpadded_one(fam, n, tree, write):
 
 
 COMPILED = [("sd", {}), ("lantern", {}), ("sjd", {}), ("zipar", {}), ("ssd", {}), ("ssd", dict(commit="write")),
-            ("mulo", dict(upsample="nearest")), ("mulo", dict(upsample="nearest", resample="raster"))]
+            ("mulo", dict(upsample="nearest")), ("mulo", dict(upsample="nearest", resample="raster")),
+            ("mulo", dict(upsample="nearest", drafting="zipar"))]
 
 
 @pytest.mark.parametrize("method,options", COMPILED, ids=[f"{m}-{'-'.join(map(str, o.values()))}" for m, o in COMPILED])

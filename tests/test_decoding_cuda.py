@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from specdec import decoding
-from specdec.decoding.common import ASYNC_UPLOADS_ENV, ModelRunner, to_device
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.uploads import to_device
 from specdec.models import default
 
 pytestmark = [pytest.mark.gpu,
@@ -101,7 +102,7 @@ def test_host_data_reaches_the_gpu_without_waiting_for_it(monkeypatch):
     """`to_device` (index lists and uniforms, every pass) copies through pinned memory, ordered
     on the stream, with SPECDEC_ASYNC_UPLOADS=1; the plain copy it replaces waits for the GPU's
     queue."""
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", "1")
     busy = torch.randn(2048, 2048, device="cuda")
     torch.cuda.synchronize()
     with _host_waits() as waits:
@@ -113,7 +114,7 @@ def test_host_data_reaches_the_gpu_without_waiting_for_it(monkeypatch):
     with _host_waits() as waits:
         torch.tensor([1, 2], device="cuda")
     assert len(waits) == 1
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "0")        # the default: the plain copy
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", "0")        # the default: the plain copy
     with _host_waits() as waits:
         to_device([1, 2], "cuda", torch.long)
     assert len(waits) == 1
@@ -165,7 +166,7 @@ def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(familie
     prefill is done, every speculative method at most once per target pass (its loop-control
     read), at batch 2. A blocking copy of an index list or of uniforms to the GPU would count, so
     this holds with the asynchronous uploads (SPECDEC_ASYNC_UPLOADS=1, opt-in until this has run)."""
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", "1")
     _, gpu = families
     counter = _LoopWaits(monkeypatch, gpu.target)
     out = decoding.decode(method, gpu, CLASSES.cuda(), seed=0, batch_size=2)

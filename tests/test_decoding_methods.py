@@ -8,9 +8,12 @@ import torch
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
-from specdec.decoding.common import (DecodeStats, ModelRunner, Sampling, concat_results, draw_residual,
-                                     image_generator)
-from specdec.decoding.upsample import TokenUpsampler
+from specdec.decoding.draws import draw_residual
+from specdec.decoding.results import DecodeStats, concat_results
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.streams import image_generator
+from specdec.settings import RunSettings, Sampling
+from specdec.models.upsampler import TokenUpsampler
 
 SAMPLING = Sampling(cfg_scale=2.0)
 CLASSES = torch.tensor([0, 1, 2])
@@ -91,8 +94,7 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
     h, w = fam.drafter.grid
     H, W = fam.target.grid
     for resample in ("islands", "raster"):
-        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=1.5,
-                          resample=resample, seed=3, sampling=SAMPLING)
+        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"), run=RunSettings(seed=3, sampling=SAMPLING))
         assert out.stats.extra["resampled"] == [H * W]
         assert not bool(out.stats.acceptance_maps[0].any())
         gen = image_generator(3, 0)
@@ -138,22 +140,20 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
     HW = fam.target.grid[0] * fam.target.grid[1]
     kept = {}
     for bounds in SSD_BOUNDS:
-        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, rounds=1, seed=4,
-                         sampling=SAMPLING, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
+        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]), run=RunSettings(seed=4, sampling=SAMPLING))
         kept[bounds] = out.stats.extra["kept_as_judged"]
         assert all(0 <= k <= HW for k in kept[bounds])
         assert all(0 <= o <= k for o, k in zip(out.stats.extra["open_at_end"], kept[bounds]))
     assert kept[(None, None)] == [0] * 6
     assert sum(kept[(0, 0)]) > 0
     # Bounds no tail reaches change nothing: the exact variant's tokens, passes and judgments.
-    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=1, seed=4, sampling=SAMPLING, commit="verify")
-    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=1, seed=4, sampling=SAMPLING, commit="verify",
-                       max_tail=HW, final_passes=HW)
+    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
+    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(exact.tokens, loose.tokens)
     assert exact.stats.target_forwards == loose.stats.target_forwards
     assert exact.stats.extra["accepted"] == loose.stats.extra["accepted"]
-    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING)
-    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=4, sampling=SAMPLING, max_tail=0, final_passes=0)
+    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
+    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
 
 
@@ -161,35 +161,17 @@ def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
     """With H = 4 the groups are rows {1, 2} and {3}: the first verification of each group scores
     two rows, then one (per image)."""
     W = fam.target.grid[1]
-    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=1, vertical_heads=2, seed=3,
-                     sampling=SAMPLING)
+    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
     row0 = out.stats.extra["row0_passes"][0]                         # row 0's raster rounds come first
     assert out.stats.extra["drafted"][row0:] == [2 * W, W]
-    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=1, vertical_heads=1, seed=3,
-                     sampling=SAMPLING)
+    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
     assert one.stats.extra["drafted"][one.stats.extra["row0_passes"][0]:] == [W, W, W]
 
 
 def test_ssd_batched_rows_follow_the_same_schedule(fam):
-    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=2, seed=2, sampling=SAMPLING, batch_size=3)
+    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3))
     c0, = out.stats.extra["row0_passes"]
     assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_ssd_previous_round_q_keeps_tokens_whose_context_did_not_change(fam, seed):
-    """round_q="previous": a token left of (or at) a row's first round-1 rejection has the same
-    context in round 2, so p did not change and it must be kept. (With the adopted "resampled"
-    reading, kept tokens are judged against the head's q again and can be rejected.)"""
-    H, W = fam.target.grid
-    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, rounds=2, round_q="previous", seed=seed,
-                     sampling=SAMPLING)
-    maps = out.stats.acceptance_maps[out.stats.extra["row0_passes"][0]:]      # the row rounds
-    assert len(maps) == 2 * (H - 1)
-    for i in range(1, H):
-        first, second = maps[2 * (i - 1)][0, i], maps[2 * (i - 1) + 1][0, i]
-        j0 = int((~first).nonzero()[0, 0]) if not bool(first.all()) else W - 1
-        assert bool(second[:j0 + 1].all()), (i, first, second)
 
 
 def test_draw_residual_returns_the_distribution_it_samples_from():
@@ -223,8 +205,8 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     for seed in range(3):
         runner = ModelRunner(fam.target, SAMPLING)
         stats = DecodeStats("ssd")
-        x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, rounds=rounds,
-                            chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
+        options = ssd.SSDOptions(rounds=rounds, chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
+        x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, options)
         row0 = stats.extra["row0_passes"][0]
         corrected += sum(stats.extra["drafted"][row0:]) - sum(stats.extra["accepted"][row0:])
         kept += stats.extra["kept_as_judged"][0] - stats.extra["open_at_end"][0]
@@ -239,97 +221,6 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     assert corrected > 0                                # the passes did correct tokens
     if bounds == (0, 0) and rounds == 0:
         assert kept > 0                                 # and max_tail kept some mid-image tokens
-
-
-def _spy_on_mulo_cycles(monkeypatch):
-    """Record every down-sampled prefix and what the drafter's sampling starts from."""
-    calls = {"downsample": [], "drafter_prefix": []}
-    real_down, real_sample = mulo._up.downsample, mulo.sample_grid
-
-    def downsample(high, factor, *, tokenizer, pad_to=None):
-        low = real_down(high, factor, tokenizer=tokenizer, pad_to=pad_to)
-        calls["downsample"].append((high.clone(), low.clone()))
-        return low
-
-    def sample_grid(runner, classes, gen, *, x=None, start=0, **kw):
-        calls["drafter_prefix"].append(x[:, :start].clone())
-        return real_sample(runner, classes, gen, x=x, start=start, **kw)
-
-    monkeypatch.setattr(mulo._up, "downsample", downsample)
-    monkeypatch.setattr(mulo, "sample_grid", sample_grid)
-    return calls
-
-
-@pytest.mark.parametrize("tau", [0.0, 0.3, 1.5])
-def test_mulo_cycles_continue_the_drafter_from_the_downsampled_accepted_rows(fam, monkeypatch, tau):
-    """cycle_rows=1 on the 2x2 drafter: two cycles of two target rows. The second cycle's drafter
-    prefix is the first two committed target rows of the final image, down-sampled."""
-    calls = _spy_on_mulo_cycles(monkeypatch)
-    H, W = fam.target.grid
-    out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=tau,
-                      cycle_rows=1, seed=4, sampling=SAMPLING)
-    assert out.stats.extra["cycles"] == [2]
-    (high, low), = calls["downsample"]
-    assert torch.equal(high, out.tokens[:, :2])                         # the accepted rows, as committed
-    assert torch.equal(low, mulo._up.downsample(out.tokens[:, :2], 2, tokenizer=fam.tokenizer, pad_to=H))
-    first, second = calls["drafter_prefix"]
-    assert first.numel() == 0 and torch.equal(second, low.view(1, -1))
-    resampled, = out.stats.extra["resampled"]
-    if tau == 0.0:
-        assert resampled == 0 and out.stats.target_forwards == 1 + 2   # prefill + a verification per cycle
-    if tau > 1:
-        # Everything rejected: each cycle's block is resampled token by token after its
-        # verification, whose output already gives the block's first token.
-        assert resampled == H * W and out.stats.target_forwards == 1 + 2 * (1 + (H * W // 2 - 1))
-    assert len(out.stats.acceptance_maps) == 2
-    assert not bool(out.stats.acceptance_maps[0][2:].any()) and not bool(out.stats.acceptance_maps[1][:2].any())
-
-
-@pytest.mark.parametrize("resample", ["islands", "raster"])
-def test_mulo_cycles_leave_no_hole_in_the_targets_context(fam, monkeypatch, resample):
-    """A cycle's last resampling pass samples tokens without writing their keys and values; the
-    next cycle's verification pass must write them, or the target would verify the next rows
-    with holes in its context. The verdict is forced to reject only the second slot of each
-    block (radius 0), which the first cycle resolves last; after the second (last) cycle of a
-    4x4 grid every slot of the first cycle's rows must be valid."""
-    runners, unfed = [], []
-    real_runner, real_verify = mulo.runner_for, mulo.verify
-    real_resample = getattr(mulo, f"resample_{resample}")
-
-    def runner(model, *a, **kw):
-        r = real_runner(model, *a, **kw)
-        if model is fam.target:
-            runners.append(r)
-        return r
-
-    def verify_rejecting_slot_1(pooled, *a, **kw):
-        forced = torch.ones_like(pooled)
-        forced.view(-1)[1] = 0.0
-        return real_verify(forced, *a, **kw)
-
-    def resample_fn(*a, **kw):
-        last = real_resample(*a, **kw)
-        unfed.append([list(image) for image in last])   # host ints per image: the passes read nothing back
-        return last
-
-    monkeypatch.setattr(mulo, "runner_for", runner)
-    monkeypatch.setattr(mulo, "verify", verify_rejecting_slot_1)
-    monkeypatch.setattr(mulo, f"resample_{resample}", resample_fn)
-    H, W = fam.target.grid
-    out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, tau=0.5, radius=0,
-                      cycle_rows=1, resample=resample, seed=0, sampling=SAMPLING)
-    assert unfed == [[[1]], [[H * W // 2 + 1]]] and out.stats.extra["resampled"] == [2]
-    cache = runners[-1].cache
-    P = fam.target.prefix_len
-    assert bool(cache.valid[:, P:P + H * W // 2].all())
-
-
-def test_mulo_one_cycle_per_row_of_the_whole_image_is_the_default_reading(fam):
-    h = fam.drafter.grid[0]
-    whole = mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, seed=2, sampling=SAMPLING)
-    same = mulo.decode(fam.target, CLASSES, drafter=fam.drafter, tokenizer=fam.tokenizer, seed=2, sampling=SAMPLING,
-                       cycle_rows=h)
-    assert torch.equal(whole.tokens, same.tokens) and whole.stats.extra["cycles"] == [1, 1, 1]
 
 
 def test_learned_upsampler_is_row_causal():
@@ -350,37 +241,35 @@ def test_learned_upsampler_is_row_causal():
 
 def test_sd_from_a_family_drafts_with_its_same_grid_drafter(fam):
     a = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING)
-    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, seed=3, sampling=SAMPLING, chunk=4)
+    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens) and a.stats.draft_forwards == b.stats.draft_forwards > 0
     c = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING, heads=fam.ssd_heads)
-    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=3, sampling=SAMPLING, chunk=4)
+    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
     assert torch.equal(c.tokens, d.tokens)
 
 
 def test_zipar_with_a_full_row_window_is_plain_ar(fam):
     W = fam.target.grid[1]
-    a = zipar.decode(fam.target, CLASSES, window=W, seed=4, sampling=SAMPLING)
-    b = ar.decode(fam.target, CLASSES, seed=4, sampling=SAMPLING)
+    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W), run=RunSettings(seed=4, sampling=SAMPLING))
+    b = ar.decode(fam.target, CLASSES, run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    narrow = zipar.decode(fam.target, CLASSES, window=1, seed=4, sampling=SAMPLING)
+    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1), run=RunSettings(seed=4, sampling=SAMPLING))
     H = fam.target.grid[0]
     assert narrow.stats.target_forwards_per_image == (H - 1) * 1 + W
 
 
 def test_lantern_with_zero_budget_is_sd(fam):
     """delta = 0 moves no mass: the acceptance ratio, hence every token, equals raster SD's."""
-    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, delta=0.0, heads=fam.ssd_heads, seed=8,
-                       sampling=SAMPLING)
-    b = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, seed=8, sampling=SAMPLING)
+    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=0.0), run=RunSettings(seed=8, sampling=SAMPLING))
+    b = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, run=RunSettings(seed=8, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, delta=1.0, heads=fam.ssd_heads, seed=8,
-                          sampling=SAMPLING)
+    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=1.0), run=RunSettings(seed=8, sampling=SAMPLING))
     assert more.stats.target_forwards <= b.stats.target_forwards * 1.5
 
 
 def test_batched_sd_matches_its_per_image_statistics_shape(fam):
     d = tiny_gpt(4, 16, seed=9)
-    out = sd.decode(fam.target, CLASSES, drafter=d, seed=1, sampling=SAMPLING, batch_size=3)
+    out = sd.decode(fam.target, CLASSES, drafter=d, run=RunSettings(seed=1, sampling=SAMPLING, batch_size=3))
     assert out.tokens.shape == (3, 4, 4)
     assert sum(out.stats.extra["accepted"]) <= sum(out.stats.extra["drafted"])
 
@@ -408,56 +297,63 @@ def test_grid_mismatch_between_drafter_and_target(fam):
         sd.decode(fam.target, CLASSES, drafter=fam.drafter)
     odd = tiny_gpt(3, 16, seed=1)
     with pytest.raises(ValueError, match="drafter grid .* must divide the target grid"):
-        mulo.decode(fam.target, CLASSES, drafter=odd, tokenizer=fam.tokenizer)
+        mulo.decode(fam.target, CLASSES, drafter=odd, tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
     with pytest.raises(ValueError, match="vocabulary"):
-        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer)
+        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
 
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(radius=-1), "radius"), (dict(delta=-0.5), "delta"), (dict(upsample="bilinear"), "upsample"),
-    (dict(drafting="tree"), "drafting"), (dict(resample="all"), "resample"),
-    (dict(drafting="zipar", window=0), "window"), (dict(upsample="learned"), "up-sampler"),
-    (dict(upsample="learned", upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
-    (dict(cycle_rows=0), "cycle_rows"), (dict(cycle_rows=3), "cycle_rows"), (dict(cycle_rows=True), "cycle_rows"),
-    (dict(cycle_rows=1, drafting="zipar"), "zipar"), (dict(cycle_rows=1, upsample="nearest", tokenizer=None), "tokenizer"),
+    (dict(drafting="tree"), "drafting"), (dict(resample="all"), "resample"), (dict(window=0), "window"),
+    (dict(tau=-1), "tau"), (dict(k=-1), "k must"), (dict(draft_sampling="hot"), "draft_sampling"),
 ])
-def test_mulo_bad_options(fam, kwargs, match):
-    kw = dict(drafter=fam.drafter, tokenizer=fam.tokenizer)
-    kw.update(kwargs)
+def test_mulo_bad_options_are_refused_when_made(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        mulo.decode(fam.target, CLASSES, **kw)
+        mulo.MuloOptions(**kwargs)
+
+
+@pytest.mark.parametrize("options, models, match", [
+    (dict(drafting="zipar", window=3), {}, "window"),                    # wider than the 2x2 drafter
+    (dict(upsample="learned"), {}, "up-sampler"),
+    (dict(upsample="learned"), dict(upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
+    (dict(upsample="pixel"), dict(tokenizer=None), "tokenizer"),
+    (dict(upsample="nearest"), dict(drafter=None), "low-resolution drafter"),
+])
+def test_mulo_options_the_models_do_not_fit(fam, options, models, match):
+    kw = dict(drafter=fam.drafter, tokenizer=fam.tokenizer)
+    kw.update(models)
+    with pytest.raises(ValueError, match=match):
+        mulo.decode(fam.target, CLASSES, options=mulo.MuloOptions(**options), **kw)
 
 
 def test_other_bad_arguments(fam):
     with pytest.raises(ValueError, match="rounds"):
-        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, rounds=-1)
+        ssd.SSDOptions(rounds=-1)
     with pytest.raises(ValueError, match="heads"):
         ssd.decode(fam.target, CLASSES, heads=None)
-    with pytest.raises(ValueError, match="round_q"):
-        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, round_q="draft")
     with pytest.raises(ValueError, match="commit"):
-        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="skip")
-    with pytest.raises(ValueError, match="round_q='previous'"):
-        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="verify", round_q="resampled")
+        ssd.SSDOptions(commit="skip")
     for name in ("max_tail", "final_passes"):
         for bad in (-1, 1.5, True, "2"):
             with pytest.raises(ValueError, match=name):
-                ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, commit="verify", **{name: bad})
-    for bad in (0, 3, True):
+                ssd.SSDOptions(**{name: bad})
+    for bad in (0, True):
         with pytest.raises(ValueError, match="vertical_heads"):
-            ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, vertical_heads=bad)
+            ssd.SSDOptions(vertical_heads=bad)
+    with pytest.raises(ValueError, match="vertical_heads"):       # more than the heads have
+        ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(vertical_heads=3))
     with pytest.raises(ValueError, match="grid width"):
         ssd.decode(fam.target, CLASSES, heads=tiny_heads(32, width=8))
     with pytest.raises(ValueError, match="window"):
-        zipar.decode(fam.target, CLASSES, window=5)
+        zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=5))
     with pytest.raises(ValueError, match="chunk"):
-        sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, chunk=0)
+        sd.SDOptions(chunk=0)
     with pytest.raises(ValueError, match="needs a drafter"):
         sd.decode(fam.target, CLASSES)
     with pytest.raises(ValueError, match="classes must lie in"):
         ar.decode(fam.target, torch.tensor([0, 7]))
     with pytest.raises(ValueError, match="batch_size"):
-        ar.decode(fam.target, CLASSES, batch_size=0)
+        RunSettings(batch_size=0)
     with pytest.raises(ValueError, match="temperature"):
         Sampling(temperature=0.0)
     with pytest.raises(ValueError, match="codebook"):
@@ -478,17 +374,13 @@ def test_mulo_other_upsamplers_and_zipar_drafting(fam, mode):
 
 
 def test_upsample_shapes_and_errors(fam):
-    from specdec.decoding.upsample import downsample, upsample
+    from specdec.decoding.upsample import upsample
+    from specdec.train.upsampler import downsample
 
     low = torch.randint(0, 16, (2, 2, 2))
     assert torch.equal(upsample(low, 2, "nearest")[:, ::2, ::2], low)
     assert upsample(low, 2, "pixel", tokenizer=fam.tokenizer).shape == (2, 4, 4)
     assert downsample(upsample(low, 2, "pixel", tokenizer=fam.tokenizer), 2, tokenizer=fam.tokenizer).shape == (2, 2, 2)
-    # A partial grid is edge-padded to the full height (last token row repeated), then cropped.
-    high = torch.randint(0, 16, (2, 2, 4))
-    padded = torch.cat([high, high[:, 1:2], high[:, 1:2]], 1)
-    part = downsample(high, 2, tokenizer=fam.tokenizer, pad_to=4)
-    assert part.shape == (2, 1, 2) and torch.equal(part, downsample(padded, 2, tokenizer=fam.tokenizer)[:, :1])
     with pytest.raises(ValueError, match="tokenizer"):
         upsample(low, 2, "pixel")
     with pytest.raises(ValueError, match="factor"):
@@ -501,7 +393,7 @@ def test_the_shipped_upsampler_is_loaded_once_per_file_version(tmp_path):
     import os
     import shutil
 
-    from specdec.decoding.upsample import WEIGHTS_NAME, load_upsampler
+    from specdec.models.upsampler import WEIGHTS_NAME, load_upsampler
     from specdec.models.default import WEIGHTS_DIR
 
     path = tmp_path / "up.safetensors"

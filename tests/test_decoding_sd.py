@@ -11,7 +11,10 @@ import torch
 from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import ops
 from specdec.decoding import sd, ssd
-from specdec.decoding.common import DecodeResult, DecodeStats, ImageStreams, ModelRunner, Sampling
+from specdec.decoding.results import DecodeResult, DecodeStats
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.streams import ImageStreams
+from specdec.settings import RunSettings, Sampling
 
 VOCAB = 3
 SAMPLING = Sampling(cfg_scale=1.5, temperature=1.0)
@@ -65,8 +68,7 @@ def sd_counts(request):
         kw = dict(drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6))
     else:
         kw = dict(heads=tiny_heads(16, seed=5))
-    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), chunk=3, seed=11, sampling=SAMPLING,
-                    batch_size=N_SAMPLES, **kw)
+    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES), **kw)
     return target, out
 
 
@@ -110,8 +112,7 @@ def ar_4x4():
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
     from specdec.decoding import ar
 
-    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), seed=1, sampling=SAMPLING,
-                    batch_size=GRID_4X4_SAMPLES)
+    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
     return target, out.tokens.view(GRID_4X4_SAMPLES, 16)
 
 
@@ -131,8 +132,7 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     target, ar_tokens = ar_4x4
     kw = (dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6)) if drafter == "model"
           else dict(heads=tiny_heads(16, seed=5)))
-    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), chunk=3, seed=2, sampling=SAMPLING,
-                    batch_size=GRID_4X4_SAMPLES, **kw)
+    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES), **kw)
     accepted, drafted = sum(out.stats.extra["accepted"]), sum(out.stats.extra["drafted"])
     assert 0.05 < accepted / drafted < 0.95                     # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
@@ -145,8 +145,7 @@ def test_two_sample_test_has_power(ar_4x4):
     target, ar_tokens = ar_4x4
     from specdec.decoding import ar
 
-    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), seed=3, sampling=Sampling(cfg_scale=3.0),
-                      batch_size=GRID_4X4_SAMPLES).tokens.view(GRID_4X4_SAMPLES, 16)
+    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0), batch_size=GRID_4X4_SAMPLES)).tokens.view(GRID_4X4_SAMPLES, 16)
     pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(other))]
     assert min(pvalues) < 1e-3 / len(pvalues)
 
@@ -162,12 +161,11 @@ def _ssd_4x4(commit):
     heads = tiny_heads(16, width=4, seed=5)
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
     if commit == "write":
-        return ssd.decode(target, classes, heads=heads, rounds=1, chunk=2, commit=commit, seed=4, sampling=SAMPLING,
-                          batch_size=GRID_4X4_SAMPLES)
+        return ssd.decode(target, classes, heads=heads, options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
     stats = DecodeStats("ssd")
     runner = ModelRunner(target, SAMPLING, batch=GRID_4X4_SAMPLES)
-    x = ssd.decode_rows(runner, heads, classes, ImageStreams(4, range(GRID_4X4_SAMPLES)), stats, rounds=1, chunk=2,
-                        round_q="previous", commit=commit)
+    options = ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None)
+    x = ssd.decode_rows(runner, heads, classes, ImageStreams(4, range(GRID_4X4_SAMPLES)), stats, options)
     return DecodeResult(x.view(GRID_4X4_SAMPLES, 4, 4), None, stats)
 
 

@@ -5,26 +5,27 @@ import pytest
 import torch
 
 import specdec
-from specdec import _backends, ops
+from specdec import ops
+from specdec.ops import dispatch
 
 
 def test_auto_choice_on_cpu():
     expected = "cpu" if specdec.build_info()["cpu_kernels"] else "reference"
-    assert _backends.resolve(None, torch.device("cpu")) == expected
+    assert dispatch.resolve(None, torch.device("cpu")) == expected
 
 
 def test_env_override(monkeypatch):
     monkeypatch.setenv("SPECDEC_BACKEND", "reference")
-    assert _backends.resolve(None, torch.device("cpu")) == "reference"
+    assert dispatch.resolve(None, torch.device("cpu")) == "reference"
     monkeypatch.setenv("SPECDEC_BACKEND", "nonsense")
     with pytest.raises(ValueError, match="SPECDEC_BACKEND"):
-        _backends.resolve(None, torch.device("cpu"))
+        dispatch.resolve(None, torch.device("cpu"))
 
 
 def test_explicit_argument_beats_env(monkeypatch):
     monkeypatch.setenv("SPECDEC_BACKEND", "reference")
     if specdec.build_info()["cpu_kernels"]:
-        assert _backends.resolve("cpu", torch.device("cpu")) == "cpu"
+        assert dispatch.resolve("cpu", torch.device("cpu")) == "cpu"
 
 
 def test_unknown_backend_is_named():
@@ -42,13 +43,11 @@ def test_unavailable_backend_says_why(monkeypatch):
 
 
 def test_missing_extension_is_reported(monkeypatch):
-    from specdec import _extension
-
-    monkeypatch.setattr(_extension, "_C", None)
-    monkeypatch.setattr(_extension, "_load_error", "ImportError: simulated")
+    monkeypatch.setattr(dispatch, "_C", None)
+    monkeypatch.setattr(dispatch, "_load_error", "ImportError: simulated")
     with pytest.raises(specdec.BackendUnavailableError, match="simulated"):
-        _backends.resolve("cpu", torch.device("cpu"))
-    assert _backends.resolve(None, torch.device("cpu")) == "reference"
+        dispatch.resolve("cpu", torch.device("cpu"))
+    assert dispatch.resolve(None, torch.device("cpu")) == "reference"
 
 
 def test_build_info_fields():

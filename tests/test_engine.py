@@ -8,8 +8,10 @@ from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fi
 from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
-from specdec.decoding.common import (ASYNC_UPLOADS_ENV, ImageStreams, ModelRunner, Outputs, Sampling, async_uploads,
-                                     image_generator, step_uniforms, to_device, uniforms)
+from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.streams import ImageStreams, image_generator, step_uniforms, uniforms
+from specdec.decoding.uploads import async_uploads, to_device
+from specdec.settings import Sampling
 from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
 from specdec.profiling import count_host_syncs
 
@@ -20,7 +22,7 @@ CLASSES = torch.tensor([2, 0, 1, 1, 2])
 VARIANTS = [(m, {}) for m in decoding.METHODS] + [
     ("ssd", dict(commit="write")),
     ("mulo", dict(resample="raster")),
-    ("mulo", dict(cycle_rows=1)),     # cycles: per-image unfed tokens in the verification passes
+    ("mulo", dict(drafting="zipar")),
 ]
 
 
@@ -128,7 +130,7 @@ def test_count_host_syncs_sees_blocking_copies_to_a_device():
 
 @pytest.mark.parametrize("uploads", ["0", "1"])
 def test_to_device_gives_the_host_values_on_the_cpu(monkeypatch, uploads):
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, uploads)
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", uploads)
     got = to_device([[1, 2], [3, 4]], "cpu", torch.long)
     assert got.dtype == torch.long and got.tolist() == [[1, 2], [3, 4]]
     u = torch.rand(5)
@@ -137,12 +139,12 @@ def test_to_device_gives_the_host_values_on_the_cpu(monkeypatch, uploads):
 
 
 def test_async_uploads_are_opt_in_and_the_switch_is_checked(monkeypatch):
-    monkeypatch.delenv(ASYNC_UPLOADS_ENV, raising=False)
+    monkeypatch.delenv("SPECDEC_ASYNC_UPLOADS", raising=False)
     assert async_uploads() is False
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "1")
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", "1")
     assert async_uploads() is True
-    monkeypatch.setenv(ASYNC_UPLOADS_ENV, "yes")
-    with pytest.raises(ValueError, match=ASYNC_UPLOADS_ENV):
+    monkeypatch.setenv("SPECDEC_ASYNC_UPLOADS", "yes")
+    with pytest.raises(ValueError, match="SPECDEC_ASYNC_UPLOADS"):
         async_uploads()
 
 
@@ -165,10 +167,10 @@ class _LoopCounter:
     once per batch and not per pass), and its target passes (a batched pass counts once)."""
 
     def __init__(self, monkeypatch, target):
-        from specdec.decoding import common
+        from specdec.decoding import batching
 
         self.setup, self.passes, self.count = 0, 0, None
-        for owner, name in ((common, "check_classes"), (ModelRunner, "prefill")):
+        for owner, name in ((batching, "check_classes"), (ModelRunner, "prefill")):
             monkeypatch.setattr(owner, name, self._setup(getattr(owner, name)))
         forward = ModelRunner.forward
 
@@ -220,17 +222,18 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
     assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
 
 
-def test_compiled_mulo_drafter_gives_the_eager_tokens(fam):
-    """mulo compile=True runs the drafter's serial AR steps compiled (fullgraph); the tokens are
-    those of the eager decode, batched or not, and the one-off compile time is reported."""
-    eager = decoding.decode("mulo", fam, CLASSES[:2], seed=2, sampling=SAMPLING, upsample="nearest", batch_size=2)
+@pytest.mark.parametrize("drafting", ["serial", "zipar"])
+def test_compiled_mulo_drafter_gives_the_eager_tokens(fam, drafting):
+    """mulo compile=True runs the drafter compiled (fullgraph): its serial AR steps through the
+    compiled token step, or its ZipAR passes through padded graphs (MuLo-SD v2's drafter); the
+    tokens are those of the eager decode, batched, and the one-off compile time is reported."""
+    eager = decoding.decode("mulo", fam, CLASSES[:2], seed=2, sampling=SAMPLING, upsample="nearest", batch_size=2,
+                            drafting=drafting)
     compiled = decoding.decode("mulo", fam, CLASSES[:2], seed=2, sampling=SAMPLING, upsample="nearest", batch_size=2,
-                               compile=True)
+                               drafting=drafting, compile=True)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.draft_forwards == eager.stats.draft_forwards
     assert len(compiled.stats.extra["compile_s"]) == 1 and compiled.stats.extra["compile_s"][0] > 0
-    with pytest.raises(ValueError, match="compile=True needs drafting='serial'"):
-        decoding.decode("mulo", fam, CLASSES[:1], drafting="zipar", compile=True)
 
 
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
@@ -315,7 +318,7 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
     """SSD's row 0 (raster speculation up to `end`) in a batch: an image that accepts every draft
     up to `end` draws no correction alone, so it must not draw one in a batch where another
     image does; its stream goes on after row 0 exactly where it would alone."""
-    from specdec.decoding.common import DecodeStats
+    from specdec.decoding.results import DecodeStats
     from specdec.decoding.speculative import HeadsDrafter, raster_speculate
 
     W = fam.target.grid[1]

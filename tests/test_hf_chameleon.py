@@ -148,10 +148,11 @@ def test_reference_loop_uses_the_guidance_and_the_prompt():
 # ------------------------------------------------------------------------------------------------
 
 from specdec import decoding  # noqa: E402
-from specdec.decoding.common import Sampling  # noqa: E402
+from specdec.settings import Sampling  # noqa: E402
 from specdec.models.conditions import Prompts  # noqa: E402
 from specdec.models.hf import wrap  # noqa: E402
-from specdec.models.hf.chameleon import ChameleonFamily, ChameleonImageModel  # noqa: E402
+from specdec.models.family import ModelFamily  # noqa: E402
+from specdec.models.hf.chameleon import ChameleonImageModel  # noqa: E402
 from specdec.models.hf.chameleon_layout import LuminaLayout  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 
@@ -175,7 +176,7 @@ class RecordingDecoder(torch.nn.Module):
         return torch.tanh(self.colours[grid]).permute(0, 3, 1, 2)
 
 
-def family(seed: int = 0, **kw) -> ChameleonFamily:
+def family(seed: int = 0, **kw) -> ModelFamily:
     return wrap(tiny_chameleon(seed=seed, codes=CODES, shuffle_seed=3), grid=GRID, max_prompt_len=16, **kw)
 
 

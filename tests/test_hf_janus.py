@@ -10,7 +10,8 @@ from transformers import JanusConfig, JanusForConditionalGeneration  # noqa: E40
 import specdec.decoding as dec  # noqa: E402
 from specdec.decoding import Sampling  # noqa: E402
 from specdec.models import ARImageModel  # noqa: E402
-from specdec.models.hf import HFFamily, wrap  # noqa: E402
+from specdec.models.family import ModelFamily  # noqa: E402
+from specdec.models.hf import wrap  # noqa: E402
 from specdec.models.hf.janus import JanusImageModel  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 
@@ -59,7 +60,7 @@ PROMPTS = [torch.tensor([BOS, 9, 12, 7, 20, BOI]), torch.tensor([BOS, 30, 5, BOI
 
 def test_family_shape():
     fam = wrap(tiny_janus())
-    assert isinstance(fam, HFFamily) and isinstance(fam.target, JanusImageModel)
+    assert isinstance(fam, ModelFamily) and isinstance(fam.target, JanusImageModel)
     assert isinstance(fam.target, ARImageModel)
     assert fam.target.grid == (4, 4) and fam.target.vocab_size == V
     cb = fam.codebook

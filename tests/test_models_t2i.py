@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding.common import ModelRunner, Sampling
+from specdec.decoding.runner import ModelRunner
+from specdec.settings import Sampling
 from specdec.models import CheckpointMismatchError, LlamaGenGPT, Prompts, llamagen_manifest, load_llamagen
 from specdec.models.loaders import llamagen_gpt_config
 from specdec.numerics import batch_invariant
@@ -267,7 +268,7 @@ def test_ar_with_cfg_interval_reads_nothing_back_after_the_prefill():
     prompts = Prompts(captions([2, 7]))
     first = runner.prefill(prompts)
     from specdec.decoding import ar
-    from specdec.decoding.common import ImageStreams
+    from specdec.decoding.streams import ImageStreams
 
     with count_host_syncs() as c:
         ar.sample_grid(runner, prompts, ImageStreams(0, range(2)), start_out=first)

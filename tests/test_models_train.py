@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.models import sample_ar
-from specdec.models.default import load_family
+from specdec.models.default import load_embedded
 from specdec.train import __main__ as train_main
 from specdec.train import data
 
@@ -77,10 +77,10 @@ def test_every_script_trains_a_few_steps(tmp_path, keep_threads):
     train_main.main(["sd_drafter", *common, "--batch-size", "4"])
     train_main.main(["ssd", *common, "--batch-size", "8", "--samples", "4"])
     train_main.main(["upsampler", *common, "--batch-size", "4"])
-    family = load_family(out)
+    family = load_embedded(out)
     assert family.target.grid == (16, 16) and family.drafter.grid == (8, 8) and family.sd_drafter.grid == (16, 16)
     assert family.sd_drafter.config.dim < family.target.config.dim
-    from specdec.decoding.upsample import load_upsampler
+    from specdec.models.upsampler import load_upsampler
 
     assert load_upsampler(os.path.join(out, "upsampler.safetensors")).factor == 2
     assert family.codebook.shape[0] == family.target.vocab_size == family.drafter.vocab_size

@@ -6,7 +6,7 @@ import torch
 from decoding_models import tiny_gpt, single_thread  # noqa: F401  (autouse fixture)
 from specdec import quality
 from specdec.decoding import ar
-from specdec.decoding.common import Sampling
+from specdec.settings import RunSettings, Sampling
 
 N = 400
 CLASSES = torch.arange(N) % 3
@@ -19,8 +19,7 @@ def target():
 
 
 def _excess_of_ar_at(target, temperature, seed):
-    tokens = ar.decode(target, CLASSES, seed=seed, batch_size=N,
-                       sampling=Sampling(cfg_scale=SAMPLING.cfg_scale, temperature=temperature)).tokens
+    tokens = ar.decode(target, CLASSES, run=RunSettings(seed=seed, batch_size=N, sampling=Sampling(cfg_scale=SAMPLING.cfg_scale, temperature=temperature))).tokens
     return quality.likelihood_excess(target, tokens, CLASSES, SAMPLING, batch_size=128)
 
 

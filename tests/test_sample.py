@@ -17,7 +17,7 @@ import torch
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, decoding
 from specdec.sample import plan, store
-from specdec.sample.progress import ProgressLine
+from specdec.progress import ProgressLine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -264,7 +264,7 @@ def test_compiled_op_checks_top_p_and_passes_opcheck():
 def test_decode_never_leaves_the_nucleus(method):
     from decoding_models import tiny_gpt
     from specdec.decoding import ar, sd
-    from specdec.decoding.common import Sampling
+    from specdec.settings import RunSettings, Sampling
 
     torch.set_num_threads(1)
     vocab, grid, top_p = 16, 4, 0.5
@@ -272,10 +272,10 @@ def test_decode_never_leaves_the_nucleus(method):
     sampling = Sampling(cfg_scale=1.5, temperature=1.0, top_k=12, top_p=top_p)
     classes = torch.tensor([0, 1, 2, 1])
     if method == "ar":
-        out = ar.decode(target, classes, seed=3, sampling=sampling)
+        out = ar.decode(target, classes, run=RunSettings(seed=3, sampling=sampling))
     else:
         drafter = tiny_gpt(grid, vocab, seed=2, dim=16, layers=1, scale=0.6)
-        out = sd.decode(target, classes, drafter=drafter, chunk=3, seed=3, sampling=sampling)
+        out = sd.decode(target, classes, drafter=drafter, options=sd.SDOptions(chunk=3), run=RunSettings(seed=3, sampling=sampling))
     grids = out.tokens.reshape(len(classes), -1)
     with torch.no_grad():
         p0 = target.prefix_len - 1
@@ -293,14 +293,15 @@ def test_decode_never_leaves_the_nucleus(method):
 
 
 def test_sampling_validates_top_p():
-    from specdec.decoding.common import ModelRunner, Sampling
+    from specdec.decoding.runner import ModelRunner
+    from specdec.settings import Sampling
 
     assert Sampling().top_p == 1.0
     for bad in (0.0, 1.01, float("nan"), "0.9", True):
         with pytest.raises(ValueError, match="top_p"):
             Sampling(top_p=bad)
     s = Sampling(top_p=0.8, top_k=5)
-    assert ModelRunner._kw(type("R", (), {"sampling": s})(), None)["top_p"] == 0.8
+    assert ModelRunner._settings(type("R", (), {"sampling": s})())[3] == 0.8
 
 
 # ---- CUDA v2 (shared-memory) kernels: opt-in, compiled here, run only where a GPU is ---------------

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 import specdec.decoding as dec  # noqa: E402
 from specdec import cli  # noqa: E402
 from specdec.decoding import Sampling  # noqa: E402
-from specdec.decoding.upsample import load_upsampler  # noqa: E402
+from specdec.models.upsampler import load_upsampler  # noqa: E402
 from specdec.models.hf import load_pretrained, wrap  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 from specdec.models.weights_io import load_module  # noqa: E402

@@ -1,4 +1,4 @@
-"""The opt-in tree_attention paths of issue #19 (specdec._attention_paths): split-KV decoding with
+"""The opt-in tree_attention paths of issue #19 (specdec.ops.attention): split-KV decoding with
 GQA heads packed into M (Triton and CUDA) and the CUDA tensor-core prefill kernel, each against
 the float64 reference with the same inputs and tolerances as tests/test_tree_attention.py, plus
 the dispatcher's routing and argument checks.
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec import _attention_paths, masks
+from specdec import masks
+from specdec.ops import attention as _attention_paths
 
 from helpers import device_backend_pairs
 from test_tree_attention import assert_matches, problem_strategies, random_problem, reference64
@@ -37,7 +38,7 @@ needs_cases = pytest.mark.skipif(not CASES, reason="no backend with an opt-in pa
 
 
 def run(p, backend, path, scale=None, num_splits=None):
-    return run_problem(p, backend, scale, op=functools.partial(specdec.ops._tree_attention, path=path,
+    return run_problem(p, backend, scale, op=functools.partial(specdec.ops.attention._tree_attention_on_path, path=path,
                                                                num_splits=num_splits))
 
 
@@ -173,16 +174,16 @@ def test_bad_num_splits_raises_value_error(bad):
 
 
 def test_auto_routes_by_packed_rows():
-    assert _attention_paths.resolve("auto", 1, 16, 16) == "decode"
-    assert _attention_paths.resolve("auto", 16, 16, 4) == "decode"      # 16 queries x 4 heads = 64 rows
-    assert _attention_paths.resolve("auto", 17, 16, 4) == "prefill"
-    assert _attention_paths.resolve("auto", 1024, 16, 16) == "prefill"
-    assert _attention_paths.resolve(None, 1, 16, 16) in _attention_paths.PATHS
+    assert _attention_paths.resolve_path("auto", 1, 16, 16) == "decode"
+    assert _attention_paths.resolve_path("auto", 16, 16, 4) == "decode"      # 16 queries x 4 heads = 64 rows
+    assert _attention_paths.resolve_path("auto", 17, 16, 4) == "prefill"
+    assert _attention_paths.resolve_path("auto", 1024, 16, 16) == "prefill"
+    assert _attention_paths.resolve_path(None, 1, 16, 16) in _attention_paths.PATHS
 
 
 def test_default_is_the_previous_kernel(monkeypatch):
     monkeypatch.delenv("SPECDEC_ATTN_PATH", raising=False)
-    assert _attention_paths.resolve(None, 1, 4, 4) == "default"
+    assert _attention_paths.resolve_path(None, 1, 4, 4) == "default"
 
 
 def test_split_count():
@@ -194,7 +195,7 @@ def test_split_count():
     assert _attention_paths.split_count(programs=4, nk=0, keys_per_step=64, sms=132) == 1
 
 
-@pytest.mark.skipif(not specdec._backends.triton_interpreting(), reason="routes CPU tensors to Triton")
+@pytest.mark.skipif(not specdec.ops.dispatch.triton_interpreting(), reason="routes CPU tensors to Triton")
 def test_env_var_routes_triton_to_the_split_kernel(monkeypatch):
     from specdec.triton_kernels import attention
 

@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec import _attention_paths
 
 _POS_FAR = tl.constexpr(2**62)  # a position later than every real one (int64)
 _LN2 = 0.6931471805599453
@@ -293,10 +292,12 @@ def _decode_config(rows: int, d: int, *, fp32_dots: bool, tree: bool):
     return block_m, block_n, block_d, num_warps
 
 
-def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, num_splits=None):
+def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, num_splits=None,
+                            choose_splits=None):
     """The decode path: returns (out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] float32).
-    `num_splits` None chooses by shape and multiprocessor count; tests pass it to cover splits
-    that do not divide the key range."""
+    `num_splits` None asks `choose_splits(programs, keys, keys_per_step)`, the caller's policy
+    (specdec.ops.attention.split_count), given this launcher's own tiles (one split without
+    one); tests pass `num_splits` to cover splits that do not divide the key range."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -307,8 +308,7 @@ def tree_attention_split_kv(q, k, v, q_pos, kv_pos, kv_valid, tree_mask, scale, 
     block_m, block_n, block_d, num_warps = _decode_config(rows, d, fp32_dots=fp32_dots, tree=tree_mask is not None)
     m_tiles = triton.cdiv(rows, block_m)
     if num_splits is None:
-        num_splits = _attention_paths.split_count(m_tiles * b * hkv, nk, block_n,
-                                                  _attention_paths.multiprocessors(q.device))
+        num_splits = 1 if choose_splits is None else choose_splits(m_tiles * b * hkv, nk, block_n)
     # Splits are whole key tiles (a split past the end of the keys would see nothing), at most
     # 65535 of them (CUDA's limit on grid axis 2).
     num_splits = min(num_splits, 65535)

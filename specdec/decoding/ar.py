@@ -8,12 +8,22 @@ CUDA graphs on a GPU: the same treatment any compiled speculative method gets.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, step_uniforms
-from specdec.decoding.compiled import TokenStep, check_compile, compiled_token_step, record_compile_s
+from specdec.decoding.batching import run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.draws import draw
+from specdec.decoding.runner import ModelRunner, TokenStep
+from specdec.decoding.streams import step_uniforms
+from specdec.settings import RunSettings
+
+
+@dataclass(frozen=True)
+class AROptions:
+    """`ar` has no options of its own: everything it takes is a run setting."""
 
 
 @torch.no_grad()
@@ -32,7 +42,7 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     if x is None:
         x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
     x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
-    step = step or TokenStep(runner)
+    step = step or runner.token_step()
     # Everything the loop touches stays on the device: the position is a tensor filled in place
     # and the step returns the next tokens as a tensor (no host read per token). The uniforms of
     # every step are drawn before the loop (the same numbers as drawn step by step).
@@ -44,25 +54,25 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     return x
 
 
-def decode(target, classes, *, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
-    """Plain AR. `compile=True` runs each step (model pass + sampling) through torch.compile
+def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(),
+           run: RunSettings = RunSettings()):
+    """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch). With
+    `run.compile` each step (model pass + sampling) runs through torch.compile
     (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
     stats.extra["compile_s"] (0 for shapes compiled by an earlier call: the compiled step is kept
     on the model), and is part of wall_s of the batch that paid it."""
-    compile = check_compile(compile)
+    sampling = run.sampling_or_default
 
-    def run(cls, gen, stats):
-        if compile:
-            runner, step = compiled_token_step(target, sampling, cls.shape[0], backend)
-        else:
-            runner = ModelRunner(target, sampling, batch=cls.shape[0], backend=backend)
-            step = TokenStep(runner)
-        x = sample_grid(runner, cls, gen, step=step)
+    def decode_batch(cls, gen, stats):
+        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
+        x = sample_grid(runner, cls, gen, step=runner.token_step())
         stats.target_forwards = runner.forwards * cls.shape[0]
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner)
         return x
 
-    return run_batches("ar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress, first_index=first_index)
+    return run_batches("ar", target, conditions, decode_batch, run, tokenizer)
+
+
+OPTIONS = AROptions
+PRESETS = {}

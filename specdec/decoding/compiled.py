@@ -26,13 +26,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
-from specdec.decoding import kernels
-
-
-def check_compile(compile) -> bool:
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be True or False, got {compile!r}")
-    return compile
+from specdec.decoding.runner import ModelRunner, TokenStep, weights_key
 
 
 def compile_step(fn: Callable, device: torch.device) -> Callable:
@@ -111,62 +105,6 @@ class CompiledFunction(_CompileClock):
         if self._device.type == "cuda":
             out = tuple(t.clone() for t in out)   # a replay reuses its output memory
         return out
-
-
-class TokenStep:
-    """Feed one token per row at one raster position and sample the next: the AR step.
-
-    `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`,
-    eager or compiled (a `CompiledFunction`: its first call compiles, timed in its `compile_s`)."""
-
-    def __init__(self, runner, *, compile: bool = False):
-        self.runner = runner
-        self.compiled = compile
-        model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
-        guided = s.guided
-        interval = s.has_cfg_interval
-
-        def step(tokens, position, uniforms, reach=None):
-            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
-            logits = out.logits[:, -1]
-            cond, uncond = logits.chunk(2) if guided else (logits, None)
-            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
-                uncond = torch.where(position > s.cfg_interval, cond, uncond)
-            p = kernels.sampling_probs(cond, uncond, s, backend)
-            return (kernels.sample_residual(p, None, uniforms, backend).tokens.long(),)
-
-        if compile:
-            if cache.device.type == "cuda":
-                mark_cache_static(cache)
-            step = CompiledFunction(step, cache.device)
-        self._step = step
-
-    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
-        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
-        eager step then reads only the cache prefix up to it; the compiled step ignores it and
-        reads the whole cache (one shape for every step, so one graph)."""
-        self.runner.forwards += 1
-        (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
-                                                                                           uniforms, reach)
-        return tokens
-
-    def take_compile_s(self) -> float:
-        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
-        return self._step.take_compile_s() if self.compiled else 0.0
-
-
-def runner_function(runner, key, make: Callable[[], Callable]) -> Callable:
-    """The function `make()` returns, compiled and kept on a compiled runner under `key` (which
-    must name everything the function closes over that may change between decodes: the shapes
-    it is called with, a heads module), or `make()` itself on an eager runner. For the small
-    eager computations between target passes (SSD's head drafts), which cost a pass's worth of
-    host work each when run op by op."""
-    if runner.compiled_forward is None:
-        return make()
-    found = runner.functions.get(key)
-    if found is None:
-        found = runner.functions[key] = CompiledFunction(make(), runner.device)
-    return found
 
 
 def _visible_columns(real: int, width: int, device) -> torch.Tensor:
@@ -268,6 +206,64 @@ class CompiledForward(_CompileClock):
         return outputs
 
 
+class CompiledRunner(ModelRunner):
+    """A ModelRunner whose passes go through compiled graphs: target passes through
+    `CompiledForward`, the class-conditional prefill when the model allows it
+    (`compilable_prefill`), the AR step (`token_step`) and the small computations between passes
+    (`function`: SSD's head drafts) each as a `CompiledFunction` kept with the runner. Made once
+    per model, batch size and sampling by `compiled_runner` and reused by later decodes."""
+
+    def __init__(self, model, sampling, *, batch: int = 1, backend=None, compiler: Callable = None):
+        """`compiler(fn, device)`: how the target passes are compiled (default `compile_step`; the
+        tests pass the identity to check the padding with eager numerics)."""
+        super().__init__(model, sampling, batch=batch, backend=backend)
+        self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
+                                                distribution=self._distribution)
+        self._token_step: Optional[TokenStep] = None
+        #: compiled functions kept with the runner, by key (`function`)
+        self.functions: Dict[object, CompiledFunction] = {}
+
+    def _distribution(self, logits, hidden, positions):
+        """What a compiled pass makes inside its graph beside its logits: the runner's sampling
+        distribution of those outputs (`probs` of `outputs_at`)."""
+        return self.probs(self.outputs_at(logits, hidden, positions))
+
+    def prefill(self, classes):
+        if not (isinstance(classes, torch.Tensor) and getattr(self.model, "compilable_prefill", False)):
+            return super().prefill(classes)
+        self.forwards += 1
+        model, cache, backend = self.model, self.cache, self.backend
+
+        def make():
+            def prefill(c):
+                return tuple(model.prefill(cache, c, backend=backend))
+            return prefill
+        classes = classes.to(self.device)
+        return self.outputs(*self.function(("prefill", tuple(classes.shape)), make)(classes))
+
+    def forward(self, tokens, positions, *, tree_mask=None, write=True):
+        self.forwards += 1
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
+        logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
+        return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
+
+    def function(self, key, make):
+        found = self.functions.get(key)
+        if found is None:
+            found = self.functions[key] = CompiledFunction(make(), self.device)
+        return found
+
+    def token_step(self) -> TokenStep:
+        if self._token_step is None:
+            self._token_step = TokenStep(self, compiler=CompiledFunction)
+        return self._token_step
+
+    def take_compile_s(self) -> float:
+        """The compile time of every graph of the runner not reported yet."""
+        parts = [self.compiled_forward, self._token_step] + list(self.functions.values())
+        return sum(part.take_compile_s() for part in parts if part is not None)
+
+
 def _store_key(model, sampling, batch: int, backend) -> tuple:
     """What a compiled graph was made for: the batch, sampling and backend, and what the model's
     numerics depend on (its parameters' dtype and device, the batch-invariant mode), since the
@@ -277,71 +273,33 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
     return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
 
 
-def weights_key(module):
-    """(dtype, device) of a module's first parameter, or None: a graph traced without guards is
-    only valid for the weights' dtype and device it was traced with."""
-    p = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
-    return None if p is None else (p.dtype, p.device)
-
-
-def distribution_of(runner) -> Callable:
-    """What a compiled pass of `runner` makes inside its graph beside its logits: the runner's
-    sampling distribution of those outputs (`ModelRunner.probs` of `outputs_at`)."""
-    return lambda logits, hidden, positions: runner.probs(runner.outputs_at(logits, hidden, positions))
-
-
-def compiled_runner(model, sampling, batch: int, backend=None):
-    """A ModelRunner for `model` whose target passes go through `CompiledForward`, made once per
-    batch size and sampling and kept on the model (later decodes reset the same runner: same cache
-    tensors, so the graphs are reused, and on CUDA replay into the same addresses)."""
-    from specdec.decoding.common import ModelRunner
-
+def compiled_runner(model, sampling, batch: int, backend=None) -> CompiledRunner:
+    """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
+    model (later decodes reset the same runner: same cache tensors, so the graphs are reused, and
+    on CUDA replay into the same addresses)."""
     store = model.__dict__.setdefault("_specdec_compiled_runners", {})
     key = _store_key(model, sampling, batch, backend)
     if key not in store:
-        runner = ModelRunner(model, sampling, batch=batch, backend=backend)
-        runner.compiled_forward = CompiledForward(model, runner.cache, backend, runner._fast,
-                                                  distribution=distribution_of(runner))
-        store[key] = runner
+        store[key] = CompiledRunner(model, sampling, batch=batch, backend=backend)
     runner = store[key]
     runner.reset()
     return runner
 
 
-def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False):
+def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False) -> ModelRunner:
     """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
     kept compiled one."""
-    from specdec.decoding.common import ModelRunner
-
     if compile:
         return compiled_runner(model, sampling, batch, backend)
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 
 def record_compile_s(stats, *runners) -> None:
-    """Append to stats.extra["compile_s"] the compile time the runners' compiled passes and token
-    steps spent since last asked (0 for graphs compiled by an earlier decode; eager runners add
-    nothing)."""
-    total = 0.0
-    for r in runners:
-        parts = [getattr(r, "compiled_forward", None), getattr(r, "token_step", None)]
-        for part in parts + list(getattr(r, "functions", {}).values()):
-            if part is not None:
-                total += part.take_compile_s()
+    """Append to stats.extra["compile_s"] the compile time the runners' graphs spent since last
+    asked (0 for graphs compiled by an earlier decode; eager runners add nothing)."""
+    total = sum(r.take_compile_s() for r in runners if isinstance(r, CompiledRunner))
     stats.extra.setdefault("compile_s", []).append(total)
 
 
-def compiled_token_step(model, sampling, batch: int, backend=None):
-    """(runner, TokenStep) compiled for `model` at this batch size and sampling, made once and kept
-    on the model: later decodes reset the same runner (same cache tensors), so the compiled graph
-    is reused instead of traced again for every new cache (and, on CUDA, the graph replays into
-    the same addresses). Returns the runner reset for a new batch."""
-    runner = compiled_runner(model, sampling, batch, backend)
-    step = runner.token_step
-    if step is None:
-        step = runner.token_step = TokenStep(runner, compile=True)
-    return runner, step
-
-
-__all__ = ["TokenStep", "CompiledForward", "CompiledFunction", "runner_function", "bucket_width", "compile_step", "compiled_runner", "compiled_token_step",
-           "runner_for", "record_compile_s", "check_compile", "mark_cache_static", "distribution_of"]
+__all__ = ["CompiledForward", "CompiledFunction", "CompiledRunner", "bucket_width", "compile_step", "compiled_runner",
+           "mark_cache_static", "record_compile_s", "runner_for"]

@@ -17,6 +17,8 @@ import inspect
 
 import torch
 
+from specdec.decoding.runner import weights_key
+
 
 def _heads(heads, kind: str):
     found = getattr(heads, kind, None)
@@ -63,8 +65,6 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     first) and the draft distribution q [B, n * ..., V]: the target's final norm, LM head and
     sampling on them. On a compiled runner this is one compiled graph per shape (kept with the
     runner, keyed by the heads module too), instead of some twenty eager ops."""
-    from specdec.decoding.compiled import runner_function, weights_key
-
     offsets = tuple(offsets)
 
     def make():
@@ -79,5 +79,5 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     # The graphs keep no guards: the key names what they depend on (a heads module cast to another
     # dtype or moved gets new graphs).
     key = ("heads", heads, weights_key(heads), kind, offsets, tuple(h.shape))
-    return runner_function(runner, key, make)(h, tokens)
+    return runner.function(key, make)(h, tokens)
 

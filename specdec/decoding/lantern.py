@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
-from specdec.decoding.common import Sampling
-from specdec.decoding.sd import speculative_decode
+from specdec.decoding.sd import check_chunk, speculative_decode
+from specdec.decoding.speculative import Relaxation
 from specdec.neighbors import knn_table
+from specdec.settings import RunSettings
 
 
 # The tables of the last few codebooks: a decoder call builds its table from the codebook, and
@@ -30,8 +32,7 @@ _TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
     """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token (kept for the
     last few codebooks asked)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    check_k(k)
     if not isinstance(codebook, torch.Tensor) or codebook.dim() != 2:
         return knn_table(codebook, k)   # knn_table names the bad argument
     digest = hashlib.sha1(codebook.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -52,17 +53,38 @@ def check_delta(delta) -> float:
     return float(delta)
 
 
-def decode(target, classes, *, codebook=None, neighbors=None, k: int = 1000, delta: float = 0.1, drafter=None,
-           heads=None, chunk: int = 4, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
-    delta = check_delta(delta)
+def check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    return k
+
+
+@dataclass(frozen=True)
+class LanternOptions:
+    chunk: int = 4       #: tokens drafted per target pass
+    k: int = 1000        #: neighbours per token in the table (capped at V - 1)
+    delta: float = 0.1   #: the total-variation budget of the moved mass (LANTERN's code default)
+
+    def __post_init__(self):
+        check_chunk(self.chunk)
+        check_k(self.k)
+        check_delta(self.delta)
+
+
+def decode(target, conditions, *, drafter=None, heads=None, codebook=None, neighbors=None, tokenizer=None,
+           options: LanternOptions = LanternOptions(), run: RunSettings = RunSettings()):
+    """LANTERN on `target`: `sd` (a same-grid `drafter` model or SSD's horizontal `heads`) with
+    the delta-pooled p in the acceptance ratio, neighbours from `neighbors` (a [V, K] table) or
+    built from the `codebook` [V, D]."""
     if neighbors is None:
         if codebook is None:
             raise ValueError("lantern needs the codebook (or a precomputed neighbors table)")
         if codebook.shape[0] != target.vocab_size:
             raise ValueError(f"codebook has {codebook.shape[0]} entries, the target's vocabulary {target.vocab_size}")
-        neighbors = neighbor_table(codebook, k)
-    return speculative_decode("lantern", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
-                              sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
-                              batch_size=batch_size, neighbors=neighbors, delta=delta, first_index=first_index,
-                              compile=compile)
+        neighbors = neighbor_table(codebook, options.k)
+    return speculative_decode("lantern", target, conditions, drafter=drafter, heads=heads, chunk=options.chunk,
+                              run=run, tokenizer=tokenizer, relax=Relaxation(neighbors, options.delta))
+
+
+OPTIONS = LanternOptions
+PRESETS = {}

@@ -1,8 +1,8 @@
 """`mulo`: MuLo-SD, multi-scale local speculative decoding (docs/decoders.md, "mulo"), lossy by design.
 
-1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the next
-   `cycle_rows` low-resolution rows (reading, the default `cycle_rows=None`: the whole image in one
-   cycle), serially (`drafting="serial"`) or row-staggered (`drafting="zipar"`, whole image only).
+1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the whole
+   low-resolution image, serially (`drafting="serial"`, v1) or row-staggered (`drafting="zipar"`,
+   v2's drafter).
 2. Up-sample it to a high-resolution draft x~ (`upsample="pixel" | "learned" | "nearest"`).
 3. Verify: one target pass over x~ (a chunked causal prefill that keeps the keys and values).
 4. Accept x~_i iff the pooled target probability p(x~_i) + moved neighbour mass >= tau
@@ -16,29 +16,31 @@
    Reading: kept tokens' keys and values from the verification pass are reused; the first token
    of the first island is sampled from the verification logits (its context is all accepted).
 
-7. With `cycle_rows` set, the next cycle's drafter prefix is the accepted image so far, down-sampled
-   (VQ decode, area-resize by 1/r, VQ encode, the cut edge-padded; `upsample.downsample`) and fed to the drafter in one
-   pass, so its next rows continue what the target kept rather than its own rejected draft.
-   Each cycle verifies only its own r * cycle_rows high-resolution rows (the rows above are
-   committed); its islands and local windows live inside them.
-
-Target passes per image: prefill + one verification per cycle + the resampling passes.
+Target passes per image: prefill + one verification + the resampling passes. (Drafting the image
+in several cycles, each continuing from the down-sampled accepted rows, cost more passes and lost
+on FD on the embedded family; it is gone: docs/experiments.md.)
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
-from specdec.decoding.compiled import check_compile, compiled_token_step, runner_for, record_compile_s
-from specdec.decoding import kernels
-from specdec.decoding.common import (ImageStreams, ModelRunner, Outputs, Sampling, check_grid_model, op_backend,
-                                     run_batches, to_device, verify)
-from specdec.decoding.lantern import check_delta, neighbor_table
+from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.draws import verify
+from specdec.decoding.lantern import check_delta, check_k, neighbor_table
+from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.streams import ImageStreams
+from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import check_window, zipar_grid
+from specdec.ops.verification import sample_residual_unchecked
+from specdec.settings import RunSettings, Sampling
 
 DRAFTING = ("serial", "zipar")
 RESAMPLING = ("islands", "raster")
@@ -48,6 +50,39 @@ def check_tau(tau) -> float:
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (tau >= 0 and math.isfinite(tau)):
         raise ValueError(f"tau must be a finite number >= 0 (tau > 1 rejects every draft), got {tau!r}")
     return float(tau)
+
+
+@dataclass(frozen=True)
+class MuloOptions:
+    tau: float = 0.05            #: accept a draft iff its pooled target probability >= tau
+    radius: int = 1              #: local rejection windows of (2 radius + 1)^2 around each rejection
+    k: int = 1000                #: neighbours per token in the pooling table (capped at V - 1)
+    delta: float = 0.4           #: the moved mass's budget (MuLo-SD's reading of LANTERN's rule)
+    #: the high-resolution draft: "learned" (the family's trained up-sampler), "pixel" (VQ decode,
+    #: resize, encode: the paper's pipeline with bicubic in place of its super-resolution net) or
+    #: "nearest" (each low-resolution token repeated r x r; a baseline)
+    upsample: str = "learned"
+    drafting: str = "serial"     #: the low-resolution draft: "serial" (v1) or "zipar" (v2)
+    window: int = 2              #: drafting="zipar": the row stagger of the drafter
+    resample: str = "islands"    #: "islands" (v2, concurrent) or "raster" (v1)
+    draft_sampling: Optional[Sampling] = None   #: the drafter's sampling (None: the run's)
+
+    def __post_init__(self):
+        check_tau(self.tau)
+        if isinstance(self.radius, bool) or not isinstance(self.radius, int) or self.radius < 0:
+            raise ValueError(f"radius must be an int >= 0, got {self.radius!r}")
+        check_k(self.k)
+        check_delta(self.delta)
+        if self.upsample not in _up.MODES:
+            raise ValueError(f"upsample must be one of {', '.join(_up.MODES)}, got {self.upsample!r}")
+        if self.drafting not in DRAFTING:
+            raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+        if self.resample not in RESAMPLING:
+            raise ValueError(f"resample must be one of {', '.join(RESAMPLING)}, got {self.resample!r}")
+        if self.draft_sampling is not None and not isinstance(self.draft_sampling, Sampling):
+            raise ValueError(f"draft_sampling must be a Sampling or None, got {type(self.draft_sampling).__name__}")
 
 
 def check_models(target, drafter):
@@ -95,8 +130,7 @@ def _draw_at(runner: ModelRunner, x, o: Outputs, picks: list, gen) -> None:
         u = gen.rand_counts(counts)
     else:
         u = torch.rand((len(picks),), generator=gen, dtype=torch.float32)
-    tok = kernels.sample_residual(probs, None, to_device(u, probs.device), op_backend("sample_residual", runner.backend,
-                                                                          probs.device)).tokens.long()
+    tok = sample_residual_unchecked(probs, None, to_device(u, probs.device), runner.backend).tokens.long()
     dev = x.device
     x[tuple(to_device([[b for b, _, _ in picks], [t for _, _, t in picks]], dev, torch.long))] = tok
 
@@ -115,8 +149,7 @@ def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: i
     block, so those share a pass only with rows of the same block width (a wider block would
     change the length of that reduction, and so the logits' last bit). A row not in a pass rides
     along at slot end - 1 (the block's last slot): only a query at that position sees it, whose
-    output predicts a position past the block, and the next cycle's verification pass (or
-    nothing, after the last cycle) writes it before anything reads it."""
+    output predicts a position past the block, which nothing reads."""
     B = x.shape[0]
     dev = x.device
     _draw_at(runner, x, ver, [(b, plan[0] - base, plan[0]) for b, plan in enumerate(plans) if plan], gen)
@@ -209,173 +242,111 @@ def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resampl
     return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
 
 
-def check_cycle_rows(cycle_rows, low_height: int, drafting: str):
-    if cycle_rows is None:
-        return low_height
-    if isinstance(cycle_rows, bool) or not isinstance(cycle_rows, int) or not 1 <= cycle_rows <= low_height:
-        raise ValueError(f"cycle_rows must be None (whole image) or an int in [1, {low_height}] "
-                         f"(the drafter's grid height), got {cycle_rows!r}")
-    if drafting == "zipar" and cycle_rows < low_height:
-        raise ValueError("drafting='zipar' drafts the whole low-resolution image; cycle_rows needs drafting='serial'")
-    return cycle_rows
-
-
-def decode(target, classes, *, drafter, tokenizer=None, upsample: str = "pixel", upsampler=None,
-           codebook=None, neighbors=None, tau: float = 0.05, k: int = 1000, delta: float = 0.4, radius: int = 1,
-           drafting: str = "serial", window: int = 2, resample: str = "islands", cycle_rows=None, seed: int = 0, first_index: int = 0,
-           sampling: Sampling = Sampling(), draft_sampling: Sampling = None, backend=None, progress=None,
-           batch_size: int = 1, compile: bool = False):
-    """MuLo-SD on `target` with the low-resolution `drafter`. `draft_sampling` defaults to `sampling`;
-    `cycle_rows` low-resolution rows are drafted per cycle (None: the whole image, one cycle).
-    The images of a batch share their passes (`_resample`: islands differ per image, so a
-    resampling step may take more than one pass); each image draws from its own stream.
-    `compile=True` runs the drafter's serial AR steps through the compiled token step compiled
-    `ar` runs, and every target pass (verification, resampling) and the drafter's prefix passes
-    through compiled graphs padded to bucket widths (specdec.decoding.compiled), and both
-    prefills when the models allow it; the VQ round trip and the up-sampler stay eager."""
+def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions) -> int:
+    """The models' fit for these options (a ValueError naming what is missing); returns r."""
     if drafter is None:
         raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
     factor = check_models(target, drafter)
-    tau = check_tau(tau)
-    delta = check_delta(delta)
-    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-        raise ValueError(f"radius must be an int >= 0, got {radius!r}")
-    if drafting not in DRAFTING:
-        raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {drafting!r}")
-    if resample not in RESAMPLING:
-        raise ValueError(f"resample must be one of {', '.join(RESAMPLING)}, got {resample!r}")
-    if upsample not in _up.MODES:
-        raise ValueError(f"upsample must be one of {', '.join(_up.MODES)}, got {upsample!r}")
-    if drafting == "zipar":
-        check_window(window, drafter.grid[1])
-    h, w = drafter.grid
-    cycle_rows = check_cycle_rows(cycle_rows, h, drafting)
-    if upsample == "pixel" and tokenizer is None:
+    if options.drafting == "zipar":
+        check_window(options.window, drafter.grid[1])
+    if options.upsample == "pixel" and tokenizer is None:
         raise ValueError("upsample='pixel' needs the VQ tokenizer (tokenizer=...)")
-    if cycle_rows < h and tokenizer is None:
-        raise ValueError("cycle_rows < the drafter's grid height needs the VQ tokenizer (tokenizer=...) to "
-                         "down-sample the accepted rows into the drafter's next prefix")
-    if upsample == "learned" and upsampler is None:
-        raise ValueError("upsample='learned' needs the trained up-sampler (upsampler=...)")
-    if upsample == "learned" and (upsampler.codebook.shape[0] != target.vocab_size or upsampler.factor != factor):
-        raise ValueError(f"the learned up-sampler maps {upsampler.codebook.shape[0]} codes by factor {upsampler.factor}; "
-                         f"this target has {target.vocab_size} codes and factor {factor}")
-    if neighbors is None and codebook is not None and k > 0:
-        neighbors = neighbor_table(codebook, k)
-    draft_sampling = draft_sampling or sampling
-    compile = check_compile(compile)
-    if compile and drafting != "serial":
-        raise ValueError("compile=True needs drafting='serial' (the zipar drafter's passes have no compiled form)")
+    if options.upsample == "learned":
+        if upsampler is None:
+            raise ValueError("upsample='learned' needs the trained up-sampler (upsampler=...)")
+        if upsampler.codebook.shape[0] != target.vocab_size or upsampler.factor != factor:
+            raise ValueError(f"the learned up-sampler maps {upsampler.codebook.shape[0]} codes by factor "
+                             f"{upsampler.factor}; this target has {target.vocab_size} codes and factor {factor}")
+    return factor
 
-    def run(cls, gen, stats):
+
+def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codebook=None, neighbors=None,
+           options: MuloOptions = MuloOptions(), run: RunSettings = RunSettings()):
+    """MuLo-SD on `target` with the low-resolution `drafter` (same codebook, grid dividing the
+    target's by r per side); `upsampler` for upsample="learned", the VQ `tokenizer` for "pixel",
+    the pooling neighbours from `neighbors` [V, K] or built from `codebook` [V, D].
+
+    The images of a batch share their passes (`_resample`: islands differ per image, so a
+    resampling step may take more than one pass); each image draws from its own stream. With
+    `run.compile` every target and drafter pass runs through compiled graphs padded to bucket
+    widths (specdec.decoding.compiled), the drafter's serial steps through the compiled AR step
+    `ar` runs, and both prefills when the models allow it; the up-sampler stays eager."""
+    factor = _check_resources(target, drafter, tokenizer, upsampler, options)
+    o = options
+    if neighbors is None and codebook is not None and o.k > 0:
+        neighbors = neighbor_table(codebook, o.k)
+    delta = o.delta if neighbors is not None else None
+    sampling = run.sampling_or_default
+    draft_sampling = o.draft_sampling or sampling
+    h, w = drafter.grid
+
+    def decode_batch(cls, gen, stats):
         B = cls.shape[0]
-        if compile:
-            drunner, dstep = compiled_token_step(drafter, draft_sampling, B, backend)
-        else:
-            drunner, dstep = ModelRunner(drafter, draft_sampling, batch=B, backend=backend), None
-        runner = runner_for(target, sampling, B, backend, compile=compile)
+        drunner = runner_for(drafter, draft_sampling, B, run.backend, compile=run.compile)
+        runner = runner_for(target, sampling, B, run.backend, compile=run.compile)
         H, W = runner.H, runner.W
-        x = torch.zeros(B, H * W, dtype=torch.long, device=runner.device)
-        low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)  # the drafter's view of the images
-        drafts = low.clone()                                                  # what it drafted, for the maps
-        accept_map = torch.zeros(B, H * W, dtype=torch.bool)
-        island_map = torch.full((B, H * W), -1, dtype=torch.int32)
-        maps = [[] for _ in range(B)]                                         # per image: per cycle
-        num_islands = [[] for _ in range(B)]
+        HW = H * W
         first = runner.prefill(cls)
-        dstart = drunner.prefill(cls) if drafting == "serial" else None   # zipar_grid prefills itself
-        cycles = 0
-        resampled = [0] * B
-        unfed = [[] for _ in range(B)]  # resolved by the last pass, keys unwritten (host ints)
-        for done in range(0, h, cycle_rows):                 # low-resolution rows committed so far
-            rows = min(cycle_rows, h - done)
-            lo, hi = done * w, (done + rows) * w
-            if done:
-                # 7. The drafter continues from the down-sampled accepted images (one prefix pass;
-                # the VQ round trip image by image, so an image's prefix does not depend on its batch).
-                prefix = torch.cat([_up.downsample(x[b:b + 1].view(1, H, W)[:, :done * factor].cpu(), factor,
-                                                   tokenizer=tokenizer, pad_to=H) for b in range(B)])
-                low[:, :lo] = to_device(prefix.reshape(B, lo), low.device)
-                dstart = drunner.forward(low[:, :lo], torch.arange(lo, device=low.device)).select(slice(-1, None))
-            if drafting == "serial":
-                sample_grid(drunner, cls, gen, start_out=dstart, x=low, start=lo, end=hi, step=dstep)
+        # 1. Draft the low-resolution image.
+        if o.drafting == "serial":
+            low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)
+            sample_grid(drunner, cls, gen, start_out=drunner.prefill(cls), x=low, step=drunner.token_step())
+        else:
+            low = zipar_grid(drunner, cls, gen, window=o.window)
+        # 2. Up-sample, image by image (batch-independent).
+        up = torch.cat([_up.upsample(low[b:b + 1].view(1, h, w), factor, o.upsample, tokenizer=tokenizer,
+                                     net=upsampler) for b in range(B)])
+        x = to_device(up.reshape(B, HW), runner.device).long().contiguous()
+        # 3. One target pass over the draft: output i is the distribution of slot i.
+        ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1, device=x.device))])
+        # 4.-5. Pooled threshold, local rejection windows.
+        pooled = runner.token_probs(ver, x, neighbors, delta).pooled
+        verdict = verify(pooled.view(B, H, W), rule="threshold", tau=o.tau, mode="local", radius=o.radius,
+                         backend=run.backend)
+        # The one host read of the verification pass: kept, to resample, the island labels and
+        # their count, per image. The resampling passes' positions, masks and draws follow from
+        # them, so those passes read nothing back.
+        verdict_host = torch.cat([verdict.accept.view(B, -1).long(), verdict.resample.view(B, -1).long(),
+                                  verdict.islands.view(B, -1).long(),
+                                  verdict.num_islands.view(B, -1)[:, :1].long()], 1).tolist()
+        R_all, islands_all, rpos_all = [], [], []
+        accept_maps, island_maps, resampled, num_islands = [], [], [], []
+        for vh in verdict_host:
+            accept, R = vh[:HW], [bool(r) for r in vh[HW:2 * HW]]
+            islands, n_isl = vh[2 * HW:3 * HW], vh[3 * HW]
+            accept_maps.append(torch.tensor(accept, dtype=torch.bool).view(H, W))
+            island_maps.append(torch.tensor(islands, dtype=torch.int32).view(H, W))
+            resampled.append(sum(R))
+            num_islands.append(n_isl)
+            R_all.append(R if any(R) else None)
+            islands_all.append(islands)
+            rpos_all.append([t for t in range(HW) if R[t]])
+        if any(R is not None for R in R_all):
+            # 6. Resample R_X with the target.
+            rmask = torch.tensor([R if R is not None else [False] * HW for R in R_all], dtype=torch.bool,
+                                 device=x.device)
+            runner.invalidate_where(torch.arange(HW, device=x.device).expand(B, -1), rmask)
+            if o.resample == "raster":
+                resample_raster(runner, x, ver, rpos_all, gen)
             else:
-                low.copy_(zipar_grid(drunner, cls, gen, window=window))
-            drafts[:, lo:hi] = low[:, lo:hi]
-            # 2. Up-sample (row-causal for `learned`: rows above the block come out as they would
-            # have; the block's rows are what is drafted), image by image (batch-independent).
-            up = torch.cat([_up.upsample(low[b:b + 1, :hi].view(1, done + rows, w), factor, upsample,
-                                         tokenizer=tokenizer, net=upsampler) for b in range(B)])
-            b0, b1 = done * factor * W, (done + rows) * factor * W       # the block of high-resolution slots
-            x[:, b0:b1] = to_device(up.reshape(B, -1)[:, b0:b1], x.device)
-            # 3. One target pass over the block: output i is the distribution of slot b0 + i. It
-            # also writes the tokens the previous cycle resolved in its last resampling pass
-            # (`unfed`, per image), so the block's context has no holes. Rows with fewer unfed
-            # tokens are padded at the front with the block's last fed slot again (the same token
-            # at the same slot: nothing else changes).
-            if b0 == 0:
-                ver = Outputs.cat([first, runner.forward(x[:, :b1 - 1], torch.arange(b1 - 1, device=x.device))])
-            else:
-                fed = [sorted(set(u) | set(range(b0 - 1, b1 - 1))) for u in unfed]
-                N = max(map(len, fed))
-                pos = to_device([[b1 - 2] * (N - len(f)) + f for f in fed], x.device, torch.long)
-                ver = runner.forward(x.gather(1, pos), pos).select(slice(N - (b1 - b0), None))
-            # 4.-5. Pooled threshold, local rejection windows inside the block.
-            pooled = runner.token_probs(ver, x[:, b0:b1], neighbors, delta if neighbors is not None else None).pooled
-            verdict = verify(pooled.view(B, rows * factor, W), rule="threshold", tau=tau, mode="local",
-                             radius=radius, backend=backend)
-            # The one host read of the cycle's verification pass: kept, to resample, the island
-            # labels and their count, per image. The resampling passes' positions, masks and draws
-            # follow from them, so those passes read nothing back.
-            n_block = b1 - b0
-            verdict_host = torch.cat([verdict.accept.view(B, -1).long(), verdict.resample.view(B, -1).long(),
-                                      verdict.islands.view(B, -1).long(),
-                                      verdict.num_islands.view(B, -1)[:, :1].long()], 1).tolist()
-            R_all, islands_all, rpos_all = [], [], []
-            for b, vh in enumerate(verdict_host):
-                acc_b, res_b = vh[:n_block], vh[n_block:2 * n_block]
-                isl_b, n_isl = vh[2 * n_block:3 * n_block], vh[3 * n_block]
-                accept = torch.zeros(H * W, dtype=torch.bool)
-                accept[b0:b1] = torch.tensor(acc_b, dtype=torch.bool)
-                maps[b].append(accept.view(H, W))
-                accept_map[b] |= accept
-                R = [False] * (H * W)
-                R[b0:b1] = [bool(r) for r in res_b]
-                islands = [-1] * (H * W)
-                islands[b0:b1] = [i + b0 if i >= 0 else i for i in isl_b]
-                island_map[b, b0:b1] = torch.tensor(islands[b0:b1], dtype=torch.int32)
-                resampled[b] += sum(res_b)
-                num_islands[b].append(n_isl)
-                R_all.append(R if any(res_b) else None)
-                islands_all.append(islands)
-                rpos_all.append([t for t in range(H * W) if R[t]] if any(res_b) else [])
-            cycles += 1
-            if any(R is not None for R in R_all):
-                # 6. Resample R_X with the target.
-                rmask = torch.tensor([R[b0:b1] if R is not None else [False] * n_block for R in R_all],
-                                     dtype=torch.bool, device=x.device)
-                runner.invalidate_where(torch.arange(b0, b1, device=x.device).expand(B, -1), rmask)
-                if resample == "raster":
-                    unfed = resample_raster(runner, x, ver, rpos_all, gen, base=b0, end=b1)
-                else:
-                    unfed = resample_islands(runner, x, ver, R_all, islands_all, gen, base=b0, end=b1)
-            else:
-                unfed = [[] for _ in range(B)]
-        for b in range(B):
-            stats.acceptance_maps.extend(maps[b])
-            stats.extra.setdefault("num_islands", []).extend(num_islands[b])
-        stats.extra.setdefault("cycles", []).extend([cycles] * B)
+                resample_islands(runner, x, ver, R_all, islands_all, gen)
+        stats.acceptance_maps.extend(accept_maps)
+        stats.extra.setdefault("num_islands", []).extend(num_islands)
         stats.extra.setdefault("resampled", []).extend(resampled)
-        stats.extra.setdefault("accept_image", []).extend(accept_map.view(B, H, W).unbind(0))
-        stats.extra.setdefault("islands", []).extend(island_map.view(B, H, W).unbind(0))
-        stats.extra.setdefault("low_res", []).extend(drafts.view(B, h, w).cpu().unbind(0))
+        stats.extra.setdefault("accept_image", []).extend(accept_maps)
+        stats.extra.setdefault("islands", []).extend(island_maps)
+        stats.extra.setdefault("low_res", []).extend(low.view(B, h, w).cpu().unbind(0))
         # A shared pass counts once per image, as for the other batched methods.
         stats.target_forwards = runner.forwards * B
         stats.draft_forwards = drunner.forwards * B
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner, drunner)
         return x
 
-    return run_batches("mulo", target, classes, seed, run, batch_size=batch_size,
-                       tokenizer=tokenizer, progress=progress,
-                       first_index=first_index)
+    return run_batches("mulo", target, conditions, decode_batch, run, tokenizer)
+
+
+OPTIONS = MuloOptions
+#: The published reading where the family default differs: the paper up-samples in pixel space
+#: (its super-resolution network replaced by bicubic interpolation here).
+PRESETS = {"published": MuloOptions(upsample="pixel")}

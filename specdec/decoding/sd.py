@@ -12,18 +12,29 @@ published finding this project reproduces, not a bug).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import Sampling, check_grid_model, run_batches
-from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, raster_speculate
-from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
+from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, Relaxation, raster_speculate
+from specdec.settings import RunSettings
 
 
 def check_chunk(chunk) -> int:
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     return chunk
+
+
+@dataclass(frozen=True)
+class SDOptions:
+    chunk: int = 4   #: tokens drafted per target pass (capped at the heads' count when heads draft)
+
+    def __post_init__(self):
+        check_chunk(self.chunk)
 
 
 def check_same_grid(target, drafter) -> None:
@@ -36,46 +47,46 @@ def check_same_grid(target, drafter) -> None:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}")
 
 
-def make_drafter(target_runner, drafter, heads, sampling, backend, compile: bool = False):
-    if drafter is not None:
-        return ModelDrafter(drafter, sampling, backend=backend, compile=compile)
-    return HeadsDrafter(target_runner, heads)
-
-
-def speculative_decode(method, target, classes, *, drafter, heads, chunk, seed, sampling, tokenizer, backend,
-                       progress, batch_size=1, neighbors=None, delta=None, first_index=0, compile=False):
+def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk: int, run: RunSettings,
+                       tokenizer=None, relax: Relaxation = None):
+    """`sd` and `lantern`: raster speculation with a drafter model or SSD's horizontal heads;
+    `relax` (LANTERN) pools p in the acceptance ratio."""
     check_grid_model(target, "target")
-    compile = check_compile(compile)
     if drafter is None and heads is None:
         raise ValueError(f"{method} needs a drafter: pass drafter=<same-grid model> or heads=<SSD heads>")
     if drafter is not None:
         check_same_grid(target, drafter)
-    chunk = check_chunk(chunk)
-    if drafter is None:
+    else:
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
+    sampling = run.sampling_or_default
 
-    def run(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
-        d = make_drafter(runner, drafter, heads, sampling, backend, compile=compile)
+    def decode_batch(cls, gen, stats):
+        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
+        if drafter is not None:
+            d = ModelDrafter(drafter, sampling, backend=run.backend, compile=run.compile)
+        else:
+            d = HeadsDrafter(runner, heads)
         first = runner.prefill(cls)
         d.start(cls)
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
-        raster_speculate(runner, d, first, x, gen, stats, end=x.shape[1], chunk=chunk, neighbors=neighbors, delta=delta)
+        raster_speculate(runner, d, first, x, gen, stats, end=x.shape[1], chunk=chunk, relax=relax)
         stats.target_forwards = runner.forwards * cls.shape[0]
         stats.draft_forwards = d.forwards * cls.shape[0]
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner, getattr(d, "runner", None))
         return x
 
-    return run_batches(method, target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress, first_index=first_index)
+    return run_batches(method, target, conditions, decode_batch, run, tokenizer)
 
 
-def decode(target, classes, *, drafter=None, heads=None, chunk: int = 4, seed: int = 0, first_index: int = 0,
-           sampling: Sampling = Sampling(), tokenizer=None, backend=None, progress=None, batch_size: int = 1,
-           compile: bool = False):
-    """`compile=True`: the target's and the drafter model's passes through compiled graphs padded
-    to bucket widths (specdec.decoding.compiled)."""
-    return speculative_decode("sd", target, classes, drafter=drafter, heads=heads, chunk=chunk, seed=seed,
-                              sampling=sampling, tokenizer=tokenizer, backend=backend, progress=progress,
-                              batch_size=batch_size, first_index=first_index, compile=compile)
+def decode(target, conditions, *, drafter=None, heads=None, tokenizer=None, options: SDOptions = SDOptions(),
+           run: RunSettings = RunSettings()):
+    """Raster speculative decoding of `target` with a same-grid `drafter` model or SSD's
+    horizontal `heads`. With `run.compile` the target's and the drafter model's passes run
+    through compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
+    return speculative_decode("sd", target, conditions, drafter=drafter, heads=heads, chunk=options.chunk, run=run,
+                              tokenizer=tokenizer)
+
+
+OPTIONS = SDOptions
+PRESETS = {}

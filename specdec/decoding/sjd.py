@@ -18,13 +18,28 @@ uniforms: every image consumes its stream exactly as decoded alone.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from specdec.decoding import kernels
-from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, op_backend,
-                                     run_batches, to_device)
+from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.draws import draw
+from specdec.decoding.runner import ModelRunner
 from specdec.decoding.speculative import padded_block
-from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
+from specdec.decoding.streams import ImageStreams
+from specdec.decoding.uploads import to_device
+from specdec.ops.verification import sample_residual_unchecked, verify_grid_unchecked
+from specdec.settings import RunSettings
+
+
+@dataclass(frozen=True)
+class SJDOptions:
+    window: int = 16   #: future slots guessed and verified per pass
+
+    def __post_init__(self):
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
 
 
 def _long(values, device) -> torch.Tensor:
@@ -37,7 +52,7 @@ def _draw_rows(probs, streams: ImageStreams, counts, backend):
     stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
     B, L, V = probs.shape
     u = to_device(streams.rand_padded(counts, L), probs.device).view(-1)
-    out = kernels.sample_residual(probs.reshape(-1, V), None, u, op_backend("sample_residual", backend, probs.device))
+    out = sample_residual_unchecked(probs.reshape(-1, V), None, u, backend)
     return out.tokens.long().view(B, L)
 
 
@@ -75,9 +90,9 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
         ragged = any(nb != L for nb in n_host)
         valid = (j[:, :L] < n[:, None]) if ragged else None
         u = to_device(gen.rand_padded(n_host, L), dev)
-        verdict = kernels.verify_grid(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="raster",
-                                      uniforms=u.view(B, 1, L), valid=None if valid is None else valid.view(B, 1, L),
-                                      backend=op_backend("verify_grid", runner.backend, dev))
+        verdict = verify_grid_unchecked(p_tok.view(B, 1, L), q_tok.view(B, 1, L), "ratio", mode="raster",
+                                        uniforms=u.view(B, 1, L), valid=None if valid is None else valid.view(B, 1, L),
+                                        backend=runner.backend)
         a = torch.minimum(verdict.first_reject.long(), n)
         # The one host read of the pass: how far each window got. It decides every image's next
         # window (its length is the number of uniforms the image draws) and the next pass's shape.
@@ -99,15 +114,13 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
         if fix:
             rr, aa = _long(fix, dev), a[_long(fix, dev)]
             u_fix = to_device(gen.rand_counts([int(b in fix) for b in range(B)]), dev)
-            tok = kernels.sample_residual(p[rr, aa], q[rr, aa], u_fix,
-                                          op_backend("sample_residual", runner.backend, dev)).tokens.long()
+            tok = sample_residual_unchecked(p[rr, aa], q[rr, aa], u_fix, runner.backend).tokens.long()
             x[rr, c[rr] + aa] = tok
             runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
         if bonus:
             rr = _long(bonus, dev)
             u_bonus = to_device(gen.rand_counts([int(b in bonus) for b in range(B)]), dev)
-            tok = kernels.sample_residual(p[rr, n[rr]], None, u_bonus,
-                                          op_backend("sample_residual", runner.backend, dev)).tokens.long()
+            tok = sample_residual_unchecked(p[rr, n[rr]], None, u_bonus, runner.backend).tokens.long()
             x[rr, c[rr] + n[rr]] = tok
         new_c = [cb + ab + (1 if (ab < nb or cb + nb < HW) and nb > 0 else 0)
                  for cb, ab, nb in zip(c_host, a_host, n_host)]
@@ -126,23 +139,23 @@ def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: 
     return x
 
 
-def decode(target, classes, *, window: int = 16, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
-    """`compile=True`: every target pass through compiled graphs padded to bucket widths
-    (specdec.decoding.compiled)."""
+def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptions(),
+           run: RunSettings = RunSettings()):
+    """Speculative Jacobi decoding of `target`. With `run.compile` every target pass runs through
+    compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
     check_grid_model(target, "target")
-    compile = check_compile(compile)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    sampling = run.sampling_or_default
 
-    def run(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
-        x = sjd_grid(runner, cls, gen, stats, window=window)
+    def decode_batch(cls, gen, stats):
+        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
+        x = sjd_grid(runner, cls, gen, stats, window=options.window)
         stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner)
         return x
 
-    return run_batches("sjd", target, classes, seed, run, batch_size=batch_size,
-                       tokenizer=tokenizer, progress=progress,
-                       first_index=first_index)
+    return run_batches("sjd", target, conditions, decode_batch, run, tokenizer)
+
+
+OPTIONS = SJDOptions
+PRESETS = {}

@@ -18,13 +18,16 @@ Drafters:
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.common import DecodeStats, ImageStreams, ModelRunner, Outputs, draw, draw_residual, verify
 from specdec.decoding.compiled import runner_for
+from specdec.decoding.draws import draw, draw_residual, verify
+from specdec.decoding.results import DecodeStats
+from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.streams import ImageStreams
 
 
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
@@ -123,12 +126,22 @@ class HeadsDrafter:
         pass
 
 
+class Relaxation(NamedTuple):
+    """LANTERN's relaxed acceptance: the target probability in the ratio is pooled over each
+    token's `neighbors` [V, K] with the moved mass at most `delta`."""
+
+    neighbors: torch.Tensor
+    delta: Optional[float]
+
+
 @torch.no_grad()
 def raster_speculate(target: ModelRunner, drafter, first: Outputs, x: torch.Tensor, gen, stats: DecodeStats, *,
-                     end: int, chunk: int, neighbors=None, delta=None, hidden_out: Optional[torch.Tensor] = None):
+                     end: int, chunk: int, relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None):
     """Fill x[:, 0:end] (x: int64 [B, H*W]) speculatively. `first` is the prefill output (the
-    distribution of token 0). With `hidden_out` [rows, end, dim], stores the exact target hidden
-    state that gave each token's distribution (SSD's vertical heads need row 0's)."""
+    distribution of token 0); `relax`: LANTERN's pooled acceptance (None: plain `sd`). With
+    `hidden_out` [rows, end, dim], stores the exact target hidden state that gave each token's
+    distribution (SSD's vertical heads need row 0's)."""
+    neighbors, delta = relax if relax is not None else (None, None)
     device = x.device
     B = x.shape[0]
     H, W = target.H, target.W

@@ -10,14 +10,12 @@ distribution q is the target's own final norm + LM head on the prediction.
   from the same row above. Then `rounds` rounds of verify-and-correct: one target pass over
   [last token of the row above ; rows] (causal; its keys are overwritten later), every position kept with
   u < min(1, p/q) independently (`verify_grid(rule="ratio", mode="independent")`), rejected ones
-  replaced by residual samples (`sample_residual`). Reading (`round_q="resampled"`, the default): in
-  later rounds the q of a resampled position is the distribution it was resampled from, a kept
-  one keeps the head's q. Alternative (`round_q="previous"`, SJD's rule): every position is judged
-  against the previous round's p, the distribution it follows after that round's correction, so
-  a token whose left context did not change is kept for sure. Then one commit pass writes the row's keys,
-  values and hidden states (which the next row's vertical drafts start from).
-- `commit="verify"` (our deviation from the published rule; the module's default is "write")
-  makes SSD exact in distribution, like `sd`: every token's last judgment happens under its final left context.
+  replaced by residual samples (`sample_residual`). Reading (under the published `commit="write"`):
+  in later rounds the q of a resampled position is the distribution it was resampled from, a kept
+  one keeps the head's q. Then one commit pass writes the row's keys, values and hidden states
+  (which the next row's vertical drafts start from).
+- `commit="verify"` (our deviation from the published rule, and the default: the `published`
+  preset is `commit="write"` without the bounds below) makes SSD exact in distribution, like `sd`: every token's last judgment happens under its final left context.
   Why the published rule is not: a kept token is judged against the head's q again in the next
   round (even when its context did not change), and a token right of a last-round correction is
   committed as judged under the old left context. Under "verify" every judgment uses SJD's rule
@@ -56,17 +54,23 @@ the groups' passes (1 to rounds + 1 each, `stats.extra["group_passes"]`) + the f
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding import kernels
-from specdec.decoding.common import (ImageStreams, ModelRunner, Sampling, check_grid_model, draw, draw_residual,
-                                     op_backend, run_batches, to_device, verify)
+from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.draws import draw, draw_residual, verify
+from specdec.decoding.runner import ModelRunner
 from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
-from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
+from specdec.decoding.streams import ImageStreams
+from specdec.decoding.uploads import to_device
+from specdec.ops.verification import verify_grid_unchecked
+from specdec.settings import RunSettings
 
-
-ROUND_Q = ("resampled", "previous")
 COMMIT = ("write", "verify")
 
 
@@ -83,10 +87,37 @@ def check_rounds(rounds) -> int:
     return rounds
 
 
+@dataclass(frozen=True)
+class SSDOptions:
+    rounds: int = 2              #: verify-and-correct rounds per row group (the paper's r)
+    chunk: int = 5               #: horizontal drafts per row-0 round (capped at the heads' count)
+    vertical_heads: int = 1      #: rows drafted at once below a committed row (1 or 2)
+    #: "verify" (exact in distribution while max_tail and final_passes are None; our default) or
+    #: "write" (published: the commit pass only writes; the `published` preset)
+    commit: str = "verify"
+    #: commit="verify": open tokens further than this behind a group's rows are kept as last judged
+    max_tail: Optional[int] = 24
+    #: commit="verify": at most this many passes close the last group's tail
+    final_passes: Optional[int] = 2
+
+    def __post_init__(self):
+        check_rounds(self.rounds)
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"chunk must be an int >= 1, got {self.chunk!r}")
+        if isinstance(self.vertical_heads, bool) or not isinstance(self.vertical_heads, int) or self.vertical_heads < 1:
+            raise ValueError(f"vertical_heads must be an int >= 1, got {self.vertical_heads!r}")
+        if self.commit not in COMMIT:
+            raise ValueError(f"commit must be one of {', '.join(COMMIT)}, got {self.commit!r}")
+        _check_bound(self.max_tail, "max_tail")
+        _check_bound(self.final_passes, "final_passes")
+
+
 @torch.no_grad()
-def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int, chunk: int,
-                vertical_heads: int = 1, round_q: str = "resampled", commit: str = "write",
-                max_tail: int | None = None, final_passes: int | None = None) -> torch.Tensor:
+def decode_rows(runner: ModelRunner, heads, classes, gen, stats, options: SSDOptions) -> torch.Tensor:
+    """SSD's rows on `runner` for the batch `classes` -> int64 [B, H*W] (`options.chunk` already
+    capped at the heads' horizontal count)."""
+    rounds, chunk, vertical_heads = options.rounds, options.chunk, options.vertical_heads
+    commit, max_tail, final_passes = options.commit, options.max_tail, options.final_passes
     B = classes.shape[0]
     H, W = runner.H, runner.W
     first = runner.prefill(classes)
@@ -134,7 +165,7 @@ def decode_rows(runner: ModelRunner, heads, classes, gen, stats, *, rounds: int,
             # of this pass sees (each sees the window up to itself, as with write=False), and the
             # next round or the commit pass overwrites them: the cheaper in-place path.
             p = runner.probs(_feed(runner, x, lo, hi))                                # [B, nW, V]
-            q, _ = _verify_and_correct(runner, x, lo, hi, p, q, gen, stats, round_q)
+            q, _ = _verify_and_correct(runner, x, lo, hi, p, q, gen, stats)
         _commit_pass(runner, x, hid, lo, hi)
     if commit == "verify":
         # The last group has no next group to carry its open tail into: close it with passes of
@@ -235,9 +266,8 @@ def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_
         p_tok = p.gather(2, xw[..., None])[..., 0]
         q_tok = qf.gather(2, xw[..., None])[..., 0]
         u = to_device(_right_uniforms(gen, judged_n, N), dev)
-        verdict = kernels.verify_grid(p_tok.view(B, 1, N), q_tok.view(B, 1, N), rule="ratio", mode="independent",
-                                      uniforms=u.view(B, 1, N), valid=judged.view(B, 1, N),
-                                      backend=op_backend("verify_grid", runner.backend, dev))
+        verdict = verify_grid_unchecked(p_tok.view(B, 1, N), q_tok.view(B, 1, N), "ratio", mode="independent",
+                                        uniforms=u.view(B, 1, N), valid=judged.view(B, 1, N), backend=runner.backend)
         # The one host read of the pass: which tokens were kept and which are resampled. How many
         # uniforms each image draws for its corrections depends on it, and so does its next span.
         accept, redo = torch.stack([verdict.accept.view(B, N), verdict.resample.view(B, N)]).tolist()
@@ -266,10 +296,11 @@ def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_
     return [lb if a else None for lb, a in zip(lo, active)], q
 
 
-def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats, round_q: str):
-    """One independent verify-and-correct of the tokens at raster positions [lo, hi) against p;
-    returns the q each token is judged against next (per `round_q`) and the resampled mask [B][L]
-    on the host (from the pass's one read)."""
+def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats):
+    """One independent verify-and-correct of the tokens at raster positions [lo, hi) against p
+    (commit="write"); returns the q each token is judged against in the next round (the paper's
+    reading: a resampled token's own residual distribution, a kept one's head q) and the
+    resampled mask [B][L] on the host (from the pass's one read)."""
     B, L, _ = p.shape
     xw = x[:, lo:hi]
     p_tok = p.gather(2, xw[..., None])[..., 0]
@@ -286,71 +317,45 @@ def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, sta
     stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
     where = [(b, j) for b in range(B) for j in range(L) if redo[b][j]]    # row-major, as a mask selects
     if where:
-        keep_q = round_q == "resampled"
         rr, jj = to_device([[b for b, _ in where], [j for _, j in where]], x.device, torch.long)
-        drawn = draw_residual(p[rr, jj], q[rr, jj], gen, runner.backend, with_distribution=keep_q,
-                              counts=[sum(row) for row in redo])
-        x[rr, lo + jj] = drawn[0] if keep_q else drawn
-        if keep_q:
-            q = q.clone()
-            q[rr, jj] = drawn[1]   # reading: later rounds judge a resampled token against its own q
-    if round_q == "previous":
-        # After verify-and-correct every token follows this round's p (kept ones by acceptance,
-        # replaced ones by the residual), so the next round judges it against p: a token whose
-        # left context did not change is kept for sure.
-        q = p
+        tokens, residual = draw_residual(p[rr, jj], q[rr, jj], gen, runner.backend, with_distribution=True,
+                                         counts=[sum(row) for row in redo])
+        x[rr, lo + jj] = tokens
+        q = q.clone()
+        q[rr, jj] = residual
     return q, redo
 
 
-def decode(target, classes, *, heads, rounds: int = 1, chunk: int = 5, vertical_heads: int = 1,
-           round_q: str | None = None, commit: str = "write", max_tail: int | None = None,
-           final_passes: int | None = None, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(),
-           tokenizer=None, backend=None, progress=None, batch_size: int = 1, compile: bool = False):
-    """SSD with `rounds` verify-and-correct rounds per row group, `chunk` horizontal drafts per
-    row-0 round and `vertical_heads` (1 or 2) rows drafted at once below a committed row.
-    `round_q`: the q that rounds >= 2 judge a token against (ROUND_Q; module docstring); None
-    picks "resampled" (the published reading) under commit="write" and "previous" under "verify".
-    `commit`: "write" (published: the commit pass only writes) or "verify" (exact in distribution
-    while `max_tail` and `final_passes` are None). `max_tail`: open tokens further than this
-    behind a group's rows are kept as last judged; `final_passes`: at most this many passes close
-    the last group's tail, what stays open is kept as last judged (both: None or an int >= 0,
-    used by commit="verify" only). `compile=True` runs every target pass through compiled graphs
-    padded to bucket widths (specdec.decoding.compiled), and each head draft (embedding, heads,
-    LM head, sampling) as one compiled graph per shape."""
+def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),
+           run: RunSettings = RunSettings()):
+    """SSD on `target` with its spatial `heads` (module docstring). With `run.compile` every target
+    pass runs through compiled graphs padded to bucket widths (specdec.decoding.compiled), and
+    each head draft (embedding, heads, LM head, sampling) as one compiled graph per shape."""
     check_grid_model(target, "target")
-    compile = check_compile(compile)
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
-    rounds = check_rounds(rounds)
-    if commit not in COMMIT:
-        raise ValueError(f"commit must be one of {', '.join(COMMIT)}, got {commit!r}")
-    if round_q is None:
-        round_q = "previous" if commit == "verify" else "resampled"
-    if round_q not in ROUND_Q:
-        raise ValueError(f"round_q must be one of {', '.join(ROUND_Q)}, got {round_q!r}")
-    if commit == "verify" and round_q != "previous":
-        raise ValueError(f"commit='verify' judges with SJD's rule (round_q='previous'); got round_q={round_q!r}")
-    max_tail = _check_bound(max_tail, "max_tail")
-    final_passes = _check_bound(final_passes, "final_passes")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
-    chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
     available = _heads.num_heads(heads, "vertical")
-    if isinstance(vertical_heads, bool) or not isinstance(vertical_heads, int) or not 1 <= vertical_heads <= available:
+    if options.vertical_heads > available:
         raise ValueError(f"vertical_heads must be an int in [1, {available}] (the heads' vertical count), "
-                         f"got {vertical_heads!r}")
+                         f"got {options.vertical_heads!r}")
     cfg_w = getattr(getattr(heads, "config", None), "grid_width", None)
     if cfg_w is not None and cfg_w != target.grid[1]:
         raise ValueError(f"ssd heads were trained for grid width {cfg_w}, the target's grid is {tuple(target.grid)}")
+    options = dataclasses.replace(options, chunk=min(options.chunk, _heads.num_heads(heads, "horizontal")))
+    sampling = run.sampling_or_default
 
-    def run(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
-        x = decode_rows(runner, heads, cls, gen, stats, rounds=rounds, chunk=chunk, vertical_heads=vertical_heads,
-                        round_q=round_q, commit=commit, max_tail=max_tail, final_passes=final_passes)
+    def decode_batch(cls, gen, stats):
+        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
+        x = decode_rows(runner, heads, cls, gen, stats, options)
         stats.target_forwards = runner.forwards * cls.shape[0]
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner)
         return x
 
-    return run_batches("ssd", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress, first_index=first_index)
+    return run_batches("ssd", target, conditions, decode_batch, run, tokenizer)
+
+
+OPTIONS = SSDOptions
+#: The published reading where the family default differs: the commit pass only writes (and no
+#: bound on open tails applies).
+PRESETS = {"published": SSDOptions(commit="write", max_tail=None, final_passes=None)}

@@ -13,16 +13,31 @@ is (i, 0)". That slot is forgotten right after the pass and written for real lat
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from specdec.decoding.common import ModelRunner, Sampling, draw, run_batches, to_device
-from specdec.decoding.compiled import check_compile, runner_for, record_compile_s
+from specdec.decoding.batching import run_batches
+from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.draws import draw
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.uploads import to_device
+from specdec.settings import RunSettings
 
 
 def check_window(window, width: int) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= width:
         raise ValueError(f"window must be an int in [1, W] = [1, {width}], got {window!r}")
     return window
+
+
+@dataclass(frozen=True)
+class ZipAROptions:
+    window: int = 4   #: tokens of row i before row i + 1 starts (at most the grid width)
+
+    def __post_init__(self):
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
 
 
 def schedule(H: int, W: int, window: int, device) -> list:
@@ -72,20 +87,23 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     return x
 
 
-def decode(target, classes, *, window: int = 4, seed: int = 0, first_index: int = 0, sampling: Sampling = Sampling(), tokenizer=None,
-           backend=None, progress=None, batch_size: int = 1, compile: bool = False):
-    """`compile=True`: every target pass through compiled graphs padded to bucket widths
-    (specdec.decoding.compiled)."""
-    check_window(window, target.grid[1])
-    compile = check_compile(compile)
+def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipAROptions(),
+           run: RunSettings = RunSettings()):
+    """ZipAR on `target`. With `run.compile` every target pass runs through compiled graphs padded
+    to bucket widths (specdec.decoding.compiled)."""
+    window = check_window(options.window, target.grid[1])
+    sampling = run.sampling_or_default
 
-    def run(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], backend, compile=compile)
+    def decode_batch(cls, gen, stats):
+        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
         x = zipar_grid(runner, cls, gen, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]
-        if compile:
+        if run.compile:
             record_compile_s(stats, runner)
         return x
 
-    return run_batches("zipar", target, classes, seed, run, batch_size=batch_size, tokenizer=tokenizer,
-                       progress=progress, first_index=first_index)
+    return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
+
+
+OPTIONS = ZipAROptions
+PRESETS = {}

@@ -6,49 +6,27 @@ on Fashion-MNIST and shipped as safetensors in specdec/weights/ (no network, no 
 - drafter: the same family on the 8x8 grid of 16x16 images (MuLo-SD's low-resolution drafter, r = 2);
 - sd_drafter: a smaller GPT on the target's 16x16 grid (the independent drafter of `sd` and `lantern`);
 - ssd_heads: SSD's horizontal (+1..+5) and vertical (+W, +2W) heads on the target's hidden states;
+- upsampler: MuLo-SD's learned up-sampler 8x8 -> 16x16 for this codebook;
 - evaluator: a CNN classifier for class accuracy and FD-classifier.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from specdec.models.evaluator import FashionClassifier, QualityEvaluator
+from specdec.models.family import ModelFamily
 from specdec.models.gpt import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
+from specdec.models.upsampler import load_upsampler
 from specdec.models.vq import VQConfig, VQTokenizer
 from specdec.models.weights_io import load_module, load_weights
 
 WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights")
 CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
-
-
-@dataclass
-class DefaultFamily:
-    tokenizer: VQTokenizer
-    target: LlamaGenGPT
-    drafter: LlamaGenGPT
-    ssd_heads: SSDHeads
-    evaluator: QualityEvaluator
-    info: Dict[str, dict]                      # training metadata of each file
-    sd_drafter: Optional[LlamaGenGPT] = None   # same-grid drafter of sd / lantern
-    class_names: Tuple[str, ...] = CLASS_NAMES
-    target_image_size: int = 32
-    drafter_image_size: int = 16
-
-    @property
-    def codebook(self) -> torch.Tensor:
-        """[V, D] l2-normalised code vectors shared by target and drafter (for knn_table)."""
-        return self.tokenizer.codebook.detach()
-
-    @torch.no_grad()
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token grids [B, h, w] (target or drafter) -> images [B, 1, 2h, 2w] in [-1, 1]."""
-        return self.tokenizer.decode(tokens)
 
 
 def _path(folder: str, name: str) -> str:
@@ -75,7 +53,9 @@ def _gpt(folder: str, name: str):
     return load_gpt(os.path.join(folder, name))
 
 
-def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
+def load_embedded(folder: str = WEIGHTS_DIR, device="cpu") -> ModelFamily:
+    """The embedded family from `folder` (the files `python -m specdec.train all` writes)."""
+
     info = {}
     tokenizer, info["tokenizer"] = load_vq(os.path.join(folder, "tokenizer.safetensors"))
     target, info["target"] = _gpt(folder, "target.safetensors")
@@ -93,15 +73,17 @@ def load_family(folder: str = WEIGHTS_DIR, device="cpu") -> DefaultFamily:
     for m in (tokenizer, target, drafter, sd_drafter, heads):
         m.to(device).eval().requires_grad_(False)
     classifier.requires_grad_(False)
-    return DefaultFamily(tokenizer, target, drafter, heads, evaluator, info, sd_drafter=sd_drafter)
+    upsampler = load_upsampler(os.path.join(folder, "upsampler.safetensors"), device=device)
+    return ModelFamily(target, tokenizer=tokenizer, drafter=drafter, sd_drafter=sd_drafter, ssd_heads=heads,
+                       upsampler=upsampler, evaluator=evaluator, class_names=CLASS_NAMES, info=info)
 
 
-_CACHE: Dict[Tuple[str, str], DefaultFamily] = {}
+_CACHE: Dict[Tuple[str, str], ModelFamily] = {}
 
 
-def default(device="cpu", weights_dir: Optional[str] = None) -> DefaultFamily:
+def default(device="cpu", weights_dir: Optional[str] = None) -> ModelFamily:
     """The trained embedded family on `device` (loaded once per device and folder)."""
     key = (str(torch.device(device)), weights_dir or WEIGHTS_DIR)
     if key not in _CACHE:
-        _CACHE[key] = load_family(key[1], device)
+        _CACHE[key] = load_embedded(key[1], device)
     return _CACHE[key]

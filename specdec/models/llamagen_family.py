@@ -11,18 +11,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+from specdec.models.family import ModelFamily
 from specdec.models.loaders import load_llamagen, load_llamagen_vq
 
 
-class LlamaGenFamily:
-    def __init__(self, target, vq=None):
-        self.target = target
-        self.tokenizer = vq
-        self.codebook = None if vq is None else vq.codebook
-
-
 def load_llamagen_family(gpt_path: str, vq_path: Optional[str] = None, *, gpt_size="GPT-XL", grid_size: int = 16,
-                         vq_size="VQ-16", device=None, dtype=None, trust_pickle: bool = False) -> LlamaGenFamily:
+                         vq_size="VQ-16", device=None, dtype=None, trust_pickle: bool = False) -> ModelFamily:
     """The GPT checkpoint (class-conditional or text-to-image, see load_llamagen) and, when given,
     its VQ checkpoint; the VQ's codebook size must be the GPT's vocabulary."""
     target = load_llamagen(gpt_path, gpt_size, grid_size=grid_size, device=device, dtype=dtype,
@@ -33,4 +27,4 @@ def load_llamagen_family(gpt_path: str, vq_path: Optional[str] = None, *, gpt_si
         if vq.codebook_size != target.vocab_size:
             raise ValueError(f"{vq_path}: the VQ has {vq.codebook_size} codes, the GPT {gpt_path} a vocabulary of "
                              f"{target.vocab_size}: not a matching pair")
-    return LlamaGenFamily(target, vq)
+    return ModelFamily(target, tokenizer=vq, codebook=None if vq is None else vq.codebook)

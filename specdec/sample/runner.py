@@ -15,6 +15,7 @@ The directory must be one every node sees (a shared filesystem), as rank 0 reads
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -25,10 +26,11 @@ from typing import Dict, List, Optional
 import torch
 
 from specdec import decoding
+from specdec.settings import RunSettings
 from specdec.images import to_uint8
 from specdec.sample import plan, settings, store
 from specdec.sample.plan import Refused, SampleError
-from specdec.sample.progress import ProgressLine
+from specdec.progress import ProgressLine
 from specdec.sample.world import World
 
 
@@ -37,34 +39,12 @@ class Request:
     method: str
     out_dir: str
     num: Optional[int] = None            #: None only with prompts (the file sets N)
-    seed: int = 0
-    sampling: Optional[decoding.Sampling] = None
+    #: seed, sampling (None: the family's), batch size, compile; first_index and progress are the runner's
+    run: RunSettings = field(default_factory=RunSettings)
     options: Dict[str, object] = field(default_factory=dict)
-    batch_size: int = 1
     classes: Optional[List[str]] = None  #: as typed: ids or class names
     prompts: Optional[str] = None        #: JSONL prompt file
     show_progress: bool = True
-
-
-class _FamilyView:
-    """A family object with a few fields added, the family itself untouched (it is cached and
-    shared by everything else in the process)."""
-
-    def __init__(self, family, extra):
-        self._family, self._extra = family, extra
-
-    def __getattr__(self, name):
-        if name in self._extra:
-            return self._extra[name]
-        return getattr(self._family, name)
-
-
-def _with(family, extra: dict):
-    """The family with the models loaded once for the whole run (decode() would otherwise load
-    MuLo-SD's learned up-sampler from disk on every call)."""
-    if not extra:
-        return family
-    return dict(family, **extra) if isinstance(family, dict) else _FamilyView(family, extra)
 
 
 @dataclass
@@ -74,10 +54,13 @@ class Job:
     items: List[plan.Item]
     prompts: Optional[List[dict]]
     family: object
-    options: dict              #: method options, defaults filled in (recorded)
-    call_kwargs: dict          #: what decode() gets besides the options (batch_size where taken)
-    sampling: decoding.Sampling
+    options: object            #: the method's options dataclass, defaults filled in (recorded)
+    run: RunSettings           #: with the sampling filled in
     settings: dict
+
+    def decode(self, method: str, classes: torch.Tensor, first_index: int):
+        run = dataclasses.replace(self.run, first_index=first_index)
+        return decoding.decode(method, self.family, classes, run=run, **decoding.options_as_kwargs(self.options))
 
 
 def _get(family, name):
@@ -86,19 +69,15 @@ def _get(family, name):
 
 def resolve(family, req: Request, device: torch.device) -> Job:
     decoding.check_method(req.method)
-    if isinstance(req.batch_size, bool) or not isinstance(req.batch_size, int) or req.batch_size < 1:
-        raise SampleError(f"--batch-size must be an int >= 1, got {req.batch_size!r}")
-    allowed = decoding.method_options(req.method)
-    if "batch_size" in req.options:
-        raise SampleError("--set batch_size: give the batch size as --batch-size")
-    unknown = sorted(set(req.options) - set(allowed))
-    if unknown:
-        raise SampleError(f"--set: {req.method} does not take option(s) {', '.join(unknown)}; "
-                          f"it accepts: {', '.join(a for a in allowed if a != 'batch_size')}")
-    options = dict(decoding.DEFAULT_OPTIONS[req.method], **req.options)
-    # Every method takes batch_size and decodes a batch in shared passes (docs/engine.md).
-    call_kwargs = {"batch_size": req.batch_size} if "batch_size" in allowed else {}
-    sampling = req.sampling or decoding.DEFAULT_SAMPLING
+    for name in decoding.api.RUN_FIELDS:
+        if name in req.options:
+            raise SampleError(f"--set {name}: a run setting, not an option of {req.method} (use its own flag)")
+    try:
+        options = decoding.options_for(req.method, **req.options)
+    except ValueError as e:
+        raise SampleError(f"--set: {e}") from None
+    run = dataclasses.replace(req.run, progress=None, first_index=0,
+                              sampling=req.run.sampling or _get(family, "sampling") or decoding.DEFAULT_SAMPLING)
 
     target = _get(family, "target")
     num_classes, names = target.num_classes, tuple(_get(family, "class_names") or ())
@@ -117,16 +96,11 @@ def resolve(family, req: Request, device: torch.device) -> Job:
         classes = plan.parse_classes(req.classes, num_classes, names)
         items = plan.class_items(req.num, classes, num_classes)
 
-    extra = {}
-    if req.method == "mulo" and options.get("upsample") == "learned" and _get(family, "upsampler") is None:
-        from specdec.decoding.upsample import load_upsampler
-
-        extra["upsampler"] = load_upsampler(device=device)
-    model_hash = settings.weights_hash(settings.family_modules(family, extra))
-    wanted = settings.make_settings(method=req.method, options=options, seed=req.seed, sampling=sampling,
+    model_hash = settings.weights_hash(settings.family_modules(family))
+    wanted = settings.make_settings(method=req.method, options=options, run=run,
                                     conditioning=plan.describe_classes(classes, prompts), device=device,
                                     model_hash=model_hash, num=len(items))
-    job = Job(items, prompts, _with(family, extra), options, call_kwargs, sampling, wanted)
+    job = Job(items, prompts, family, options, run, wanted)
     _warm_up(job, req)
     return job
 
@@ -136,8 +110,7 @@ def _warm_up(job: Job, req: Request) -> None:
     here, before config.json records it (a corrected rerun would then be refused as a changed
     setting), and first-call costs (allocator, kernel caches) stay out of the timings."""
     try:
-        decoding.decode(req.method, job.family, torch.tensor([job.items[0].cls]), seed=req.seed,
-                        sampling=job.sampling, **job.call_kwargs, **job.options)
+        job.decode(req.method, torch.tensor([job.items[0].cls]), 0)
     except ValueError as e:
         raise SampleError(f"--set / sampling: {e}") from None
 
@@ -182,7 +155,7 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def _decode_share(job: Job, req: Request, world: World, out_dir: str, todo: dict, bar: ProgressLine) -> dict:
-    mine = plan.pieces(todo["pending"], world.size, world.rank, req.batch_size)
+    mine = plan.pieces(todo["pending"], world.size, world.rank, job.run.batch_size)
     writer = store.ManifestWriter(store.manifest_path(out_dir, world.rank, todo["attempt"]))
     counter = store.LineCounter(out_dir, todo["attempt"])
     stats = {"rank": world.rank, "local_rank": world.local_rank, "host": socket.gethostname(), "images": 0,
@@ -192,8 +165,7 @@ def _decode_share(job: Job, req: Request, world: World, out_dir: str, todo: dict
         for first, count in mine:
             chunk = job.items[first:first + count]
             classes = torch.tensor([it.cls for it in chunk], dtype=torch.long)
-            out = decoding.decode(req.method, job.family, classes, seed=req.seed, first_index=first,
-                                  sampling=job.sampling, **job.call_kwargs, **job.options)
+            out = job.decode(req.method, classes, first)
             if out.images is None:
                 raise SampleError(f"the family has no tokenizer: {req.method} decoded tokens but no images")
             pixels = to_uint8(out.images).numpy()

@@ -1,6 +1,6 @@
 """The settings that decide a run's images, recorded in DIR/config.json and compared when a
 command is run again against the same directory: method, its options after defaults, seed,
-sampling, conditioning, device type and a hash of the models' weights. A difference is an error
+sampling, compiled or eager, conditioning, device type and a hash of the models' weights. A difference is an error
 naming each setting that differs; the number of images may grow (a longer run of the same
 settings extends the first one: image i does not depend on N) but not shrink.
 
@@ -18,8 +18,9 @@ import torch
 
 from specdec.sample.plan import SampleError
 
-#: Bumped when the directory layout or the meaning of a recorded setting changes.
-FORMAT = 1
+#: Bumped when the directory layout or the meaning of a recorded setting changes (2: options are
+#: the method's options dataclass, compile a setting of its own).
+FORMAT = 2
 
 #: Family fields whose weights can change a decoded image.
 MODEL_FIELDS = ("target", "drafter", "sd_drafter", "ssd_heads", "tokenizer", "upsampler")
@@ -37,11 +38,11 @@ def weights_hash(modules: Dict[str, torch.nn.Module]) -> str:
     return h.hexdigest()
 
 
-def family_modules(family, extra: Dict[str, object]) -> Dict[str, torch.nn.Module]:
+def family_modules(family) -> Dict[str, torch.nn.Module]:
     get = (lambda k: family.get(k)) if isinstance(family, dict) else (lambda k: getattr(family, k, None))
     found = {}
     for name in MODEL_FIELDS:
-        m = extra.get(name) if extra.get(name) is not None else get(name)
+        m = get(name)
         if isinstance(m, torch.nn.Module):
             found[name] = m
     return found
@@ -65,10 +66,14 @@ def _sampling_record(sampling) -> dict:
     return _jsonable(record)
 
 
-def make_settings(*, method: str, options: dict, seed: int, sampling, conditioning: dict,
-                  device: torch.device, model_hash: str, num: int) -> dict:
-    return {"format": FORMAT, "method": method, "options": _jsonable(options), "seed": seed,
-            "sampling": _sampling_record(sampling), **_jsonable(conditioning),
+def make_settings(*, method: str, options, run, conditioning: dict, device: torch.device, model_hash: str,
+                  num: int) -> dict:
+    """options: the method's options dataclass; run: the RunSettings (seed, sampling and compile
+    decide the images; batch size does not)."""
+    record = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+    record = {k: _sampling_record(v) if dataclasses.is_dataclass(v) else v for k, v in record.items()}
+    return {"format": FORMAT, "method": method, "options": _jsonable(record), "seed": run.seed,
+            "sampling": _sampling_record(run.sampling), "compile": run.compile, **_jsonable(conditioning),
             "device_type": device.type, "model_sha256": model_hash, "num": num}
 
 

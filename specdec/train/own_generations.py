@@ -64,40 +64,42 @@ def read_prompt_file(path) -> List[Union[str, torch.Tensor]]:
 
 
 def load_model(args):
-    """The family of --model, with `specdec generate`'s loading and one-line errors."""
-    from specdec import cli
+    """The family of --model (specdec.models.loading, as `specdec generate --model` loads it), a
+    bad file a one-line exit naming the flag."""
+    from specdec.models.loading import DTYPES, LoadError, load_family
 
-    ns = argparse.Namespace(**{**vars(args), "quiet": True, "hf_grid": None})
+    flags = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size"}
+    grid = None if os.path.isdir(args.model) else args.grid_size
     try:
-        return cli.load_model_family(ns)
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(str(e)) from None
+        return load_family(args.model, vq=args.vq, gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid,
+                           device=args.device, dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle)
+    except LoadError as e:
+        raise SystemExit(f"{flags.get(e.argument, e.argument)} {e.message}") from None
 
 
 def own_generations(args, samples: int, cfg_scale: float, log):
     """(family, conditions, tokens [S, H, W]): --model's plain-AR generations, one per condition
     (conditions: class ids [S] or a `Prompts` batch, what the target's prefill takes)."""
     from specdec.decoding import decode
-    from specdec.decoding.common import Sampling
+    from specdec.settings import RunSettings, Sampling
 
     if samples < 1:
         raise SystemExit(f"--samples must be >= 1, got {samples}")
     family = load_model(args)
     target = family.target
-    sampling = Sampling(cfg_scale=cfg_scale)
     progress = lambda n: log(f"generated {n}/{samples} images")   # noqa: E731
+    run = RunSettings(seed=args.seed, sampling=Sampling(cfg_scale=cfg_scale), batch_size=GENERATION_BATCH,
+                      progress=progress)
     if getattr(target, "num_classes", None) is not None:
         if args.prompts is not None:
             raise SystemExit("--prompts is for text-conditional models; this one is class-conditional")
         conditions = torch.arange(samples) % target.num_classes
-        out = decode("ar", family, conditions, sampling=sampling, seed=args.seed, batch_size=GENERATION_BATCH,
-                     progress=progress)
+        out = decode("ar", family, conditions, run=run)
         return family, conditions, out.tokens
     if not hasattr(target, "encode_prompts"):
         raise SystemExit("this model takes caption features (LlamaGen text-to-image), which the training scripts "
                          "do not read yet")
     lines = read_prompt_file(args.prompts)
     conditions = target.encode_prompts([lines[i % len(lines)] for i in range(samples)], None)
-    out = decode("ar", family, prompts=conditions, sampling=sampling, seed=args.seed, batch_size=GENERATION_BATCH,
-                 progress=progress)
+    out = decode("ar", family, prompts=conditions, run=run)
     return family, conditions, out.tokens

@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from specdec.decoding.upsample import WEIGHTS_NAME, TokenUpsampler
+from specdec.models.upsampler import WEIGHTS_NAME, TokenUpsampler
 from specdec.models.weights_io import save_weights
 from specdec.train import common
 from specdec.train.data import load_split, to_model_images
@@ -96,8 +96,6 @@ def main(argv=None) -> None:
 def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, log) -> TokenUpsampler:
     """Pairs from a wrapped model's own generations: the target's grids are the high-resolution
     codes, their down-sampled views (VQ decode, area-resize by 1/r, VQ encode) the low ones."""
-    from specdec.decoding.upsample import downsample
-
     family, _, high = own_generations(args, args.samples, 2.0 if args.cfg_scale is None else args.cfg_scale, log)
     tok = family.tokenizer
     if tok is None or not hasattr(tok, "encode"):
@@ -112,6 +110,15 @@ def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, lo
     return fit_upsampler(family.codebook, low, high, factor=args.factor, steps=steps, batch_size=batch, gen=gen,
                          log=log, decode_vectors=getattr(tok, "decode_code_vectors", None), high_images=images,
                          ce_weight=args.ce_weight)
+
+
+@torch.no_grad()
+def downsample(high: torch.Tensor, factor: int, *, tokenizer) -> torch.Tensor:
+    """[B, H, W] codes -> [B, H / factor, W / factor] codes through pixel space (VQ decode,
+    area-resize by 1/factor, VQ encode): the low-resolution view of a high-resolution grid."""
+    img = tokenizer.decode(high)
+    img = F.interpolate(img, scale_factor=1.0 / factor, mode="area")
+    return tokenizer.encode(img).long()
 
 
 if __name__ == "__main__":

@@ -6,18 +6,17 @@
     out = specdec.decoding.decode("mulo", family, prompts=["a red fox"], drafter=..., upsample="pixel")
 
 `wrap` dispatches on the model's class through `ADAPTERS` (class name -> "module:function" of a
-function `(hf_model, processor=None, **options) -> HFFamily`); an adapter adds its line there.
+function `(hf_model, processor=None, **options) -> ModelFamily`); an adapter adds its line there.
 """
 from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Dict
 
-import torch
 import torch.nn as nn
 
+from specdec.models.family import ModelFamily
 from specdec.models.hf.base import HFImageModel
 from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
 
@@ -29,35 +28,6 @@ ADAPTERS: Dict[str, str] = {
 }
 
 
-@dataclass
-class HFFamily:
-    """A wrapped model, shaped like specdec.models.default()'s family for specdec.decoding.decode:
-    `target` (ARImageModel), `tokenizer` (decode token grids [B, h, w] -> images [B, C, H, W]
-    in [-1, 1]; encode where the VQ allows), and the optional pieces some methods take: `drafter`
-    (an ARImageModel: MuLo-SD's low-resolution drafter, same codebook, grid dividing the
-    target's), `sd_drafter` (an ARImageModel on the target's grid for sd / lantern), `ssd_heads`
-    (specdec.models.ssd_heads.SSDHeads sized to the target's hidden_dim), `upsampler`."""
-
-    target: HFImageModel
-    tokenizer: Optional[nn.Module] = None
-    drafter: Optional[Any] = None
-    sd_drafter: Optional[Any] = None
-    ssd_heads: Optional[nn.Module] = None
-    upsampler: Optional[nn.Module] = None
-    processor: Optional[Any] = None
-
-    @property
-    def codebook(self) -> Optional[torch.Tensor]:
-        """[V, D] code vectors for neighbour tables (knn_table), as the model's VQ uses them."""
-        return None if self.tokenizer is None else self.tokenizer.codebook
-
-    @torch.no_grad()
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.tokenizer is None:
-            raise ValueError("this family has no pixel decoder (tokens only)")
-        return self.tokenizer.decode(tokens)
-
-
 def _adapter(hf_model: nn.Module):
     for cls in type(hf_model).__mro__:
         if cls.__name__ in ADAPTERS:
@@ -66,7 +36,7 @@ def _adapter(hf_model: nn.Module):
     raise ValueError(f"specdec has no adapter for {type(hf_model).__name__}; supported: {', '.join(sorted(ADAPTERS))}")
 
 
-def wrap(hf_model: nn.Module, processor=None, **options) -> HFFamily:
+def wrap(hf_model: nn.Module, processor=None, **options) -> ModelFamily:
     """A transformers model -> its specdec family (see ADAPTERS for the supported classes).
     `options` go to the adapter (e.g. `max_prompt_len`, token ids the config lacks)."""
     if not isinstance(hf_model, nn.Module):
@@ -74,7 +44,7 @@ def wrap(hf_model: nn.Module, processor=None, **options) -> HFFamily:
     return _adapter(hf_model)(hf_model, processor, **options)
 
 
-def load_pretrained(path: str, device="cpu", dtype=None, **options) -> HFFamily:
+def load_pretrained(path: str, device="cpu", dtype=None, **options) -> ModelFamily:
     """A local `save_pretrained` folder -> its family on `device` (weights in `dtype`, default
     the saved one). The processor is loaded too when the folder has one."""
     import transformers
@@ -100,4 +70,4 @@ def load_pretrained(path: str, device="cpu", dtype=None, **options) -> HFFamily:
     return wrap(model, processor, **options)
 
 
-__all__ = ["ADAPTERS", "HFFamily", "HFImageModel", "HFSlotCache", "RowEndSlotCache", "load_pretrained", "wrap"]
+__all__ = ["ADAPTERS", "HFImageModel", "HFSlotCache", "RowEndSlotCache", "load_pretrained", "wrap"]

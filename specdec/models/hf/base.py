@@ -65,7 +65,7 @@ class HFImageModel(nn.Module, abc.ABC):
         row_end_token: text-vocabulary id ending every grid row, or None.
     """
 
-    supports_cfg = True     #: CFG through an unconditional prompt (specdec.decoding.common.supports_guidance)
+    supports_cfg = True     #: CFG through an unconditional prompt (specdec.decoding.runner.supports_guidance)
     null_class = None       #: text-conditional: no null class
     prefix_len = None       #: varies per batch: the cache's `prefix_len` (set by the prefill)
 

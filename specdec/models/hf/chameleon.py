@@ -27,14 +27,13 @@ row-end token 8803 (fed by the base after each row's last token; never in a grid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from specdec.models.conditions import Prompts, is_prompts
-from specdec.models.hf import HFFamily
+from specdec.models.family import ModelFamily
 from specdec.models.hf.base import HFImageModel
 from specdec.models.hf.text_vocab_images import TextVocabularyImageTokens
 from specdec.models.hf.chameleon_layout import (LUMINA_GRID, ImageTokens, LuminaLayout, UserDecoder, codebook_for,
@@ -108,18 +107,6 @@ class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
         return super().prefill(cache, cond, uncond, backend)
 
 
-@dataclass
-class ChameleonFamily(HFFamily):
-    """HFFamily whose neighbour-table codebook does not come from a tokenizer (Chameleon's
-    tokenizer is None without a user decoder, yet its VQ table is in the checkpoint)."""
-
-    image_codebook: Optional[torch.Tensor] = None
-
-    @property
-    def codebook(self) -> Optional[torch.Tensor]:
-        return self.image_codebook
-
-
 def _target(model, name: str):
     """A drafter given as a family or as an image model -> the image model."""
     if model is None:
@@ -133,7 +120,7 @@ def _target(model, name: str):
 def wrap_chameleon(hf_model: nn.Module, processor=None, *, grid: Optional[Tuple[int, int]] = None, decoder=None,
                    codebook: Union[str, torch.Tensor, None] = "vq", layout: Optional[LuminaLayout] = None,
                    image_tokens: ImageTokens = None, max_prompt_len: int = 512, drafter=None, sd_drafter=None,
-                   ssd_heads: Optional[nn.Module] = None) -> ChameleonFamily:
+                   ssd_heads: Optional[nn.Module] = None) -> ModelFamily:
     """The family of a ChameleonForConditionalGeneration generating Lumina-mGPT's layout.
 
     `grid` (default 48 x 48, Lumina-mGPT-7B-768), `layout` and `image_tokens`: see
@@ -150,6 +137,6 @@ def wrap_chameleon(hf_model: nn.Module, processor=None, *, grid: Optional[Tuple[
         if other is not None and other.vocab_size != target.vocab_size:
             raise ValueError(f"{name} has {other.vocab_size} image tokens, the target {target.vocab_size}: "
                              "they must share the VQ codebook")
-    return ChameleonFamily(target, tokenizer=tokenizer, drafter=_target(drafter, "drafter"),
-                           sd_drafter=_target(sd_drafter, "sd_drafter"), ssd_heads=ssd_heads, processor=processor,
-                           image_codebook=codebook_for(hf_model, target.image_ids, codebook))
+    return ModelFamily(target, tokenizer=tokenizer, drafter=_target(drafter, "drafter"),
+                       sd_drafter=_target(sd_drafter, "sd_drafter"), ssd_heads=ssd_heads, processor=processor,
+                       codebook=codebook_for(hf_model, target.image_ids, codebook))

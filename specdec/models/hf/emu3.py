@@ -31,7 +31,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from specdec.decoding.common import Sampling
+from specdec.settings import Sampling
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.base import HFImageModel
 from specdec.models.hf.text_vocab_images import TextVocabularyImageTokens
@@ -234,10 +234,10 @@ class Emu3ImageModel(TextVocabularyImageTokens, HFImageModel):
 
 
 def wrap_emu3(hf_model: nn.Module, processor=None, **options):
-    """`specdec.models.hf.wrap`'s adapter for Emu3ForConditionalGeneration -> HFFamily (target,
+    """`specdec.models.hf.wrap`'s adapter for Emu3ForConditionalGeneration -> ModelFamily (target,
     the VQ tokenizer, the processor). `options`: Emu3ImageModel's (grid, negative_prompt,
     max_prompt_len)."""
-    from specdec.models.hf import HFFamily
+    from specdec.models.family import ModelFamily
 
     target = Emu3ImageModel(hf_model, processor, **options)
-    return HFFamily(target=target, tokenizer=target.image_tokenizer, processor=processor)
+    return ModelFamily(target=target, tokenizer=target.image_tokenizer, processor=processor)

@@ -109,8 +109,8 @@ def _side(grid) -> int:
 
 def wrap_janus(hf_model: nn.Module, processor=None, **options):
     """The family of a `JanusForConditionalGeneration`: target JanusImageModel, tokenizer JanusVQ."""
-    from specdec.models.hf import HFFamily
+    from specdec.models.family import ModelFamily
 
     hf_model.eval()
     target = JanusImageModel(hf_model, processor, **options)
-    return HFFamily(target=target, tokenizer=JanusVQ(hf_model.model.vqmodel), processor=processor)
+    return ModelFamily(target=target, tokenizer=JanusVQ(hf_model.model.vqmodel), processor=processor)

@@ -1,10 +1,13 @@
-"""Argument checks and randomness for kernel 2 (verify_grid, sample_residual), shared by every
-backend of the public API. Each failure is a ValueError naming the argument.
+"""Kernel 2, parallel 2-D acceptance/rejection (docs/kernels/verify_grid.md): `verify_grid` and
+`sample_residual`, their argument checks and randomness, their fake implementations, and the
+unchecked fast path the decoders call.
 
 Data checks (NaN scores, uniforms in [0, 1), probabilities in [0, 1]) cost one small reduction
 per tensor, and one call reads all of them back together: a read-back from a GPU is a host
 synchronisation, and on the CPU each extra op and transfer costs microseconds a decoding loop pays
-every step. They keep the kernels free of undefined cases.
+every step. They keep the kernels free of undefined cases. The decoders' probabilities come from
+the kernels and their uniforms from the image streams, so they call `verify_grid_unchecked` /
+`sample_residual_unchecked`, which skip those checks on the compiled backends (cpu, cuda).
 """
 from __future__ import annotations
 
@@ -13,8 +16,14 @@ from typing import Optional
 
 import torch
 
-from specdec._validation import check_finite_scalar, check_same_device, check_tensor, fail, read_back
+from specdec._types import GridVerdict, SampleResult
+from specdec.ops import dispatch
+from specdec.ops.checks import check_finite_scalar, check_same_device, check_tensor, fail, read_back
+from specdec.reference import verification as _reference
 from specdec.reference.verification import MASS_UNIT, MODES, RULES
+
+
+# ---- argument checks and randomness ---------------------------------------------------------
 
 #: Inverse-CDF sums are exact in float64 only while V * 2**30 < 2**53.
 MAX_VOCAB = 2 ** 23
@@ -204,3 +213,147 @@ def sample_residual_args(p, q, uniforms, generator):
         _check_range(next(values), next(values), "q")
     _check_uniform_values(values, uniforms)
     return p, q, uniforms
+
+
+# ---- the public ops -------------------------------------------------------------------------
+
+def verify_grid(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor] = None,
+    *,
+    rule: str = "threshold",
+    tau: Optional[float] = None,
+    uniforms: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    mode: str = "local",
+    radius: int = 1,
+    valid: Optional[torch.Tensor] = None,
+    backend: Optional[str] = None,
+) -> GridVerdict:
+    """Parallel 2-D acceptance/rejection of drafted token grids (kernel 2), one launch per batch.
+
+    Args:
+        p: [B, H, W] target scores of the drafted tokens (float; used as float32): the pooled
+            target probability for rule="threshold", the target probability for rule="ratio".
+        q: [B, H, W] draft probabilities of the drafted tokens; required for rule="ratio".
+        rule: "threshold" rejects p < tau (MuLo-SD); "ratio" rejects unless u * q < p, i.e.
+            u < min(1, p/q) without a division (q = 0 < p accepts, p = 0 rejects).
+        tau: the threshold of rule="threshold" (must be None for "ratio").
+        uniforms: [B, H, W] float32 in [0, 1) for rule="ratio" (bit-exact on every backend);
+            else drawn from `generator` (or torch's default generator) on p's device.
+        mode: which positions are resampled: "raster" everything from the first rejection on;
+            "independent" the rejected positions only (SSD); "local" the (2*radius+1)^2
+            Chebyshev windows around each rejection, from the first rejection on (MuLo-SD).
+        radius: window radius of mode="local", >= 0.
+        valid: [B, H, W] bool, positions holding a draft this round (default all); invalid
+            positions are never accepted, rejected or resampled.
+
+    Returns:
+        GridVerdict(accept, resample, first_reject, islands, num_islands): islands are the
+        8-connected components of `resample`, each labelled by its smallest raster index
+        (-1 outside), identical on every backend.
+    """
+    p, q, tau, uniforms, radius, valid = verify_grid_args(
+        p, q, rule, tau, uniforms, generator, mode, radius, valid)
+    chosen = dispatch.resolve(backend, p.device)
+    if chosen == "reference":
+        return _reference.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode,
+                                             radius=radius, valid=valid)
+    if chosen == "triton":
+        out = dispatch.triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius)
+    else:
+        out = dispatch.compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius)
+    return GridVerdict(*out)
+
+
+def sample_residual(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor] = None,
+    *,
+    uniforms: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
+) -> SampleResult:
+    """Draw one token per row from norm(max(0, p - q)) (or from p when q is None).
+
+    Where the residual is zero (p <= q everywhere, up to 2**-30) the row is drawn from p and
+    `fallback` is set. Sampling is inverse-CDF: the smallest v with cumsum(r)[v] > u * sum(r),
+    with r in exact fixed point (units of 2**-30, see specdec.reference.verification), so every
+    backend picks the same token for the same uniform.
+
+    Args:
+        p: [M, V] target probabilities in [0, 1] (float; used as float32), V < 2**23.
+        q: [M, V] draft probabilities in [0, 1], or None to sample from p.
+        uniforms: [M] float32 in [0, 1), one per row (bit-exact on every backend). Else the
+            kernel draws row r's uniform from counter-based Philox keyed by (seed, r, 0), with
+            the seed drawn by one torch.randint from `generator` (or torch's default generator
+            of p's device; for a CUDA generator that is a host sync): same generator state, same
+            tokens on one device. The C++ CPU and CUDA kernels (and Triton) use the same Philox
+            stream. The reference backend cannot reproduce that in-kernel stream: it draws the
+            uniforms with torch.rand(generator=...) instead (other tokens for the same seed,
+            the same distribution).
+
+    Returns:
+        SampleResult(tokens int32 [M] in [0, V), fallback bool [M]).
+    """
+    p, q, uniforms = sample_residual_args(p, q, uniforms, generator)
+    chosen = dispatch.resolve(backend, p.device)
+    if chosen == "reference":
+        if uniforms is None:  # the reference cannot run the kernels' Philox stream: torch.rand
+            uniforms = uniforms_arg(None, (p.shape[0],), p.device, generator)
+        return _reference.sample_residual(p, q, uniforms)
+    seed = 0 if uniforms is not None else philox_seed(generator, p.device)
+    if chosen == "triton":
+        out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0)
+    else:
+        out = dispatch.compiled_op("sample_residual")(p, q, uniforms, seed, 0)
+    return SampleResult(*out)
+
+
+# ---- the decoders' fast path ----------------------------------------------------------------
+
+def sample_residual_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor,
+                              backend: Optional[str] = None) -> SampleResult:
+    """`sample_residual` with caller-supplied uniforms, without the value checks on cpu/cuda."""
+    if dispatch.runs_compiled("sample_residual", backend, p.device):
+        q = None if q is None else q.float().contiguous()
+        return SampleResult(*torch.ops.specdec.sample_residual(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
+    return sample_residual(p, q, uniforms=uniforms, backend=dispatch.resolve_for("sample_residual", backend, p.device))
+
+
+def verify_grid_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], rule: str, *, tau: Optional[float] = None,
+                          uniforms: Optional[torch.Tensor] = None, mode: str = "local", radius: int = 1,
+                          valid: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> GridVerdict:
+    """`verify_grid` without its NaN and uniform-range checks (one read-back per call) on
+    cpu/cuda: p and q come from the kernels, the uniforms from the image streams."""
+    if dispatch.runs_compiled("verify_grid", backend, p.device):
+        p = p.float().contiguous()
+        if rule == "ratio":
+            q, uniforms, tau = q.float().contiguous(), uniforms.contiguous(), 0.0
+        else:
+            q, uniforms, tau = None, None, float(tau)
+        valid = None if valid is None else valid.contiguous()
+        return GridVerdict(*torch.ops.specdec.verify_grid(p, q, uniforms, valid, rule, tau, mode, radius))
+    return verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius, valid=valid,
+                       backend=dispatch.resolve_for("verify_grid", backend, p.device))
+
+
+# ---- torch.library registration -------------------------------------------------------------
+
+def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+    b = p.shape[0]
+    return (p.new_empty(p.shape, dtype=torch.bool), p.new_empty(p.shape, dtype=torch.bool),
+            p.new_empty((b,), dtype=torch.int32), p.new_empty(p.shape, dtype=torch.int32),
+            p.new_empty((b,), dtype=torch.int32))
+
+
+def _fake_sample_residual(p, q, uniforms, seed, offset):
+    m = p.shape[0]
+    return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
+
+
+dispatch.register("verify_grid", _fake_verify_grid, lambda: dispatch.triton("verification").verify_grid)
+dispatch.register("sample_residual", _fake_sample_residual, lambda: dispatch.triton("verification").sample_residual)
+
+__all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "philox_seed", "sample_residual", "sample_residual_args",
+           "sample_residual_unchecked", "uniforms_arg", "verify_grid", "verify_grid_args", "verify_grid_unchecked"]

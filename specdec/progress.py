@@ -1,4 +1,6 @@
-"""Rank 0's progress line: images done of N over all ranks, images per second of this run, ETA."""
+"""A progress line on stderr for long work: images done of N, images per second of this run, ETA.
+`specdec generate` and `compare` show one per command, `specdec sample` one on rank 0 over all
+ranks."""
 from __future__ import annotations
 
 import sys
@@ -15,11 +17,12 @@ def _clock(seconds: float) -> str:
 
 class ProgressLine:
     """Redrawn in place on stderr, at most every `interval` seconds. `done_before` images were
-    already finished by an earlier run: they count towards N but not towards the rate."""
+    already finished by an earlier run: they count towards N but not towards the rate. Calling
+    the line with the images done so far updates it (what `RunSettings.progress` takes)."""
 
-    def __init__(self, total: int, done_before: int, *, enabled: bool = True, stream: Optional[TextIO] = None,
-                 interval: float = 0.5, clock: Callable[[], float] = time.perf_counter):
-        self.total, self.before, self.enabled = total, done_before, enabled
+    def __init__(self, total: int, done_before: int = 0, *, label: str = "sample", enabled: bool = True,
+                 stream: Optional[TextIO] = None, interval: float = 0.5, clock: Callable[[], float] = time.perf_counter):
+        self.total, self.before, self.enabled, self.label = total, done_before, enabled, label
         self.stream = stream or sys.stderr
         self.interval, self.clock = interval, clock
         self.start = clock()
@@ -32,7 +35,7 @@ class ProgressLine:
         rate = new / elapsed if elapsed > 0 and new else 0.0
         eta = _clock((self.total - done) / rate) if rate else "?"
         filled = int(24 * done / max(1, self.total))
-        return (f"sample [{'#' * filled}{'.' * (24 - filled)}] {done}/{self.total} images, "
+        return (f"{self.label} [{'#' * filled}{'.' * (24 - filled)}] {done}/{self.total} images, "
                 f"{rate:.2f} img/s, ETA {eta}")
 
     def update(self, new: int, force: bool = False) -> None:
@@ -47,6 +50,9 @@ class ProgressLine:
         self.stream.write("\r" + line.ljust(self.width))
         self.stream.flush()
         self.width = len(line)
+
+    def __call__(self, new: int) -> None:
+        self.update(new)
 
     def close(self) -> None:
         if self.enabled and self.width:

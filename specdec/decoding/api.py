@@ -1,0 +1,154 @@
+"""`decode(method, family, ...)`: the one-line face of the decoders.
+
+It picks the pieces a method needs from a model family (`specdec.models.ModelFamily`: target,
+drafter, sd_drafter, tokenizer, ssd_heads, codebook, upsampler, its own sampling), splits the
+keyword arguments into run settings (`RunSettings`), models given explicitly, and the method's
+options (its frozen dataclass, `OPTIONS[method]`, whose defaults are the one table of defaults;
+`preset=` starts from a named variant such as the published reading), and calls the method's
+module.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional
+
+import torch
+
+from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, zipar
+from specdec.decoding.results import DecodeResult
+from specdec.models.conditions import Prompts
+from specdec.settings import RunSettings, Sampling
+
+METHODS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
+_MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, "mulo": mulo, "ssd": ssd}
+
+#: Each method's options dataclass; its defaults are the defaults (tuned on the embedded family
+#: where a paper leaves a value open; docs/experiments.md).
+OPTIONS = {m: module.OPTIONS for m, module in _MODULES.items()}
+
+#: Named variants of a method's options where the published reading differs from the default.
+PRESETS: Dict[str, Dict[str, object]] = {m: module.PRESETS for m, module in _MODULES.items()}
+
+#: The models each method takes besides its target (keyword arguments of its module's decode).
+RESOURCES = {"ar": (), "sd": ("drafter", "heads"), "lantern": ("drafter", "heads", "codebook", "neighbors"),
+             "sjd": (), "zipar": (), "mulo": ("drafter", "upsampler", "codebook", "neighbors"), "ssd": ("heads",)}
+
+#: Sampling used when neither the run nor the family sets one (CFG as the embedded models were
+#: trained for it).
+DEFAULT_SAMPLING = Sampling(cfg_scale=2.0, temperature=1.0, top_k=0)
+
+RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSettings))
+
+
+def check_method(method: str) -> str:
+    if method not in _MODULES:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    return method
+
+
+def method_options(method: str) -> list:
+    """The names `decode(method, ...)` takes as options: the method's option fields and the
+    models it takes."""
+    fields = [f.name for f in dataclasses.fields(OPTIONS[check_method(method)])]
+    return fields + list(RESOURCES[method])
+
+
+def options_for(method: str, preset: Optional[str] = None, **overrides):
+    """The method's options dataclass: its defaults (or the named preset), with `overrides`; an
+    unknown name is a ValueError listing the accepted ones."""
+    cls = OPTIONS[check_method(method)]
+    if preset is None:
+        base = cls()
+    elif preset in PRESETS[method]:
+        base = PRESETS[method][preset]
+    else:
+        known = ", ".join(sorted(PRESETS[method])) or "none"
+        raise ValueError(f"{method} has no preset {preset!r}; its presets: {known}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}; it accepts: "
+                         f"{', '.join(method_options(method))}")
+    return dataclasses.replace(base, **overrides)
+
+
+def options_as_kwargs(options) -> dict:
+    """An options dataclass as the keyword arguments `decode` takes (fields as they are)."""
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+
+
+def _field(family, name: str):
+    return family.get(name) if isinstance(family, dict) else getattr(family, name, None)
+
+
+def _resources(method: str, family, given: dict, options) -> dict:
+    """The models the method takes: those given explicitly, else the family's."""
+    res = {"tokenizer": given.get("tokenizer", _field(family, "tokenizer"))}
+    for name in RESOURCES[method]:
+        res[name] = given.get(name)
+    if method in ("sd", "lantern") and res["drafter"] is None and res["heads"] is None:
+        # The family's same-grid drafter model; without one, SSD's horizontal heads draft (Medusa-style).
+        res["drafter"] = _field(family, "sd_drafter")
+        if res["drafter"] is None:
+            res["heads"] = _field(family, "ssd_heads")
+    if method in ("lantern", "mulo") and res["neighbors"] is None and res["codebook"] is None:
+        res["codebook"] = _field(family, "codebook")
+    if method == "mulo":
+        res["drafter"] = res["drafter"] if res["drafter"] is not None else _field(family, "drafter")
+        if options.upsample == "learned" and res["upsampler"] is None:
+            res["upsampler"] = _field(family, "upsampler")
+    if method == "ssd" and res["heads"] is None:
+        res["heads"] = _field(family, "ssd_heads")
+    return res
+
+
+def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None,
+           run: Optional[RunSettings] = None, preset: Optional[str] = None, **options) -> DecodeResult:
+    """Run `method` on the family's target for `classes` (one image per entry), or, for a
+    text-conditional target, for `prompts` (one image per prompt: strings when the target has a
+    processor, else 1-D token-id tensors or whatever its prefill takes) with optional
+    `negative_prompts` (CFG's unconditional prompt per image; None: the model's own).
+
+    Keyword arguments are run settings (seed, first_index, sampling, backend, batch_size,
+    compile, progress: they override `run`'s), models that replace the family's (drafter,
+    heads, upsampler, codebook, neighbors, tokenizer), or the method's options (`OPTIONS[method]`;
+    `preset` starts from a named variant, `PRESETS[method]`). Image i depends only on (seed,
+    first_index + i). Sampling defaults to the family's own (`family.sampling`), else
+    DEFAULT_SAMPLING. Unknown options raise a ValueError listing the accepted ones."""
+    check_method(method)
+    target = _field(family, "target")
+    run = dataclasses.replace(run or RunSettings(), **{k: options.pop(k) for k in RUN_FIELDS if k in options})
+    if run.sampling is None:
+        run = dataclasses.replace(run, sampling=_field(family, "sampling") or DEFAULT_SAMPLING)
+    given = {k: options.pop(k) for k in RESOURCES[method] + ("tokenizer",) if k in options}
+    if (method == "mulo" and "upsample" not in options and preset is None and given.get("upsampler") is None
+            and _field(family, "upsampler") is None):
+        # The learned default needs an up-sampler trained for this family's codebook; without
+        # one, MuLo-SD up-samples in pixel space through the family's VQ (the paper's pipeline).
+        options["upsample"] = "pixel"
+    opts = options_for(method, preset, **options)
+    conditions = _conditions(target, classes, prompts, negative_prompts)
+    return _MODULES[method].decode(target, conditions, **_resources(method, family, given, opts), options=opts, run=run)
+
+
+def _conditions(target, classes, prompts, negative_prompts):
+    """Class ids as a tensor, or the prompts as a `Prompts` batch (encoded by the target's
+    `encode_prompts` when it has one: tokenisation and chat templates are the model's business)."""
+    if (classes is None) == (prompts is None):
+        raise ValueError("pass exactly one of classes (class-conditional models) and prompts (text-conditional ones)")
+    if prompts is None:
+        if negative_prompts is not None:
+            raise ValueError("negative_prompts needs prompts")
+        return torch.as_tensor(classes)
+    if isinstance(prompts, Prompts):
+        return prompts
+    if isinstance(prompts, (str, torch.Tensor)):
+        prompts = [prompts]
+    encode = getattr(target, "encode_prompts", None)
+    if encode is not None:
+        return encode(list(prompts), None if negative_prompts is None else list(negative_prompts))
+    return Prompts(list(prompts), None if negative_prompts is None else list(negative_prompts))
+
+
+__all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "check_method", "decode", "method_options",
+           "options_as_kwargs", "options_for"]

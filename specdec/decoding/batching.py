@@ -1,0 +1,74 @@
+"""Decoding in batches: `run_batches` splits the conditions into batches, gives each image its own
+random stream, times each batch and sums the statistics; the checks of a decoder's common
+arguments (the model's protocol, the conditions) happen here, once per call."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from specdec.decoding.results import DecodeResult, DecodeStats
+from specdec.decoding.streams import ImageStreams
+from specdec.models.conditions import is_prompts
+from specdec.settings import RunSettings
+
+
+def check_grid_model(model, name: str = "model") -> None:
+    for attr in ("grid", "vocab_size", "prefix_len", "new_cache", "prefill", "forward_tokens"):
+        if not hasattr(model, attr):
+            raise ValueError(f"{name} does not implement the ARImageModel protocol (no `{attr}`)")
+
+
+def check_classes(model, classes):
+    """Class ids as an int64 tensor [B], range-checked; a `Prompts` batch passes as it is."""
+    if is_prompts(classes):
+        return classes
+    if not isinstance(classes, torch.Tensor):
+        classes = torch.as_tensor(classes)
+    if classes.dim() != 1 or classes.dtype not in (torch.int32, torch.int64) or classes.numel() == 0:
+        raise ValueError(f"classes must be a non-empty 1-D int tensor, got {tuple(classes.shape)} {classes.dtype}")
+    n = getattr(model, "num_classes", None)
+    if n is not None and (int(classes.min()) < 0 or int(classes.max()) >= n):
+        raise ValueError(f"classes must lie in [0, {n}), got [{int(classes.min())}, {int(classes.max())}]")
+    return classes.long()
+
+
+def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,
+                tokenizer=None) -> DecodeResult:
+    """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b],
+    streams, stats) -> tokens [b, H*W]` with `streams = ImageStreams(run.seed, first_index + i ..
+    first_index + i + b - 1)`, one random stream per image. Image i depends only on (seed,
+    first_index + i), whatever the batch size: a run of N images split into calls with
+    `first_index` set to each call's offset gives the same images as one call. batch_size=1 is
+    the latency setting speculative decoding is for. Each batch is timed; the statistics are
+    summed; the grids are decoded to images with `tokenizer` (not timed)."""
+    check_grid_model(model, "target")
+    conditions = check_classes(model, conditions)
+    H, W = model.grid
+    total = DecodeStats(method)
+    grids = []
+    n, step = conditions.shape[0], run.batch_size
+    for i in range(0, n, step):
+        batch = conditions[i:i + step]
+        stats = DecodeStats(method, images=batch.shape[0], tokens=batch.shape[0] * H * W)
+        # Decoding is inference: without no_grad a model whose parameters require grad (a
+        # transformers checkpoint, say) would record autograd graphs in eager passes, and
+        # torch.compile would trace a training graph (a backward beside every compiled pass).
+        start = time.perf_counter()
+        with torch.no_grad():
+            streams = ImageStreams(run.seed, range(run.first_index + i, run.first_index + i + batch.shape[0]))
+            grids.append(decode_batch(batch, streams, stats).view(-1, H, W).cpu())
+        stats.wall_s = time.perf_counter() - start
+        total.merge(stats)
+        if run.progress is not None:
+            run.progress(min(i + step, n))
+    tokens = torch.cat(grids)
+    images = None
+    if tokenizer is not None:
+        with torch.no_grad():
+            images = tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
+    return DecodeResult(tokens, images, total)
+
+
+__all__ = ["check_classes", "check_grid_model", "run_batches"]

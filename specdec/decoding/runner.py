@@ -1,0 +1,217 @@
+"""A model with its KV cache, as every decoder sees it: `ModelRunner` counts target passes,
+splits guidance halves and turns logits into the numbers the kernels need; `TokenStep` is the AR
+step (one token in, the next token out). The compiled runner is a subclass
+(`specdec.decoding.compiled.CompiledRunner`); nothing here imports it.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+from specdec.decoding.uploads import to_device
+from specdec.models.protocol import split_cfg
+from specdec.ops import pooling, verification
+from specdec.settings import Sampling
+
+
+def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
+                            positions: torch.Tensor) -> torch.Tensor:
+    """LlamaGen's cfg_interval: the unconditional logits [B, N, V] with the conditional ones in
+    place at the outputs fed at raster `positions` ([N] or [B, N]; the output predicts the token
+    after, t = position + 1) that come after the interval, so that guidance gives exactly the
+    conditional logits there (uncond + s * (cond - cond) = cond). A tensor op: no host read."""
+    off = positions.to(cond.device) > sampling.cfg_interval
+    if off.dim() == 2 and off.shape[0] != cond.shape[0]:   # [rows, N] positions of a CFG cache
+        off = off[:cond.shape[0]]
+    off = off.view(1, -1, 1) if off.dim() == 1 else off[..., None]
+    return torch.where(off, cond, uncond)
+
+
+class Outputs(NamedTuple):
+    """Outputs of a forward at N positions: guidance halves and pre-norm hidden states."""
+
+    cond: torch.Tensor               #: [B, N, V] conditional logits
+    uncond: Optional[torch.Tensor]   #: [B, N, V] unconditional logits (None without CFG)
+    hidden: torch.Tensor             #: [rows, N, dim] (rows = 2B with CFG)
+    #: [B, N, V] the runner's sampling distribution of every output, when the pass computed it
+    #: (a compiled pass does, inside its graph); None: `ModelRunner.probs` computes it
+    probs: Optional[torch.Tensor] = None
+
+    def select(self, index) -> "Outputs":
+        """Outputs at the positions `index` (anything that indexes dim 1)."""
+        return self.map(lambda t: t[:, index])
+
+    def map(self, f) -> "Outputs":
+        """`f` applied to every tensor of the outputs (each indexed alike along its first two dims)."""
+        return Outputs(*(None if t is None else f(t) for t in self))
+
+    @staticmethod
+    def cat(parts) -> "Outputs":
+        parts = list(parts)
+        fields = zip(*parts)
+        return Outputs(*(None if any(t is None for t in ts) else torch.cat(ts, 1) for ts in fields))
+
+
+def supports_guidance(model) -> bool:
+    """Whether `model` has an unconditional input for CFG: a null class, or (text-conditional
+    models, `supports_cfg`) an unconditional prompt."""
+    flag = getattr(model, "supports_cfg", None)
+    return bool(flag) if flag is not None else getattr(model, "null_class", None) is not None
+
+
+def weights_key(module):
+    """(dtype, device) of a module's first parameter, or None: a graph traced without guards is
+    only valid for the weights' dtype and device it was traced with."""
+    p = next(iter(module.parameters()), None) if hasattr(module, "parameters") else None
+    return None if p is None else (p.dtype, p.device)
+
+
+class ModelRunner:
+    """A model, its slot KV cache and a pass counter; all decoders talk to models through it.
+    Eager: every pass runs op by op (`specdec.decoding.compiled.CompiledRunner` compiles them)."""
+
+    def __init__(self, model, sampling: Sampling, *, batch: int = 1, backend: Optional[str] = None):
+        self.model = model
+        self.sampling = sampling
+        self.backend = backend
+        self.batch = batch
+        if sampling.guided and not supports_guidance(model):
+            raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
+        self.cache = model.new_cache(batch, cfg=sampling.guided)
+        self.forwards = 0
+        # The checked fast path (see specdec.ops.pooling): models that offer it skip the per-pass
+        # value checks of positions and token ids, which the decoders produce themselves.
+        self._fast = {"checked": False} if "checked" in inspect.signature(model.forward_tokens).parameters else {}
+        H, W = model.grid
+        self.H, self.W = H, W
+        self.device = self.cache.device
+
+    def reset(self) -> None:
+        """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
+        same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
+        self.cache.reset()
+        self.forwards = 0
+
+    # ---- the passes ----
+    def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
+        """Outputs from raw [rows, N, V] logits (e.g. the LM head on predicted hidden states)."""
+        if self.sampling.guided:
+            cond, uncond = split_cfg(logits)
+            return Outputs(cond, uncond, hidden)
+        return Outputs(logits, None, hidden)
+
+    def prefill(self, classes) -> Outputs:
+        """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
+        self.forwards += 1
+        classes = to_device(classes, self.device) if isinstance(classes, torch.Tensor) else classes.to(self.device)
+        out = self.model.prefill(self.cache, classes, backend=self.backend)
+        return self.outputs(out.logits, out.hidden)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
+        """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
+        token that follows position i in raster order."""
+        self.forwards += 1
+        tokens, positions = tokens.to(self.device), positions.to(self.device)
+        out = self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                        backend=self.backend, **self._fast)
+        return self.outputs_at(out.logits, out.hidden, positions)
+
+    def outputs_at(self, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> Outputs:
+        """Outputs of a pass's raw logits [rows, N, V] fed at raster `positions` ([N] or [B, N]):
+        `outputs`, with LlamaGen's cfg_interval applied at each output's position. A compiled pass
+        calls it inside its graph too, to make `probs` of the same outputs."""
+        o = self.outputs(logits, hidden)
+        if self.sampling.has_cfg_interval:
+            o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
+        return o
+
+    def invalidate(self, positions: torch.Tensor) -> None:
+        """Forget the cache entries of raster positions [N] or [B, N]."""
+        if positions.numel():
+            self.cache.invalidate_positions(positions)
+
+    def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per
+        row; no host read)."""
+        if positions.numel():
+            self.cache.invalidate_positions(positions, where=mask)
+
+    # ---- functions of tensors kept with the runner ----
+    def function(self, key, make: Callable[[], Callable]) -> Callable:
+        """The function `make()` returns. A compiled runner compiles it and keeps it under `key`
+        (which must name everything the function closes over that may change between decodes:
+        the shapes it is called with, a heads module); the eager runner just calls `make()`."""
+        return make()
+
+    def token_step(self) -> "TokenStep":
+        """The AR step on this runner (eager here; compiled and kept on a compiled runner)."""
+        return TokenStep(self)
+
+    # ---- distributions through the kernels ----
+    def _settings(self) -> tuple:
+        s = self.sampling
+        return s.cfg_scale, s.temperature, s.top_k, s.top_p
+
+    def probs(self, o: Outputs) -> torch.Tensor:
+        """The sampling distribution [B, N, V] (CFG, temperature, top-k, top-p) of every output (the
+        one its pass computed, when it did)."""
+        if o.probs is not None:
+            return o.probs
+        B, N, V = o.cond.shape
+        p = pooling.sampling_probs_unchecked(o.cond.reshape(-1, V),
+                                             None if o.uncond is None else o.uncond.reshape(-1, V),
+                                             *self._settings(), backend=self.backend)
+        return p.view(B, N, V)
+
+    def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
+        """PooledProbs over [B, N]: p(x) of each token x and its neighbour-pooled version."""
+        B, N, V = o.cond.shape
+        out = pooling.pool_probs_unchecked(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
+                                           None if o.uncond is None else o.uncond.reshape(-1, V), self._settings(),
+                                           delta, backend=self.backend)
+        return type(out)(*(t.view(B, N) for t in out))
+
+
+class TokenStep:
+    """Feed one token per row at one raster position and sample the next: the AR step.
+
+    `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`.
+    `compiler(fn, device)`: how the step function is compiled (None: eager, op by op);
+    `specdec.decoding.compiled.CompiledRunner` passes its `CompiledFunction`."""
+
+    def __init__(self, runner: ModelRunner, compiler: Optional[Callable] = None):
+        self.runner = runner
+        self.compiled = compiler is not None
+        model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
+        guided = s.guided
+        interval = s.has_cfg_interval
+        settings = runner._settings()
+
+        def step(tokens, position, uniforms, reach=None):
+            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
+            logits = out.logits[:, -1]
+            cond, uncond = logits.chunk(2) if guided else (logits, None)
+            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
+                uncond = torch.where(position > s.cfg_interval, cond, uncond)
+            p = pooling.sampling_probs_unchecked(cond, uncond, *settings, backend=backend)
+            return (verification.sample_residual_unchecked(p, None, uniforms, backend).tokens.long(),)
+
+        self._step = step if compiler is None else compiler(step, cache.device)
+
+    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
+        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
+        eager step then reads only the cache prefix up to it; the compiled step ignores it and
+        reads the whole cache (one shape for every step, so one graph)."""
+        self.runner.forwards += 1
+        (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
+                                                                                           uniforms, reach)
+        return tokens
+
+    def take_compile_s(self) -> float:
+        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
+        return self._step.take_compile_s() if self.compiled else 0.0
+
+
+__all__ = ["ModelRunner", "Outputs", "TokenStep", "supports_guidance", "unguided_after_interval", "weights_key"]

@@ -1,0 +1,37 @@
+"""Host data to the device without waiting for it (`to_device`).
+
+A plain copy from ordinary (pageable) host memory to a GPU is a blocking copy: PyTorch
+synchronizes the stream around it, so the host first waits for every kernel already queued
+(`torch.cuda.set_sync_debug_mode` reports it as a sync). The decoders send index lists and
+uniforms to the device every pass; with the switch SPECDEC_ASYNC_UPLOADS=1 they go through pinned
+memory and an asynchronous copy on CUDA, ordered on the stream before the kernels that read them
+(opt-in: it has not run on a GPU yet; `specdec.switches`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from specdec import switches
+
+
+def async_uploads() -> bool:
+    """Whether `to_device` copies to CUDA asynchronously (the switch SPECDEC_ASYNC_UPLOADS)."""
+    return switches.value("SPECDEC_ASYNC_UPLOADS") == "1"
+
+
+def to_device(data, device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Host data (numbers in nested lists, or a CPU tensor) as a tensor on `device`, without
+    waiting for the device when the switch asks for it (`async_uploads`). On the CPU this is the
+    plain tensor."""
+    t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu" or not async_uploads():
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+__all__ = ["async_uploads", "to_device"]

@@ -1,0 +1,21 @@
+"""specdec's public ops (docs/design.md, kernels 1-3): one module per kernel family, each with
+its argument checks, its fake implementations and the unchecked fast path the decoders call, and
+one dispatch module (the extension, the choice of backend, the registration).
+
+    from specdec import ops
+    ops.pool_probs(logits, tokens, neighbors, delta=0.1)
+
+Every op takes `backend=None|"cuda"|"triton"|"cpu"|"reference"` (`dispatch.resolve` makes the
+automatic choice, the switch SPECDEC_BACKEND overrides it). Arguments are checked here,
+identically for all backends; the `cpu` and `cuda` backends run the compiled
+`torch.ops.specdec.*` ops, which are also usable directly (and under torch.compile) but then skip
+the data-dependent checks (token ids in range): an out-of-range id gives NaN for its row, never a
+wrong read.
+"""
+from specdec.ops import dispatch
+from specdec.ops.attention import tree_attention
+from specdec.ops.pooling import PooledProbs, pool_probs, sampling_probs
+from specdec.ops.verification import GridVerdict, SampleResult, sample_residual, verify_grid
+
+__all__ = ["GridVerdict", "PooledProbs", "SampleResult", "dispatch", "pool_probs", "sample_residual", "sampling_probs",
+           "tree_attention", "verify_grid"]

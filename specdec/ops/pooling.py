@@ -1,0 +1,238 @@
+"""Kernel 1, fused probability pooling (docs/kernels/pool_probs.md): `pool_probs` and
+`sampling_probs`, their argument checks, their fake implementations, and the unchecked fast path
+the decoders call.
+
+`pool_probs` and `sampling_probs` check every argument on every call, values included (token ids
+and the neighbour table in range: each a read-back, on a GPU a synchronisation). The decoders
+produce those values themselves and check their own arguments once at `decode()`, so they call
+`pool_probs_unchecked` / `sampling_probs_unchecked`: on the compiled backends (`cpu`, `cuda`)
+the registered `torch.ops.specdec.*` op directly, which keeps its shape and dtype checks and skips
+the data-dependent ones (an out-of-range id gives a NaN row there, never an out-of-bounds read);
+the `reference` and `triton` backends go through the checked functions.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+from specdec._types import PooledProbs
+from specdec.ops import dispatch
+from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, check_finite_scalar, check_ids_in_range,
+                                check_same_device, check_table_in_range, check_tensor, fail)
+from specdec.reference import pooling as _reference
+
+
+# ---- argument checks ------------------------------------------------------------------------
+
+def logits_2d(logits, name: str = "logits") -> torch.Tensor:
+    check_tensor(logits, name)
+    if logits.dim() != 2:
+        fail(f"{name} must be 2-D [N, V], got shape {tuple(logits.shape)}")
+    if logits.dtype not in _FLOAT_LOGITS:
+        fail(f"{name} must be float32, float16 or bfloat16, got {logits.dtype}")
+    if logits.shape[1] < 1:
+        fail(f"{name} must have V >= 1 columns")
+    # Kernels need unit stride along V; anything else is copied once here.
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+def check_top_p(top_p) -> float:
+    """top_p must be a real number in (0, 1]; 1 disables the nucleus cut."""
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real):
+        fail(f"top_p must be a float in (0, 1], got {top_p!r}")
+    value = float(top_p)
+    if not 0.0 < value <= 1.0:  # also refuses NaN
+        fail(f"top_p must be a float in (0, 1] (1 disables it), got {top_p!r}")
+    return value
+
+
+def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.0):
+    """Checks of steps 1-3 of kernel 1; returns normalised (logits, uncond, cfg, temp, top_k, top_p)."""
+    logits = logits_2d(logits)
+    if uncond_logits is not None:
+        uncond_logits = logits_2d(uncond_logits, "uncond_logits")
+        if uncond_logits.shape != logits.shape:
+            fail(f"uncond_logits must have the shape of logits {tuple(logits.shape)}, got {tuple(uncond_logits.shape)}")
+        if uncond_logits.dtype != logits.dtype:
+            fail(f"uncond_logits must have the dtype of logits ({logits.dtype}), got {uncond_logits.dtype}")
+        check_same_device(uncond_logits, logits, "uncond_logits", "logits")
+    cfg_scale = check_finite_scalar(cfg_scale, "cfg_scale")
+    temperature = check_finite_scalar(temperature, "temperature")
+    if temperature <= 0:
+        fail(f"temperature must be positive and finite, got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        fail(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+    top_p = check_top_p(top_p)
+    return logits, uncond_logits, cfg_scale, temperature, top_k, top_p
+
+
+def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p=1.0):
+    """Checks of kernel 1; returns the normalised arguments in the same order."""
+    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    n, v = logits.shape
+    check_tensor(tokens, "tokens")
+    if tokens.dim() != 1 or tokens.shape[0] != n:
+        fail(f"tokens must have shape [N] = [{n}], got {tuple(tokens.shape)}")
+    if tokens.dtype not in _INDEX_DTYPES:
+        fail(f"tokens must be int32 or int64, got {tokens.dtype}")
+    check_same_device(tokens, logits, "tokens", "logits")
+    check_ids_in_range(tokens, v, "tokens")
+    if neighbors is not None:
+        check_tensor(neighbors, "neighbors")
+        if neighbors.dim() != 2 or neighbors.shape[0] != v:
+            fail(f"neighbors must have shape [V, K] with V = {v}, got {tuple(neighbors.shape)}")
+        if neighbors.dtype == torch.int64:
+            neighbors = neighbors.to(torch.int32)  # accepted for convenience; pass int32 to skip the copy
+        if neighbors.dtype not in (torch.int32, torch.int16):
+            fail(f"neighbors must be int32 (or int16 when V <= 32767), got {neighbors.dtype}")
+        if neighbors.dtype == torch.int16 and v > 32767:
+            fail(f"neighbors: int16 tables need V <= 32767, got V = {v}")
+        check_same_device(neighbors, logits, "neighbors", "logits")
+        neighbors = neighbors.contiguous()
+        check_table_in_range(neighbors, v, "neighbors")
+    if delta is not None:
+        try:
+            delta = float(delta)
+        except (TypeError, ValueError):
+            fail(f"delta must be None or a number >= 0, got {delta!r}")
+        if math.isnan(delta) or delta < 0:
+            fail(f"delta must be None or >= 0, got {delta!r}")
+    return logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p
+
+
+# ---- the public ops -------------------------------------------------------------------------
+
+def pool_probs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    neighbors: Optional[torch.Tensor] = None,
+    *,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    delta: Optional[float] = None,
+    backend: Optional[str] = None,
+) -> PooledProbs:
+    """Fused probability pooling (kernel 1): the target probability of each row's token plus
+    the probability mass of its nearest codebook neighbours (LANTERN), in one pass per row.
+
+    Args:
+        logits: [N, V] conditional logits (float32/float16/bfloat16).
+        tokens: [N] int32/int64 drafted token of each row, in [0, V).
+        neighbors: [V, K] int32 (or int16 when V <= 32767) codebook neighbours of each token by
+            ascending distance, self excluded (see specdec.neighbors.knn_table); None: no pooling.
+        uncond_logits: [N, V] unconditional logits for classifier-free guidance.
+        cfg_scale: guidance scale s in l = u + s * (c - u).
+        temperature: must be > 0; logits are divided by it.
+        top_k: keep the top_k largest logits per row (ties kept); 0 keeps all.
+        top_p: in (0, 1]; after top-k, keep token v iff the mass of the tokens strictly more
+            probable than v is < top_p (the smallest nucleus reaching top_p, ties kept); the
+            kept logits are renormalised by their softmax. 1 keeps all (and costs nothing).
+            Masses are exact fixed point (see specdec.reference.pooling.top_p_mask), so the
+            nucleus is the same set on every backend.
+        delta: None moves the mass of all K neighbours; a number >= 0 moves the longest prefix of
+            neighbours whose mass stays <= delta (LANTERN's total-variation bound).
+
+    Returns:
+        PooledProbs(pooled, p_token, row_max, row_lse), float32 [N] each. A row whose guided
+        logits hold NaN or +inf (or no finite value) gives NaN in all four, for that row only.
+    """
+    args = pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k,
+                                 delta, top_p)
+    logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p = args
+    chosen = dispatch.resolve(backend, logits.device)
+    if chosen == "reference":
+        return _reference.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits,
+                                       cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, delta=delta,
+                                       top_p=top_p)
+    if chosen == "triton":
+        out = dispatch.triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                            temperature, top_k, delta, top_p)
+    else:
+        out = dispatch.compiled_op("pool_probs")(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                         temperature, top_k, delta, top_p)
+    return PooledProbs(*out)
+
+
+def sampling_probs(
+    logits: torch.Tensor,
+    *,
+    uncond_logits: Optional[torch.Tensor] = None,
+    cfg_scale: float = 1.0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """Steps 1-3 of kernel 1 written out: the sampling distribution p[N, V] (float32) after
+    CFG, temperature, top-k and top-p (see pool_probs). Meant for the few rows that must be
+    resampled."""
+    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    chosen = dispatch.resolve(backend, logits.device)
+    if chosen == "reference":
+        return _reference.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
+                                           temperature=temperature, top_k=top_k, top_p=top_p)
+    if chosen == "triton":
+        return dispatch.triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    return dispatch.compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+
+
+# ---- the decoders' fast path ----------------------------------------------------------------
+
+def sampling_probs_unchecked(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], cfg_scale: float,
+                             temperature: float, top_k: int, top_p: float,
+                             backend: Optional[str] = None) -> torch.Tensor:
+    """`sampling_probs` with settings checked once by the caller (a `Sampling`), straight to the
+    registered op on cpu/cuda."""
+    if dispatch.runs_compiled("sampling_probs", backend, logits.device):
+        uncond = None if uncond_logits is None else uncond_logits.contiguous()
+        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(cfg_scale), float(temperature),
+                                                int(top_k), float(top_p))
+    return sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale, temperature=temperature,
+                          top_k=top_k, top_p=top_p, backend=dispatch.resolve_for("sampling_probs", backend,
+                                                                                 logits.device))
+
+
+def pool_probs_unchecked(logits: torch.Tensor, tokens: torch.Tensor, neighbors: Optional[torch.Tensor],
+                         uncond_logits: Optional[torch.Tensor], settings: tuple, delta: Optional[float] = None,
+                         backend: Optional[str] = None) -> PooledProbs:
+    """`pool_probs` without the range checks of the token ids and the neighbour table (each a
+    read-back) on cpu/cuda: the decoders' tokens come from the samplers, the table was built by
+    specdec.neighbors. `settings`: (cfg_scale, temperature, top_k, top_p), checked by the caller."""
+    cfg_scale, temperature, top_k, top_p = settings
+    if dispatch.runs_compiled("pool_probs", backend, logits.device):
+        logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
+            logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+        if neighbors is not None:
+            neighbors = (neighbors.to(torch.int32) if neighbors.dtype == torch.int64 else neighbors).contiguous()
+        delta = None if delta is None else float(delta)
+        return PooledProbs(*torch.ops.specdec.pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                                         temperature, top_k, delta, top_p))
+    return pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
+                      temperature=temperature, top_k=top_k, top_p=top_p, delta=delta,
+                      backend=dispatch.resolve_for("pool_probs", backend, logits.device))
+
+
+# ---- torch.library registration -------------------------------------------------------------
+
+def _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p=1.0):
+    n = logits.shape[0]
+    return tuple(logits.new_empty((n,), dtype=torch.float32) for _ in range(4))
+
+
+def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.0):
+    return logits.new_empty(logits.shape, dtype=torch.float32)
+
+
+dispatch.register("pool_probs", _fake_pool_probs, lambda: dispatch.triton("pooling").pool_probs)
+dispatch.register("sampling_probs", _fake_sampling_probs, lambda: dispatch.triton("pooling").sampling_probs)
+
+__all__ = ["PooledProbs", "pool_args", "pool_probs", "pool_probs_unchecked", "sampling_args", "sampling_probs",
+           "sampling_probs_unchecked"]

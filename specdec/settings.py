@@ -1,0 +1,108 @@
+"""The settings of a decode, as frozen dataclasses: `Sampling` (how a distribution is formed from
+logits) and `RunSettings` (what decides a run's images and how it runs). A low module: models may
+import it (a model family ships its own sampling defaults), and it imports nothing of specdec.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+#: The kernel backends (`specdec.ops`), by name; None picks by device.
+BACKENDS = ("cuda", "triton", "cpu", "reference")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the target's distribution p is formed from its logits (and the draft's q alike)."""
+
+    cfg_scale: float = 1.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0  #: nucleus after top-k (LlamaGen's and Janus's samplers); 1 = off
+    #: LlamaGen's `cfg_interval`: when > -1, guidance stops after raster token cfg_interval + 1
+    #: (token t is guided iff t - 1 <= cfg_interval; later tokens use the conditional logits).
+    #: -1 = guidance for every token (the default).
+    cfg_interval: float = -1
+    #: "always": guidance whenever cfg_scale != 1 (the default); "llamagen": only when
+    #: cfg_scale > 1, as LlamaGen's generate does (cfg_scale <= 1 then samples the conditional logits).
+    cfg_rule: str = "always"
+
+    def __post_init__(self):
+        if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
+            raise ValueError(f"cfg_scale must be a finite number, got {self.cfg_scale!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                or not 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
+        if (isinstance(self.cfg_interval, bool) or not isinstance(self.cfg_interval, (int, float))
+                or not math.isfinite(self.cfg_interval)):
+            raise ValueError(f"cfg_interval must be a finite number (-1: guidance for every token), got "
+                             f"{self.cfg_interval!r}")
+        if self.cfg_rule not in ("always", "llamagen"):
+            raise ValueError(f"cfg_rule must be 'always' or 'llamagen', got {self.cfg_rule!r}")
+
+    @property
+    def guided(self) -> bool:
+        if self.cfg_rule == "llamagen":
+            return self.cfg_scale > 1.0
+        return self.cfg_scale != 1.0
+
+    @property
+    def has_cfg_interval(self) -> bool:
+        return self.guided and self.cfg_interval > -1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every decoder takes besides its models and its method's options: the settings that
+    decide a run's images (seed, first image index, sampling) and how it runs (backend, batch
+    size, compile, progress). Built once by whoever starts the run (the CLI, `specdec sample`,
+    a benchmark) and passed whole.
+
+    Image i of a run depends only on (seed, first_index + i), whatever the batch size."""
+
+    seed: int = 0
+    #: the index of the first image in a longer run decoded in several calls
+    first_index: int = 0
+    #: None: the family's own (`decoding.decode` fills it in; a method module takes Sampling())
+    sampling: Optional[Sampling] = None
+    #: a kernel backend (BACKENDS) or None (by device; SPECDEC_BACKEND overrides)
+    backend: Optional[str] = None
+    #: images decoded in the same passes (1: the latency setting speculative decoding is for)
+    batch_size: int = 1
+    #: model passes through torch.compile (CUDA graphs on a GPU), padded to a few widths
+    compile: bool = False
+    #: called with the number of images done after each batch
+    progress: Optional[Callable[[int], None]] = None
+
+    def __post_init__(self):
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if not _is_int(self.first_index) or self.first_index < 0:
+            raise ValueError(f"first_index must be an int >= 0, got {self.first_index!r}")
+        if self.sampling is not None and not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a specdec Sampling, got {type(self.sampling).__name__}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {self.backend!r}")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if self.progress is not None and not callable(self.progress):
+            raise ValueError(f"progress must be callable (images done -> None) or None, got {self.progress!r}")
+
+    @property
+    def sampling_or_default(self) -> Sampling:
+        """The sampling, or plain sampling (no guidance, temperature 1) when none was set."""
+        return self.sampling if self.sampling is not None else Sampling()
+
+
+__all__ = ["BACKENDS", "RunSettings", "Sampling"]

@@ -1,0 +1,126 @@
+"""The house rules that code review alone would let slip, read from the sources with `ast`: no
+import cycle in specdec/ or triton_kernels/, models/ never imports decoding/, triton_kernels/
+imports nothing of specdec, no module of specdec/ over 500 lines, and no public function of
+specdec.decoding or specdec.ops with more than 10 parameters."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def modules():
+    """{dotted name: path} of every Python file of the package (triton_kernels/ is installed as
+    specdec.triton_kernels)."""
+    found = {}
+    for top, prefix in (("specdec", "specdec"), ("triton_kernels", "specdec.triton_kernels")):
+        base = os.path.join(ROOT, top)
+        for folder, _, files in os.walk(base):
+            for f in files:
+                if f.endswith((".so", ".pyd")):     # a compiled module (specdec._C): a module, not a name
+                    found[f"{prefix}.{f.split('.')[0]}"] = None
+                if not f.endswith(".py"):
+                    continue
+                rel = os.path.relpath(os.path.join(folder, f), base)[:-3].replace(os.sep, ".")
+                name = prefix if rel == "__init__" else f"{prefix}.{rel.removesuffix('.__init__')}"
+                found[name] = os.path.join(folder, f)
+    return found
+
+
+def imports(name: str, path: str, known) -> set:
+    """The modules of the package that `name` imports anywhere in its file (module level or inside
+    a function): `import a.b`, `from a import b` (b a module or a name of a), relative imports."""
+    tree = ast.parse(open(path).read())
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.add(sub if sub in known else base)
+    return {m for m in out if m in known and m != name}
+
+
+def graph():
+    known = modules()
+    return {name: imports(name, path, known) if path else set() for name, path in known.items()}
+
+
+def cycles(edges) -> list:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_models_never_import_decoding():
+    bad = {(m, d) for m, deps in graph().items() if m.startswith("specdec.models")
+           for d in deps if d.startswith("specdec.decoding")}
+    assert bad == set()
+
+
+def test_triton_kernels_import_nothing_of_specdec():
+    bad = {(m, d) for m, deps in graph().items() if m.startswith("specdec.triton_kernels")
+           for d in deps if not d.startswith("specdec.triton_kernels")}
+    assert bad == set()
+
+
+def test_no_module_over_500_lines():
+    long = {name: n for name, path in modules().items()
+            if path and not name.startswith("specdec.triton_kernels")
+            and (n := sum(1 for _ in open(path))) > 500}
+    assert long == {}
+
+
+@pytest.mark.parametrize("package", ["specdec.decoding", "specdec.ops"])
+def test_public_functions_take_at_most_10_parameters(package):
+    wide = []
+    for name, path in modules().items():
+        if not path or (name != package and not name.startswith(package + ".")):
+            continue
+        for node in ast.parse(open(path).read()).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                a = node.args
+                n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg)
+                if n > 10:
+                    wide.append(f"{name}.{node.name} ({n})")
+    assert wide == []
