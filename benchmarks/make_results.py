@@ -1,8 +1,10 @@
-"""Generate benchmarks/RESULTS.md from the pytest-benchmark JSON files in benchmarks/results/.
+"""Generate benchmarks/RESULTS.md from the JSON files in benchmarks/results/.
 
 RESULTS.md is never edited by hand: every figure in it comes from one of those files, and each
-table names the machine and the date of the run that produced it. Speed is reported as the
-ratio reference_median / backend_median within the same run (same inputs, same process).
+table names the machine and the date of the run that produced it. It shows the newest run of each
+kind (KINDS, in that order) on each machine, then an index of every file (all of them stay in
+results/, with the command or machine that made them). Speed is reported as the ratio
+reference_median / backend_median within the same run (same inputs, same process).
 
 Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compare` file with the
 most images, the newest of those): target passes and wall-clock speed-up against FD-classifier.
@@ -264,6 +266,60 @@ def render_graph_time(data, name):
     return lines + [""]
 
 
+#: The kinds of results file, in the order RESULTS.md shows them: (kind, title in the index).
+KINDS = [("kernel-peers", "kernels against what a user would use instead"),
+         ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
+         ("compare", "decoders end to end"), ("sample", "sampling at scale")]
+_BY_TAG = {"specdec-compare": "compare", "specdec-sample": "sample", "specdec-engine": "engine",
+           "specdec-graph-time": "graph-time"}
+
+
+def kind_of(data, name: str) -> str:
+    """The kind of a results file: its `kind` tag, or for a pytest-benchmark file `kernel-peers`
+    (the group against torch.compile, SDPA, FlashInfer: files named peers-*) or `kernels`."""
+    if isinstance(data, dict) and data.get("kind") in _BY_TAG:
+        return _BY_TAG[data["kind"]]
+    return "kernel-peers" if name.startswith("peers-") else "kernels"
+
+
+def machine_of(data) -> str:
+    if "machine" in data:
+        return data["machine"]
+    info = data.get("machine_info", {})
+    return info.get("specdec_device", info.get("processor", "unknown machine"))
+
+
+RENDER = {"compare": render_compare, "sample": render_sample, "engine": render_engine,
+          "graph-time": render_graph_time, "kernels": render_run, "kernel-peers": render_run}
+
+
+def newest_per_kind(files) -> list:
+    """[(kind, machine, path, data)] of the newest file of each kind on each machine, in KINDS
+    order (machines in the order of their newest run, newest first)."""
+    newest = {}
+    for path in files:                                 # oldest first: a later file replaces an earlier one
+        data = _load(path)
+        key = (kind_of(data, os.path.basename(path)), machine_of(data))
+        newest[key] = (path, data)
+    order = [k for k, _ in KINDS]
+    items = sorted(newest.items(), key=lambda kv: (order.index(kv[0][0]), -files.index(kv[1][0])))
+    return [(kind, machine, path, data) for (kind, machine), (path, data) in items]
+
+
+def index_lines(files, shown) -> list:
+    """The table of every results file: kind, machine, date, and whether RESULTS.md shows it."""
+    titles = dict(KINDS)
+    lines = ["## Index of results files", "",
+             "Every file in `benchmarks/results/`, newest first. Above: the newest of each kind per machine.", "",
+             "| file | kind | machine | date (UTC) | shown above |", "|---|---|---|---|---|"]
+    for path in reversed(files):
+        data = _load(path)
+        name = os.path.basename(path)
+        lines.append(f"| `{name}` | {titles[kind_of(data, name)]} | {machine_of(data)} | "
+                     f"{data.get('datetime', '')[:16].replace('T', ' ')} | {'yes' if path in shown else ''} |")
+    return lines + [""]
+
+
 def main():
     files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")), key=lambda p: (_run_date(p), os.path.basename(p)))
     out = [HEADER]
@@ -272,21 +328,12 @@ def main():
     if plot_source(files)[1] is not None:
         out.append(f"![Decoders on the embedded family: target passes and wall-clock speed-up against "
                    f"FD-classifier]({PLOT_NAME})\n")
-    # Newest first: the table a reader wants is the latest one.
-    for path in reversed(files):
-        data = _load(path)
-        if isinstance(data, dict) and data.get("kind") == "specdec-compare":
-            out += render_compare(data, os.path.basename(path))
-        elif isinstance(data, dict) and data.get("kind") == "specdec-sample":
-            out += render_sample(data, os.path.basename(path))
-        elif isinstance(data, dict) and data.get("kind") == "specdec-engine":
-            out += render_engine(data, os.path.basename(path))
-        elif isinstance(data, dict) and data.get("kind") == "specdec-graph-time":
-            out += render_graph_time(data, os.path.basename(path))
-        else:
-            out += render_run(data, os.path.basename(path))
+    shown = set()
+    for kind, _, path, data in newest_per_kind(files):
+        out += RENDER[kind](data, os.path.basename(path))
+        shown.add(path)
     # Machine-code reports (registers, shared memory, spills, 128-bit loads, tensor-core
-    # instructions), made without a GPU by benchmarks/machine_code.py and benchmarks/sass_report.py.
+    # instructions), made without a GPU by benchmarks/machine/machine_code.py.
     for report in sorted(glob.glob(os.path.join(HERE, "results", "res-usage-*.md"))):
         text = open(report).read().strip().splitlines()
         out += ["## " + text[0].lstrip("# ").strip(), "", f"File `results/{os.path.basename(report)}`.", ""]
@@ -294,9 +341,10 @@ def main():
     extra = os.path.join(HERE, "results", "NOTES.md")
     if os.path.exists(extra):
         out += ["## Notes", "", open(extra).read()]
+    out += index_lines(files, shown)
     with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
         f.write("\n".join(out).rstrip() + "\n")
-    print(f"wrote {os.path.join(HERE, 'RESULTS.md')} from {len(files)} result file(s)")
+    print(f"wrote {os.path.join(HERE, 'RESULTS.md')} from {len(shown)} of {len(files)} result file(s)")
     path, data = plot_source(files)
     if data is not None:
         try:

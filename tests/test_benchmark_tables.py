@@ -58,6 +58,28 @@ def test_plot_shows_the_largest_newest_compare_run(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_results_show_the_newest_run_of_each_kind_per_machine_and_index_every_file(tmp_path):
+    mr = _make_results()
+    methods = ["ar", "sd", "mulo"]
+    files = [_compare(tmp_path / "old.json", 500, "2026-11-29T00:00:00", methods),
+             _compare(tmp_path / "new.json", 16, "2026-11-30T00:00:00", methods)]
+    other = tmp_path / "gpu.json"
+    import json
+
+    with open(other, "w") as f:
+        json.dump({"kind": "specdec-compare", "datetime": "2026-11-28T00:00:00", "machine": "a GPU",
+                   "command": "specdec compare", "num_images": 8, "rows": []}, f)
+    files.insert(0, str(other))
+    chosen = mr.newest_per_kind(files)
+    assert [(k, m, os.path.basename(p)) for k, m, p, _ in chosen] == [("compare", "test machine", "new.json"),
+                                                                         ("compare", "a GPU", "gpu.json")]
+    index = "\n".join(mr.index_lines(files, {p for _, _, p, _ in chosen}))
+    assert "| `old.json` | decoders end to end | test machine | 2026-11-29 00:00 |  |" in index
+    assert "| `new.json` | decoders end to end | test machine | 2026-11-30 00:00 | yes |" in index
+    assert mr.kind_of({"benchmarks": []}, "peers-cpu2.json") == "kernel-peers"
+    assert mr.kind_of({"benchmarks": []}, "cpu2.json") == "kernels"
+
+
 def _record_engine():
     import sys
 

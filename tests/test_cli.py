@@ -1,4 +1,4 @@
-"""The `specdec` CLI: the comparison table and its JSON/PNGs on a tiny family, argument errors,
+"""The `specdec` CLI: the comparison command and its JSON/PNGs on a tiny family, argument errors,
 and (when the trained weights are present) the embedded default family end to end."""
 import json
 
@@ -9,43 +9,6 @@ from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fi
 from specdec import cli, decoding
 
 FIELDS = {"method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd"}
-
-
-def test_compare_runs_every_method_on_the_same_classes_and_writes_pngs(tmp_path):
-    fam = TinyFamily()
-    rows, results, fd_real = cli.run_compare(fam, list(decoding.METHODS), 3, 0, decoding.Sampling(cfg_scale=2.0),
-                                             {"mulo": {"tau": 0.05}}, out_dir=str(tmp_path), warmup=False,
-                                             show_progress=False)
-    assert [r["method"] for r in rows] == list(decoding.METHODS)
-    for r in rows:
-        assert FIELDS <= set(r)
-        assert r["target_forwards"] > 0 and r["wall_s"] > 0
-        assert 0.0 <= r["class_accuracy"] <= 1.0 and r["fd"] >= 0
-    ar_row = rows[0]
-    assert ar_row["step_compression"] == pytest.approx(1.0) and ar_row["speedup"] == pytest.approx(1.0)
-    assert ar_row["target_forwards"] == 16                              # one pass per token of a 4x4 grid
-    for r in rows:
-        assert r["step_compression"] == pytest.approx(16 / r["target_forwards"])
-    for m in decoding.METHODS:
-        assert (tmp_path / f"{m}.png").stat().st_size > 0
-    assert (tmp_path / "mulo_maps.png").stat().st_size > 0
-    table = cli.format_table(rows, fd_real)
-    assert all(m in table for m in decoding.METHODS) and "FD-classifier" in table
-
-
-def test_compare_turns_decode_what_one_call_per_method_decodes():
-    """The methods take turns (2 images each here); every method's images are still those of one
-    decode call over all the classes, and its statistics cover all of them."""
-    fam = TinyFamily()
-    sampling = decoding.Sampling(cfg_scale=2.0)
-    rows, results, _ = cli.run_compare(fam, ["ar", "ssd"], 5, 3, sampling, {}, warmup=False, show_progress=False,
-                                       turn=2)
-    for m in ("ar", "ssd"):
-        whole = decoding.decode(m, fam, torch.arange(5) % fam.target.num_classes, seed=3, sampling=sampling)
-        assert torch.equal(results[m].tokens, whole.tokens)
-        assert results[m].stats.images == 5
-        assert results[m].stats.target_forwards == whole.stats.target_forwards
-    assert rows[0]["target_forwards"] == 16
 
 
 def test_compare_json_and_table_from_the_command_line(tmp_path, monkeypatch, capsys):
@@ -81,8 +44,9 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--set", "tau=1"], "METHOD.KEY=VALUE"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.tau=-1"], "tau must be"),
     (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
-    (["compare", "--methods", "mulo", "--num-images", "2", "--compile", "--set", "mulo.drafting=zipar"],
-     "compile=True needs drafting='serial'"),
+    (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.drafting=tree"], "drafting must be one of"),
+    (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.cycle_rows=2"],
+     "mulo does not take option(s) cycle_rows"),
     (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):

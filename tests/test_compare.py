@@ -1,0 +1,50 @@
+"""`specdec compare`'s work (specdec.compare): every method on the same classes and seeds, the
+table, its PNGs, and turns that change no token."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.compare import format_table, run_compare
+from specdec.settings import RunSettings, Sampling
+
+FIELDS = {"method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd"}
+
+
+def test_compare_runs_every_method_on_the_same_classes_and_writes_pngs(tmp_path):
+    fam = TinyFamily()
+    run = RunSettings(seed=0, sampling=Sampling(cfg_scale=2.0))
+    rows, results, fd_real = run_compare(fam, list(decoding.METHODS), 3, run, {"mulo": {"tau": 0.05}},
+                                         out_dir=str(tmp_path), warmup=False)
+    assert [r["method"] for r in rows] == list(decoding.METHODS)
+    for r in rows:
+        assert FIELDS <= set(r)
+        assert r["target_forwards"] > 0 and r["wall_s"] > 0
+        assert 0.0 <= r["class_accuracy"] <= 1.0 and r["fd"] >= 0
+    ar_row = rows[0]
+    assert ar_row["step_compression"] == pytest.approx(1.0) and ar_row["speedup"] == pytest.approx(1.0)
+    assert ar_row["target_forwards"] == 16                              # one pass per token of a 4x4 grid
+    for r in rows:
+        assert r["step_compression"] == pytest.approx(16 / r["target_forwards"])
+    for m in decoding.METHODS:
+        assert (tmp_path / f"{m}.png").stat().st_size > 0
+    assert (tmp_path / "mulo_maps.png").stat().st_size > 0
+    table = format_table(rows, fd_real)
+    assert all(m in table for m in decoding.METHODS) and "FD-classifier" in table
+
+
+def test_compare_turns_decode_what_one_call_per_method_decodes():
+    """The methods take turns (2 images each here); every method's images are still those of one
+    decode call over all the classes, and its statistics cover all of them."""
+    fam = TinyFamily()
+    sampling = Sampling(cfg_scale=2.0)
+    done = []
+    rows, results, _ = run_compare(fam, ["ar", "ssd"], 5, RunSettings(seed=3, sampling=sampling), {}, warmup=False,
+                                   progress=done.append, turn=2)
+    assert done == [2, 4, 6, 8, 9, 10]                 # images of all methods, after each turn
+    for m in ("ar", "ssd"):
+        whole = decoding.decode(m, fam, torch.arange(5) % fam.target.num_classes, seed=3, sampling=sampling)
+        assert torch.equal(results[m].tokens, whole.tokens)
+        assert results[m].stats.images == 5
+        assert results[m].stats.target_forwards == whole.stats.target_forwards
+    assert rows[0]["target_forwards"] == 16
