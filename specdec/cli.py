@@ -2,6 +2,7 @@
 
     specdec generate --method mulo --class 7 --num 8 --seed 0 --out sneakers.png
     specdec compare --methods ar,sd,lantern,sjd,zipar,mulo,ssd --num-images 40 --seed 0 --json out/compare.json
+    specdec compare --methods ar,mulo,mulo+zipar --set mulo+zipar.drafting=zipar   # a variant beside its method
     specdec generate --model t2i_XL_stage1_256.pt --vq vq_ds16_t2i.pt --caption-embeddings caps.pt --method ar --out t2i.png
     specdec generate --model ./janus-pro-saved --prompt "a red fox" --method ar --out fox.png
 
@@ -414,7 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(generate_parser=g)
 
     c = sub.add_parser("compare", help="run several methods on the same classes and seeds, print one table")
-    c.add_argument("--methods", default=",".join(METHODS))
+    c.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated; METHOD+NAME runs a variant with its own --set METHOD+NAME.KEY=VALUE")
     c.add_argument("--num-images", type=int, default=20)
     c.add_argument("--json", default=None, help="write the table as JSON here")
     c.add_argument("--out-dir", default="out", help="image grids and MuLo-SD maps (PNG) go here")

@@ -36,6 +36,11 @@ def format_table(rows: List[dict], fd_real: Optional[float] = None) -> str:
 COMPARE_TURN = 10
 
 
+def method_of(label: str) -> str:
+    """The method of a compare label: `mulo+zipar` is `mulo` (a variant with options of its own)."""
+    return label.split("+", 1)[0]
+
+
 def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, options: Dict[str, dict], *,
                 out_dir: Optional[str] = None, warmup: bool = True, progress=None, turn: int = COMPARE_TURN):
     """Every method on the same classes and seeds. The methods take turns, `turn` images each, so
@@ -44,13 +49,12 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     methods alike instead of on whichever ran through it. Image i of every method depends only on
     (seed, i), so the turns change no token. `run`: the settings every method runs with
     (`run.progress` is not used: `progress(images done of all methods)` is); `options[m]`: method
-    m's options."""
+    m's options. A method may be given twice under labels `METHOD+NAME` (`mulo+zipar`), each
+    with its own options: a variant measured beside the default in the same run."""
     from specdec import images, quality
 
-    for m in methods:
-        decoding.check_method(m)
-    for m in options:
-        decoding.check_method(m)
+    for m in list(methods) + list(options):
+        decoding.check_method(method_of(m))
     if num_images < 2:
         raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
     n_classes = fam.target.num_classes
@@ -59,13 +63,14 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     if warmup:   # first-call costs (allocator, kernel caches, compilation of a batch's shapes) are not the method's
         for m in methods:
             warm = dataclasses.replace(run, seed=run.seed + 10_000)
-            decoding.decode(m, fam, classes[:run.batch_size], run=warm, **options.get(m, {}))
+            decoding.decode(method_of(m), fam, classes[:run.batch_size], run=warm, **options.get(m, {}))
     parts: Dict[str, list] = {m: [] for m in methods}
     done = 0
     for start in range(0, num_images, turn):
         for m in methods:
             chunk = dataclasses.replace(run, first_index=start)
-            parts[m].append(decoding.decode(m, fam, classes[start:start + turn], run=chunk, **options.get(m, {})))
+            parts[m].append(decoding.decode(method_of(m), fam, classes[start:start + turn], run=chunk,
+                                            **options.get(m, {})))
             done += parts[m][-1].tokens.shape[0]
             if progress is not None:
                 progress(done)
@@ -83,9 +88,9 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
                      "tokens_per_target_pass": s.tokens_per_target_pass})
         if out_dir and out.images is not None:
             images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
-        if out_dir and m == "mulo" and out.images is not None:
+        if out_dir and method_of(m) == "mulo" and out.images is not None:
             images.save_mulo_maps(out.images, s.extra["accept_image"], s.extra["islands"],
-                                  os.path.join(out_dir, "mulo_maps.png"))
+                                  os.path.join(out_dir, f"{m}_maps.png"))
     base = next((r for r in rows if r["method"] == "ar"), None)
     if base is not None:
         for r in rows:

@@ -153,7 +153,7 @@ def test_cuda_pooling_kernels_use_128bit_loads_and_do_not_spill(arch):
     _sass_tools_or_skip()
     if arch[3:] not in [a.replace(".", "") for a in specdec.build_info()["cuda_archs"]]:
         pytest.skip(f"extension not built for {arch}")
-    rows = SASS.cuda_rows(specdec._extension.extension().__file__, arch)
+    rows = SASS.cuda_rows(specdec.ops.dispatch.extension().__file__, arch)
     assert {r["kernel"] for r in rows} == set(SASS.CUDA_POOLING), sorted({r["kernel"] for r in rows})
     for r in rows:
         assert not SASS.spills(r), f"{r['symbol']} spills: {r}"
@@ -166,7 +166,7 @@ def test_cuda_kernels_compiled_for_sm90a():
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump)")
-    so = specdec._extension.extension().__file__
+    so = specdec.ops.dispatch.extension().__file__
     listing = subprocess.run([tool, "--list-elf", so], capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0, listing.stderr
     assert "sm_90a" in listing.stdout, listing.stdout[-2000:]
@@ -174,7 +174,7 @@ def test_cuda_kernels_compiled_for_sm90a():
 
 
 def _cuda_attention_kernels():
-    so = specdec._extension.extension().__file__
+    so = specdec.ops.dispatch.extension().__file__
     usage = machine_code.res_usage(so)
     names = machine_code.demangle([u["function"] for u in usage])
     return so, [(u, machine_code.cuda_attention_kernel(n)) for u, n in zip(usage, names)
@@ -250,7 +250,7 @@ def test_extension_links_the_shared_libstdcxx():
     """A compiler that links libstdc++ statically (an H200 image's CXX=/opt/gcc/bin/g++ did) gives an
     extension whose own iostreams are never initialised: it loads and computes, then segfaults the
     first time an error message formats a number. It must use the process's libstdc++, like torch."""
-    needed = _elf_needed(specdec._extension.extension().__file__)
+    needed = _elf_needed(specdec.ops.dispatch.extension().__file__)
     assert any(n.startswith("libstdc++") for n in needed), (
         f"specdec._C does not link libstdc++ dynamically (DT_NEEDED: {needed}); rebuild with the "
         "compiler torch was built with (unset CXX/CC, or point them at the system g++)")

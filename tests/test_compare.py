@@ -48,3 +48,17 @@ def test_compare_turns_decode_what_one_call_per_method_decodes():
         assert results[m].stats.images == 5
         assert results[m].stats.target_forwards == whole.stats.target_forwards
     assert rows[0]["target_forwards"] == 16
+
+
+def test_a_variant_runs_beside_its_method_with_options_of_its_own():
+    """`mulo+zipar` is mulo with its own options, measured in the same run as plain mulo."""
+    fam = TinyFamily()
+    run = RunSettings(seed=1, sampling=Sampling(cfg_scale=2.0))
+    options = {"mulo": {"upsample": "nearest"}, "mulo+zipar": {"upsample": "nearest", "drafting": "zipar", "window": 1}}
+    rows, results, _ = run_compare(fam, ["ar", "mulo", "mulo+zipar"], 3, run, options, warmup=False)
+    assert [r["method"] for r in rows] == ["ar", "mulo", "mulo+zipar"]
+    alone = decoding.decode("mulo", fam, torch.arange(3) % 3, run=run, **options["mulo+zipar"])
+    assert torch.equal(results["mulo+zipar"].tokens, alone.tokens)
+    assert not torch.equal(results["mulo+zipar"].tokens, results["mulo"].tokens)
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        run_compare(fam, ["ar", "nope+x"], 3, run, {}, warmup=False)
