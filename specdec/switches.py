@@ -73,7 +73,3 @@ def describe() -> str:
         never = ", ".join(row["never_on_gpu"]) or "-"
         lines.append(f"{row['name']:<22} {row['current'] or '(unset)':<10} {row['default'] or '(unset)':<10} {never}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(describe())
