@@ -187,7 +187,6 @@ def test_batch_size_does_not_change_the_images(tiny, tmp_path):
 
 
 def test_methods_decoding_a_batch_one_image_at_a_time_give_the_same_images(tiny, tmp_path):
-    assert "batch_size" in decoding.method_options("mulo")
     assert sample(tmp_path / "b1", method="mulo", num=3) == 0
     assert sample(tmp_path / "b3", "--batch-size", "3", method="mulo", num=3) == 0
     assert np.array_equal(npz(tmp_path / "b1"), npz(tmp_path / "b3"))

@@ -71,7 +71,8 @@ def resolve(family, req: Request, device: torch.device) -> Job:
     decoding.check_method(req.method)
     for name in decoding.api.RUN_FIELDS:
         if name in req.options:
-            raise SampleError(f"--set {name}: a run setting, not an option of {req.method} (use its own flag)")
+            flag = "--" + name.replace("_", "-")
+            raise SampleError(f"--set {name}: a run setting, not an option of {req.method}: give it as {flag}")
     try:
         options = decoding.options_for(req.method, **req.options)
     except ValueError as e:
