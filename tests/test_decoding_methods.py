@@ -405,3 +405,31 @@ def test_the_shipped_upsampler_is_loaded_once_per_file_version(tmp_path):
     again = load_upsampler(str(path))
     assert again is not first
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values()))
+
+
+class _ProtocolOnly:
+    """A model with exactly the protocol's forward_tokens (no `checked`, no `reach`): the engine
+    must not pass the optional keywords it lacks."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward_tokens(self, cache, tokens, positions, *, tree_mask=None, write=True, backend=None):
+        return self._model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                          backend=backend)
+
+
+def test_a_model_with_only_the_protocols_keywords_decodes(fam):
+    """ar's steps (on the target) and MuLo-SD's serial drafter (its AR steps on the drafter) on
+    models whose forward_tokens takes only the protocol's keywords: the tokens of the models as
+    they are."""
+    only = type("Fam", (), {"target": _ProtocolOnly(fam.target), "tokenizer": fam.tokenizer})()
+    assert torch.equal(decoding.decode("ar", only, CLASSES, seed=2, sampling=SAMPLING).tokens,
+                       decoding.decode("ar", fam, CLASSES, seed=2, sampling=SAMPLING).tokens)
+    plain = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest")
+    wrapped = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest",
+                              drafter=_ProtocolOnly(fam.drafter))
+    assert torch.equal(wrapped.tokens, plain.tokens)

@@ -81,9 +81,12 @@ class ModelRunner:
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
-        # The checked fast path (see specdec.ops.pooling): models that offer it skip the per-pass
-        # value checks of positions and token ids, which the decoders produce themselves.
-        self._fast = {"checked": False} if "checked" in inspect.signature(model.forward_tokens).parameters else {}
+        # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
+        # per-pass value checks of positions and token ids, which the decoders produce themselves;
+        # `reach` lets an AR step read only the cache prefix up to its position.
+        params = inspect.signature(model.forward_tokens).parameters
+        self._fast = {"checked": False} if "checked" in params else {}
+        self._takes_reach = "reach" in params
         H, W = model.grid
         self.H, self.W = H, W
         self.device = self.cache.device
@@ -188,9 +191,11 @@ class TokenStep:
         guided = s.guided
         interval = s.has_cfg_interval
         settings = runner._settings()
+        fast, takes_reach = runner._fast, runner._takes_reach
 
         def step(tokens, position, uniforms, reach=None):
-            out = model.forward_tokens(cache, tokens, position, backend=backend, checked=False, reach=reach)
+            extra = dict(fast, reach=reach) if takes_reach else fast
+            out = model.forward_tokens(cache, tokens, position, backend=backend, **extra)
             logits = out.logits[:, -1]
             cond, uncond = logits.chunk(2) if guided else (logits, None)
             if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)

@@ -4,8 +4,9 @@
     out = specdec.decoding.decode("ar", fam, prompts=read_caption_embeddings("captions.pt"))
 
 The family holds the target, the VQ as tokenizer (codes -> pixels) and its codebook (for the
-neighbour tables of LANTERN and MuLo-SD). It has no drafter, SSD heads or up-sampler: the methods
-that need them (sd, lantern, mulo, ssd) take them as options.
+neighbour tables of LANTERN and MuLo-SD). It has no drafter, SSD heads or up-sampler: pass them
+to `decode` as keyword arguments (drafter=, heads=, upsampler=) where a method takes them;
+MuLo-SD without an up-sampler up-samples in pixel space through the VQ.
 """
 from __future__ import annotations
 

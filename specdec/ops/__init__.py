@@ -1,6 +1,7 @@
 """specdec's public ops (docs/design.md, kernels 1-3): one module per kernel family, each with
-its argument checks, its fake implementations and the unchecked fast path the decoders call, and
-one dispatch module (the extension, the choice of backend, the registration).
+its argument checks, its fake implementations and, where the decoders call the op every pass
+(pooling, verification), the unchecked fast path they call; and one dispatch module (the
+extension, the choice of backend, the registration).
 
     from specdec import ops
     ops.pool_probs(logits, tokens, neighbors, delta=0.1)
