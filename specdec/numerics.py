@@ -10,7 +10,7 @@ Inside `batch_invariant()` the embedded models compute every row on its own: lin
 matrix-vector product per row (`RowLinear`), the reference `tree_attention` as one
 vector-matrix product per query, and attention reads the whole slot cache (a fixed number of keys)
 instead of the prefix the batch has reached. Slower (for tests and for checking a decoder), exact:
-image i's tokens are then bit-identical whatever batch it was decoded in (tests/test_engine.py).
+image i's tokens are then bit-identical whatever batch it was decoded in (tests/decoding/test_engine.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tiny random Emu3 models and Emu3's own image generation (the reference of tests/test_hf_emu3.py).
+"""Tiny random Emu3 models and Emu3's own image generation (the reference of tests/models/hf/test_hf_emu3.py).
 
 The tiny vocabulary has Emu3's layout in miniature: special tokens (BOS, EOS, `<image>`, the row-end
 token `<|extra_200|>`, the end-of-frame `<|extra_201|>`, image start/end and the image wrapper

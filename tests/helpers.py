@@ -1,8 +1,15 @@
-"""Helpers shared by the test modules (import as `from helpers import ...`)."""
+"""Helpers shared by the test modules (import as `from helpers import ...`: tests/ is on the path,
+put there by tests/conftest.py, for the test modules in every subfolder)."""
+import os
+
 import pytest
 import torch
 
 import specdec
+
+#: The repository's root, and the folder of the tests' recorded data.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
 
 
 def _devices():

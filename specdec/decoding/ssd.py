@@ -27,7 +27,7 @@ distribution q is the target's own final norm + LM head on the prediction.
   up to `rounds + 1` such passes and stops early when one changes nothing; what is still open
   is judged again with the next group's rows, and the last group closes its tail with passes of
   its own (`stats.extra["final_passes"]`). Each pass settles at least one token, so this ends.
-  Tested against AR's distribution on a tiny model (tests/test_decoding_sd.py). The price, on
+  Tested against AR's distribution on a tiny model (tests/decoding/test_decoding_sd.py). The price, on
   the default family: corrections cascade along a row (a changed token changes its right
   neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
   14 final passes are added (docs/experiments.md).

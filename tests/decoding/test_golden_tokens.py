@@ -8,8 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from golden_cases import CASES, decode_case
+from helpers import DATA
 
-GOLDEN = load_file(os.path.join(os.path.dirname(__file__), "data", "golden_tokens.safetensors"))
+GOLDEN = load_file(os.path.join(DATA, "golden_tokens.safetensors"))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

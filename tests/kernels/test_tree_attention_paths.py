@@ -1,6 +1,6 @@
 """The opt-in tree_attention paths of issue #19 (specdec.ops.attention): split-KV decoding with
 GQA heads packed into M (Triton and CUDA) and the CUDA tensor-core prefill kernel, each against
-the float64 reference with the same inputs and tolerances as tests/test_tree_attention.py, plus
+the float64 reference with the same inputs and tolerances as tests/kernels/test_tree_attention.py, plus
 the dispatcher's routing and argument checks.
 
 Here (no GPU) the Triton decode kernel runs under TRITON_INTERPRET=1; the CUDA cases skip and run
@@ -45,7 +45,7 @@ def run(p, backend, path, scale=None, num_splits=None):
 @needs_cases
 @pytest.mark.parametrize("device,backend,path", CASES)
 @settings(max_examples=25)
-# Longer caches than tests/test_tree_attention.py (several splits), GQA groups up to 4.
+# Longer caches than tests/kernels/test_tree_attention.py (several splits), GQA groups up to 4.
 @given(**problem_strategies(group=st.integers(1, 4), nq=st.integers(1, 24), extra=st.integers(0, 150)),
        num_splits=st.sampled_from([None, 1, 2, 3, 7]))
 def test_matches_float64_reference(device, backend, path, seed, b, hkv, group, nq, extra, d, dtype, holes, tree,

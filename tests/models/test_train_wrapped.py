@@ -19,7 +19,7 @@ from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
 from specdec.models.weights_io import load_module  # noqa: E402
 from specdec.train import __main__ as train_main  # noqa: E402
 from specdec.train.own_generations import read_prompt_file  # noqa: E402
-from test_hf_janus import PROMPTS, tiny_janus  # noqa: E402
+from janus_models import PROMPTS, tiny_janus  # noqa: E402
 
 
 @pytest.fixture

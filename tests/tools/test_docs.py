@@ -3,7 +3,7 @@ is checked by `make docs`: mkdocs build --strict fails on a broken link or API r
 import os
 import re
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT  # noqa: E402
 
 
 def _readme():

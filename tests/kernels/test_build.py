@@ -22,11 +22,11 @@ import specdec
 import specdec.triton_kernels
 
 TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT  # noqa: E402
 
 
 def _load_machine_code():
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "machine_code.py")
+    path = os.path.join(ROOT, "benchmarks", "machine_code.py")
     spec = importlib.util.spec_from_file_location("machine_code", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

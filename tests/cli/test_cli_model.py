@@ -14,11 +14,11 @@ from specdec import cli, decoding
 from specdec.settings import Sampling
 from specdec.models import LlamaGenVQ, LlamaGenVQConfig, Prompts
 from specdec.models.llamagen_family import load_llamagen_family
-from test_models_t2i import CAPTION_DIM, SLOTS, captions, t5_style, tiny_t2i, upstream_t2i_state
+from t2i_models import CAPTION_DIM, SLOTS, captions, t5_style, tiny_t2i, upstream_t2i_state
 
 TINY_SIZE = '{"n_layer": 2, "n_head": 2, "dim": 32, "multiple_of": 16}'
 TINY_VQ = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 32}   # 2x down: 4x4 codes, 8 px
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from specdec import cli, decoding
 from specdec.sample import plan, store
 from specdec.progress import ProgressLine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT  # noqa: E402
 
 
 @pytest.fixture
