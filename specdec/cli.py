@@ -90,7 +90,7 @@ def _family(args):
 
     check_device(args.device)
     torch.set_num_threads(args.threads) if args.threads else None
-    return default(device=args.device)
+    return default(device=args.device, grid=args.grid)
 
 
 #: The flag of each parameter of specdec.models.loading that a LoadError may name.
@@ -247,6 +247,9 @@ def method_resources(args, fam) -> Dict[str, object]:
 def cmd_generate_model(args) -> int:
     from specdec import decoding, images
 
+    if args.grid != 16:
+        raise ValueError("--grid chooses an embedded family; a --model's grid is its own (LlamaGen: --grid-size)")
+
     decoding.check_method(args.method)
     options = parse_sets(args.set, per_method=False)
     if args.num < 1:
@@ -360,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp):
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--device", default="cpu")
+        sp.add_argument("--grid", type=int, choices=(16, 32), default=16,
+                        help="the embedded family: 16x16 tokens (32 px, the default) or 32x32 tokens (64 px, "
+                             "drafted by the 16x16 target in MuLo-SD)")
         sp.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only add synchronisation)")
         sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")

@@ -8,6 +8,11 @@ on Fashion-MNIST and shipped as safetensors in specdec/weights/ (no network, no 
 - ssd_heads: SSD's horizontal (+1..+5) and vertical (+W, +2W) heads on the target's hidden states;
 - upsampler: MuLo-SD's learned up-sampler 8x8 -> 16x16 for this codebook;
 - evaluator: a CNN classifier for class accuracy and FD-classifier.
+
+`default(grid=32)`: the 32x32-token family (64x64 images: the same images up-sampled 2x), trained
+by the `*32` scripts into weights/grid32/: its own target, same-grid drafter, SSD heads and
+16x16 -> 32x32 up-sampler; the same VQ and evaluator, and the 16x16 target as its MuLo-SD drafter
+(MuLo-SD's LlamaGen setting: a 512 px target drafted by the 256 px model).
 """
 from __future__ import annotations
 
@@ -53,37 +58,62 @@ def _gpt(folder: str, name: str):
     return load_gpt(os.path.join(folder, name))
 
 
-def load_embedded(folder: str = WEIGHTS_DIR, device="cpu") -> ModelFamily:
-    """The embedded family from `folder` (the files `python -m specdec.train all` writes)."""
-
-    info = {}
-    tokenizer, info["tokenizer"] = load_vq(os.path.join(folder, "tokenizer.safetensors"))
-    target, info["target"] = _gpt(folder, "target.safetensors")
-    drafter, info["drafter"] = _gpt(folder, "drafter.safetensors")
-    sd_drafter, info["sd_drafter"] = _gpt(folder, "sd_drafter.safetensors")
-    heads, info["ssd_heads"] = load_module(os.path.join(folder, "ssd_heads.safetensors"),
-                                           lambda c: SSDHeads(SSDHeadsConfig(**c)), _HINT)
+def _load_evaluator(folder: str, device, info: dict) -> QualityEvaluator:
     state, config, info["evaluator"] = load_weights(_path(folder, "evaluator.safetensors"))
     classifier = FashionClassifier(config.get("num_classes", 10))
     extras = {k: state.pop(k) for k in ("reference_features", "pool_features", "pool_labels")}
     classifier.load_state_dict(state)
-    evaluator = QualityEvaluator(classifier.to(device), extras["reference_features"].float(),
-                                 extras["pool_features"].float(), extras["pool_labels"].long(),
-                                 test_accuracy=info["evaluator"].get("test_accuracy"))
+    classifier.requires_grad_(False)
+    return QualityEvaluator(classifier.to(device), extras["reference_features"].float(),
+                            extras["pool_features"].float(), extras["pool_labels"].long(),
+                            test_accuracy=info["evaluator"].get("test_accuracy"))
+
+
+def _heads(path: str):
+    return load_module(path, lambda c: SSDHeads(SSDHeadsConfig(**c)), _HINT)
+
+
+#: The 32x32-token family's subfolder of the weights folder.
+GRID32 = "grid32"
+
+
+def load_embedded(folder: str = WEIGHTS_DIR, device="cpu", grid: int = 16) -> ModelFamily:
+    """An embedded family from `folder` (the files `python -m specdec.train all` writes): the
+    16x16-token family, or with grid=32 the 32x32-token one (its target, same-grid drafter, SSD
+    heads and up-sampler in folder/grid32/; the same VQ and evaluator, and the 16x16 target as
+    its MuLo-SD drafter). The evaluator judges a 64x64 image down-sampled to 32x32, so both
+    families are judged by the same features."""
+    if grid not in (16, 32):
+        raise ValueError(f"grid must be 16 or 32 (the embedded families' token grids), got {grid!r}")
+    info = {}
+    tokenizer, info["tokenizer"] = load_vq(os.path.join(folder, "tokenizer.safetensors"))
+    target16, info["target16"] = _gpt(folder, "target.safetensors")
+    own = folder if grid == 16 else os.path.join(folder, GRID32)
+    if grid == 16:
+        target, drafter = target16, _gpt(folder, "drafter.safetensors")
+        info["target"], info["drafter"] = info.pop("target16"), drafter[1]
+        drafter = drafter[0]
+    else:
+        (target, info["target"]), drafter = _gpt(own, "target.safetensors"), target16
+        info["drafter"] = info.pop("target16")
+    sd_drafter, info["sd_drafter"] = _gpt(own, "sd_drafter.safetensors")
+    heads, info["ssd_heads"] = _heads(os.path.join(own, "ssd_heads.safetensors"))
+    evaluator = _load_evaluator(folder, device, info)
     for m in (tokenizer, target, drafter, sd_drafter, heads):
         m.to(device).eval().requires_grad_(False)
-    classifier.requires_grad_(False)
-    upsampler = load_upsampler(os.path.join(folder, "upsampler.safetensors"), device=device)
+    upsampler = load_upsampler(_path(own, "upsampler.safetensors"), device=device)
     return ModelFamily(target, tokenizer=tokenizer, drafter=drafter, sd_drafter=sd_drafter, ssd_heads=heads,
                        upsampler=upsampler, evaluator=evaluator, class_names=CLASS_NAMES, info=info)
 
 
-_CACHE: Dict[Tuple[str, str], ModelFamily] = {}
+_CACHE: Dict[Tuple[str, str, int], ModelFamily] = {}
 
 
-def default(device="cpu", weights_dir: Optional[str] = None) -> ModelFamily:
-    """The trained embedded family on `device` (loaded once per device and folder)."""
-    key = (str(torch.device(device)), weights_dir or WEIGHTS_DIR)
+def default(device="cpu", weights_dir: Optional[str] = None, grid: int = 16) -> ModelFamily:
+    """The trained embedded family on `device`: 16x16 tokens (32x32 px, the default) or with
+    grid=32 the 32x32-token family (64x64 px), whose MuLo-SD drafter is the 16x16 target (loaded
+    once per device, folder and grid)."""
+    key = (str(torch.device(device)), weights_dir or WEIGHTS_DIR, grid)
     if key not in _CACHE:
-        _CACHE[key] = load_embedded(key[1], device)
+        _CACHE[key] = load_embedded(key[1], device, grid)
     return _CACHE[key]

@@ -1,6 +1,8 @@
-"""python -m specdec.train {vq,classifier,target,drafter,sd_drafter,ssd,upsampler,all} [options]
+"""python -m specdec.train {vq,classifier,target,drafter,sd_drafter,ssd,upsampler,
+                           target32,sd_drafter32,ssd32,upsampler32,all} [options]
 
-Trains the embedded default family on Fashion-MNIST into specdec/weights/ (or --out).
+Trains the embedded families on Fashion-MNIST into specdec/weights/ (or --out): the 16x16-token
+family, and the 32x32-token family in its grid32/ subfolder (the *32 scripts).
 `all [--jobs N]` runs every script, N at a time (default 2, one per core of the machine the
 family is sized for), each as soon as the scripts it needs are done, and prints each one's wall
 time. Every script uses one torch thread by default, so two jobs fill a 2-core machine.
@@ -26,17 +28,27 @@ NEEDS: Dict[str, tuple] = {
     "sd_drafter": ("vq",),
     "ssd": ("target",),
     "upsampler": ("vq",),          # MuLo-SD's learned up-sampler
+    # The 32x32-token family (weights/grid32/): the same VQ, the 16x16 target as its drafter.
+    "target32": ("vq",),
+    "sd_drafter32": ("vq",),
+    "ssd32": ("target32",),
+    "upsampler32": ("vq",),
 }
 SCRIPTS = tuple(NEEDS)
-# Longest first among the ready ones, so the critical path (vq -> target -> ssd) starts early.
-_LONGEST_FIRST = ("target", "upsampler", "sd_drafter", "drafter", "vq", "ssd", "classifier")
+#: Scripts that are another one's with arguments of their own (the 32x32 family's heads and up-sampler).
+VARIANTS = {"ssd32": ("ssd", ["--grid", "32"]), "upsampler32": ("upsampler", ["--grid", "32"])}
+# Longest first among the ready ones, so the critical paths (vq -> target32 -> ssd32, vq -> target
+# -> ssd) start early.
+_LONGEST_FIRST = ("target32", "sd_drafter32", "target", "upsampler32", "upsampler", "sd_drafter", "drafter", "vq",
+                  "ssd32", "ssd", "classifier")
 
 
 def run_one(name: str, argv: List[str]) -> None:
     if name in GPT_RECIPES:
         train_recipe(name, argv)
     else:
-        importlib.import_module(f"specdec.train.{name}").main(argv)
+        module, extra = VARIANTS.get(name, (name, []))
+        importlib.import_module(f"specdec.train.{module}").main(extra + list(argv))
 
 
 def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object], poll_seconds: float = 0.5) -> Dict[str, float]:

@@ -108,10 +108,14 @@ def load_split(split: str = "train", data_dir: Optional[str] = None):
 
 def to_model_images(images_u8: torch.Tensor, size: int = 32) -> torch.Tensor:
     """uint8 [N, 28, 28] -> float [N, 1, size, size] in [-1, 1]: zero-padded to 32, then
-    area-downsampled when a smaller size (the drafter's 16x16) is asked for."""
+    area-downsampled when a smaller size (the 16x16 drafter's) is asked for, or up-sampled
+    bilinearly when a larger one (the 32x32-token family's 64x64: the images up-sampled 2x, their
+    padding with them) is."""
     x = images_u8.float().div(127.5).sub(1.0).unsqueeze(1)
     pad = (32 - x.shape[-1]) // 2
     x = F.pad(x, (pad, 32 - x.shape[-1] - pad, pad, 32 - x.shape[-2] - pad), value=-1.0)
-    if size != 32:
+    if size < 32:
         x = F.interpolate(x, size=(size, size), mode="area")
+    elif size > 32:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False).clamp(-1.0, 1.0)
     return x

@@ -5,6 +5,9 @@ codes of Fashion-MNIST, class-conditional with label dropout (the null class) fo
     python -m specdec.train drafter      # 8x8 tokens (16x16 images): MuLo-SD's low-resolution drafter (r = 2)
     python -m specdec.train sd_drafter   # a smaller GPT on the target's 16x16 grid: the drafter of sd /
                                          # lantern (MuLo-SD's cannot serve, being on the 8x8 grid)
+    python -m specdec.train target32     # the 32x32-token family (64x64 images, weights/grid32/): its
+    python -m specdec.train sd_drafter32 # target and same-grid drafter; the 16x16 target drafts for
+                                         # MuLo-SD (r = 2, MuLo-SD's LlamaGen 512 / 256 px setting)
 """
 from __future__ import annotations
 
@@ -20,6 +23,9 @@ from specdec.train import common
 from specdec.train.data import NUM_CLASSES, load_split, to_model_images
 
 
+#: The 32x32-token family's folder, under the embedded family's (it shares the tokenizer).
+GRID32 = "grid32"
+
 #: name -> the model's shape and its training schedule.
 RECIPES = {
     "target": dict(image_size=32, config=dict(dim=128, n_layer=3, n_head=4, multiple_of=32, grid_size=16),
@@ -28,6 +34,12 @@ RECIPES = {
                     steps=500, batch=64, lr=2e-3),
     "sd_drafter": dict(image_size=32, config=dict(dim=64, n_layer=2, n_head=4, multiple_of=32, grid_size=16),
                        steps=600, batch=32, lr=3e-3),
+    # The 32x32-token family: the same VQ on the images up-sampled 2x (64x64 px), written to
+    # weights/grid32/ as target.safetensors and sd_drafter.safetensors.
+    "target32": dict(image_size=64, config=dict(dim=128, n_layer=3, n_head=4, multiple_of=32, grid_size=32),
+                     steps=800, batch=16, lr=2e-3, file="target", folder=GRID32),
+    "sd_drafter32": dict(image_size=64, config=dict(dim=64, n_layer=2, n_head=4, multiple_of=32, grid_size=32),
+                         steps=600, batch=16, lr=3e-3, file="sd_drafter", folder=GRID32),
 }
 
 
@@ -37,7 +49,11 @@ def train_recipe(name: str, argv=None) -> None:
 
 
 def load_tokenizer(folder: str) -> VQTokenizer:
-    return load_vq(os.path.join(folder, "tokenizer.safetensors"), "run `python -m specdec.train vq` first")[0]
+    """The family's VQ: in `folder`, or for the 32x32-token family (grid32/) in the folder above."""
+    path = os.path.join(folder, "tokenizer.safetensors")
+    if not os.path.exists(path) and os.path.basename(os.path.normpath(folder)) == GRID32:
+        path = os.path.join(os.path.dirname(os.path.normpath(folder)), "tokenizer.safetensors")
+    return load_vq(path, "run `python -m specdec.train vq` first")[0]
 
 
 @torch.no_grad()
@@ -46,10 +62,15 @@ def tokenize(tokenizer: VQTokenizer, images_u8: torch.Tensor, size: int) -> torc
     return torch.cat([tokenizer.encode(b).flatten(1) for b in x.split(2000)])
 
 
-def train_gpt(name: str, argv, *, image_size: int, config: GPTConfig, steps: int, batch: int, lr: float) -> None:
+def train_gpt(name: str, argv, *, image_size: int, config: GPTConfig, steps: int, batch: int, lr: float,
+              file: str = None, folder: str = None) -> None:
+    """`folder`: a subfolder of --out the weights go to (the 32x32-token family's), as `file`."""
     p = common.base_parser(f"train the {name} GPT")
     args = p.parse_args(argv)
     common.setup(args)
+    if folder is not None:
+        args.out = os.path.join(args.out, folder)
+        os.makedirs(args.out, exist_ok=True)
     log = common.Log(name)
     steps, batch = args.steps or steps, args.batch_size or batch
     tokenizer = load_tokenizer(args.out)
@@ -87,6 +108,6 @@ def train_gpt(name: str, argv, *, image_size: int, config: GPTConfig, steps: int
         tcodes = tokenize(tokenizer, test[:2000], image_size)
         test_loss = float(model.training_loss(tcodes, test_labels[:2000]))
     log(f"test loss {test_loss:.4f} (nats per token)")
-    path = os.path.join(args.out, f"{name}.safetensors")
+    path = os.path.join(args.out, f"{file or name}.safetensors")
     save_weights(model, path, config.to_dict(), test_loss=test_loss, train_seconds=log.elapsed(), train_cpu_seconds=log.cpu(), steps=steps)
     log(f"saved {path}")

@@ -25,6 +25,7 @@ from specdec.models.sampling import sample_ar
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.weights_io import save_weights
 from specdec.train import common
+from specdec.train.gpt_training import GRID32
 from specdec.train.own_generations import add_model_arguments, own_generations
 
 DEFAULT_STEPS = 800
@@ -131,17 +132,23 @@ def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, b
 def main(argv=None) -> None:
     p = common.base_parser(__doc__)
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="target generations to distil from")
+    p.add_argument("--grid", type=int, choices=(16, 32), default=16,
+                   help="the embedded family: 16 (weights/), or 32 (the 32x32-token family in weights/grid32/)")
     add_model_arguments(p)
     args = p.parse_args(argv)
     common.setup(args)
-    log = common.Log("ssd")
+    if args.grid == 32 and args.model is None:
+        args.out = os.path.join(args.out, GRID32)
+    log = common.Log("ssd" if args.grid == 16 else "ssd32")
     steps, bs = args.steps or DEFAULT_STEPS, args.batch_size or DEFAULT_BATCH
     gen = torch.Generator().manual_seed(args.seed)
     cfg_scale = CFG_SCALE if args.cfg_scale is None else args.cfg_scale
     if args.model is not None:
         target, h_in, tokens, S = _wrapped_model_data(args, cfg_scale, log)
     else:
-        target = load_gpt(os.path.join(args.out, "target.safetensors"), "run `python -m specdec.train target` first")[0]
+        hint = "run `python -m specdec.train target` first" if args.grid == 16 else \
+            "run `python -m specdec.train target32` first"
+        target = load_gpt(os.path.join(args.out, "target.safetensors"), hint)[0]
         for prm in target.parameters():
             prm.requires_grad_(False)
         hidden, tokens = self_distillation_data(target, args.samples, gen, log)

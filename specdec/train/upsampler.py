@@ -25,7 +25,7 @@ from specdec.models.upsampler import WEIGHTS_NAME, TokenUpsampler
 from specdec.models.weights_io import save_weights
 from specdec.train import common
 from specdec.train.data import load_split, to_model_images
-from specdec.train.gpt_training import load_tokenizer, tokenize
+from specdec.train.gpt_training import GRID32, load_tokenizer, tokenize
 from specdec.train.own_generations import add_model_arguments, own_generations
 
 
@@ -69,22 +69,28 @@ def main(argv=None) -> None:
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--samples", type=int, default=256, help="with --model: generations to train on")
     p.add_argument("--factor", type=int, default=2, help="with --model: resolution ratio r of target and drafter")
+    p.add_argument("--grid", type=int, choices=(16, 32), default=16,
+                   help="the embedded family's target grid: 16 (8x8 -> 16x16, weights/) or 32 (16x16 -> 32x32, "
+                        "the 32x32-token family in weights/grid32/)")
     add_model_arguments(p)
     args = p.parse_args(argv)
     common.setup(args)
-    log = common.Log("upsampler")
+    log = common.Log("upsampler" if args.grid == 16 else "upsampler32")
     steps, batch = args.steps or 400, args.batch_size or 64
     gen = torch.Generator().manual_seed(args.seed)
     if args.model is not None:
         net = _fit_on_wrapped_model(args, steps, batch, gen, log)
     else:
         tok = load_tokenizer(args.out).requires_grad_(False)
+        if args.grid == 32:
+            args.out = os.path.join(args.out, GRID32)
         images, _ = load_split("train", args.data)
         images = images[: args.limit or 20000]
-        high_img = to_model_images(images, 32)
-        low = tokenize(tok, images, 16).view(-1, 8, 8)
-        high = tokenize(tok, images, 32).view(-1, 16, 16)
-        log(f"{low.shape[0]} pairs of 8x8 -> 16x16 codes")
+        size, h = 2 * args.grid, args.grid // 2          # the target's image size, the drafter's grid side
+        high_img = to_model_images(images, size)
+        low = tokenize(tok, images, size // 2).view(-1, h, h)
+        high = tokenize(tok, images, size).view(-1, 2 * h, 2 * h)
+        log(f"{low.shape[0]} pairs of {h}x{h} -> {2 * h}x{2 * h} codes")
         net = fit_upsampler(tok.codebook, low, high, factor=2, steps=steps, batch_size=batch, gen=gen, log=log,
                             decode_vectors=tok.decoder, high_images=high_img, ce_weight=args.ce_weight)
     os.makedirs(args.out, exist_ok=True)
