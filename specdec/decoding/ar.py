@@ -67,6 +67,7 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
         runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
         x = sample_grid(runner, cls, gen, step=runner.token_step())
         stats.target_forwards = runner.forwards * cls.shape[0]
+        stats.target_tokens_fed = runner.fed * cls.shape[0]
         if run.compile:
             record_compile_s(stats, runner)
         return x

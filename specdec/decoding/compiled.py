@@ -243,6 +243,7 @@ class CompiledRunner(ModelRunner):
 
     def forward(self, tokens, positions, *, tree_mask=None, write=True):
         self.forwards += 1
+        self.fed += tokens.shape[1]
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)

@@ -338,6 +338,7 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
         stats.extra.setdefault("low_res", []).extend(low.view(B, h, w).cpu().unbind(0))
         # A shared pass counts once per image, as for the other batched methods.
         stats.target_forwards = runner.forwards * B
+        stats.target_tokens_fed = runner.fed * B
         stats.draft_forwards = drunner.forwards * B
         if run.compile:
             record_compile_s(stats, runner, drunner)

@@ -16,6 +16,8 @@ class DecodeStats:
     images: int = 0
     tokens: int = 0                     #: tokens committed (images * H * W)
     target_forwards: int = 0            #: target passes, the prefill included
+    #: image tokens fed to the target (the prefix not counted; a batched pass's rows each count)
+    target_tokens_fed: int = 0
     draft_forwards: int = 0             #: drafter passes (drafter model, heads, or 0)
     wall_s: float = 0.0
     #: per verification iteration, bool [H, W] (or [1, n] for raster chunks): drafted positions kept
@@ -34,6 +36,7 @@ class DecodeStats:
         self.images += other.images
         self.tokens += other.tokens
         self.target_forwards += other.target_forwards
+        self.target_tokens_fed += other.target_tokens_fed
         self.draft_forwards += other.draft_forwards
         self.wall_s += other.wall_s
         self.acceptance_maps.extend(other.acceptance_maps)

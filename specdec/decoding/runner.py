@@ -81,6 +81,7 @@ class ModelRunner:
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
+        self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
         # `reach` lets an AR step read only the cache prefix up to its position.
@@ -95,7 +96,7 @@ class ModelRunner:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
         same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
         self.cache.reset()
-        self.forwards = 0
+        self.forwards = self.fed = 0
 
     # ---- the passes ----
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
@@ -116,6 +117,7 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order."""
         self.forwards += 1
+        self.fed += tokens.shape[1]
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         out = self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
                                         backend=self.backend, **self._fast)
@@ -210,6 +212,7 @@ class TokenStep:
         eager step then reads only the cache prefix up to it; the compiled step ignores it and
         reads the whole cache (one shape for every step, so one graph)."""
         self.runner.forwards += 1
+        self.runner.fed += 1
         (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
                                                                                            uniforms, reach)
         return tokens

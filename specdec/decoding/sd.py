@@ -71,6 +71,7 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
         raster_speculate(runner, d, first, x, gen, stats, end=x.shape[1], chunk=chunk, relax=relax)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        stats.target_tokens_fed = runner.fed * cls.shape[0]
         stats.draft_forwards = d.forwards * cls.shape[0]
         if run.compile:
             record_compile_s(stats, runner, getattr(d, "runner", None))

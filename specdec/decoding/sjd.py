@@ -150,6 +150,7 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
         runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
         x = sjd_grid(runner, cls, gen, stats, window=options.window)
         stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
+        stats.target_tokens_fed = runner.fed * cls.shape[0]
         if run.compile:
             record_compile_s(stats, runner)
         return x

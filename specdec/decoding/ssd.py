@@ -348,6 +348,7 @@ def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = S
         runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
         x = decode_rows(runner, heads, cls, gen, stats, options)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        stats.target_tokens_fed = runner.fed * cls.shape[0]
         if run.compile:
             record_compile_s(stats, runner)
         return x

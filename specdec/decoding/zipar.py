@@ -98,6 +98,7 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
         runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
         x = zipar_grid(runner, cls, gen, window=window)
         stats.target_forwards = runner.forwards * cls.shape[0]
+        stats.target_tokens_fed = runner.fed * cls.shape[0]
         if run.compile:
             record_compile_s(stats, runner)
         return x

@@ -433,3 +433,17 @@ def test_a_model_with_only_the_protocols_keywords_decodes(fam):
     wrapped = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest",
                               drafter=_ProtocolOnly(fam.drafter))
     assert torch.equal(wrapped.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("method", decoding.METHODS)
+def test_tokens_fed_to_the_target_are_counted(fam, method):
+    """stats.target_tokens_fed: the image tokens a decode fed the target (its cost on a machine
+    where a pass costs by the tokens in it): HW - 1 per image for ar (a token a step), at least
+    that for every method (each image token but the last is fed at least once), batch or not."""
+    H, W = fam.target.grid
+    one = decoding.decode(method, fam, CLASSES, seed=3, sampling=SAMPLING)
+    batched = decoding.decode(method, fam, CLASSES, seed=3, sampling=SAMPLING, batch_size=3)
+    for out in (one, batched):
+        fed = out.stats.target_tokens_fed / out.stats.images
+        assert fed == H * W - 1 if method == "ar" else fed >= H * W - 1
+    assert one.stats.target_tokens_fed >= one.stats.target_forwards - one.stats.images   # >= 1 per pass
