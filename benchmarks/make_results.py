@@ -266,12 +266,73 @@ def render_graph_time(data, name):
     return lines + [""]
 
 
+SCALING_PLOT = "scaling.png"
+
+
+def render_scaling(data, name):
+    """Gains against resolution (benchmarks/record_scaling.py): per method and grid, target passes
+    and tokens fed per image, the pass ratio against ar, quality, and wall time eager and compiled."""
+    lines = _decode_section(
+        "Gains against resolution", data, name,
+        f"{data['num_images']} images per method, grid and mode, batch 1, {data['threads']} CPU thread(s), the "
+        "embedded families (8x8: the 16x16 family's drafter as a target; 32x32: the 64 px family, drafted in "
+        "MuLo-SD by the 16x16 target), methods taking turns. Pass ratio: ar's target passes over the method's. "
+        "FD-classifier on images down-sampled to 32 px, beside the real-vs-real FD of as many images.",
+        ["grid", "method", "target passes / image", "tokens fed / image", "pass ratio vs ar", "FD-classifier",
+         "FD real", "class accuracy", "s / image eager", "s / image compiled", "speed-up eager", "speed-up compiled"])
+    cells = {}
+    for r in data["rows"]:
+        cells.setdefault((r["grid"], r["method"]), {})[r["mode"]] = r
+    for (grid, method), modes in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] != "ar", kv[0][1])):
+        r = modes.get("eager") or modes.get("compiled")
+
+        def wall(mode, key="wall_s_per_image", fmt="{:.3f}"):
+            v = modes.get(mode, {}).get(key)
+            return "-" if v is None else fmt.format(v)
+        lines.append(f"| {grid}x{grid} | {method} | {r['target_passes_per_image']:.1f} | "
+                     f"{r['tokens_fed_per_image']:.0f} | {r['pass_ratio_vs_ar']:.2f}x | {r['fd']:.1f} | "
+                     f"{r['fd_real']:.1f} | {r['class_accuracy']:.3f} | {wall('eager')} | {wall('compiled')} | "
+                     f"{wall('eager', 'speedup_vs_ar', '{:.2f}x')} | {wall('compiled', 'speedup_vs_ar', '{:.2f}x')} |")
+    return lines + ["", f"![Target passes saved against ar, by grid]({SCALING_PLOT})", ""]
+
+
+def plot_scaling(data, out_path):
+    """The pass ratio against ar of every method by grid side (log scale), one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), dpi=100)
+    by_method = {}
+    for r in data["rows"]:
+        if r["mode"] == "eager" or not any(o["mode"] == "eager" for o in data["rows"]):
+            by_method.setdefault(r["method"], {})[r["grid"]] = r["pass_ratio_vs_ar"]
+    for method, points in sorted(by_method.items()):
+        grids = sorted(points)
+        ax.plot(grids, [points[g] for g in grids], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    grids = sorted({r["grid"] for r in data["rows"]})
+    ax.set_xticks(grids, [f"{g}x{g}" for g in grids])
+    ax.set_xlabel("token grid")
+    ax.set_ylabel("target passes of ar / of the method")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    date = data["datetime"][:16].replace("T", " ")
+    ax.set_title(f"Fewer target passes at higher resolution\n{data['machine']}, {date} UTC", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_path)
+    plt.close(fig)
+    return out_path
+
+
 #: The kinds of results file, in the order RESULTS.md shows them: (kind, title in the index).
 KINDS = [("kernel-peers", "kernels against what a user would use instead"),
-         ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
+         ("scaling", "gains against resolution"), ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
          ("compare", "decoders end to end"), ("sample", "sampling at scale")]
 _BY_TAG = {"specdec-compare": "compare", "specdec-sample": "sample", "specdec-engine": "engine",
-           "specdec-graph-time": "graph-time"}
+           "specdec-graph-time": "graph-time", "specdec-scaling": "scaling"}
 
 
 def kind_of(data, name: str) -> str:
@@ -289,7 +350,7 @@ def machine_of(data) -> str:
     return info.get("specdec_device", info.get("processor", "unknown machine"))
 
 
-RENDER = {"compare": render_compare, "sample": render_sample, "engine": render_engine,
+RENDER = {"scaling": render_scaling, "compare": render_compare, "sample": render_sample, "engine": render_engine,
           "graph-time": render_graph_time, "kernels": render_run, "kernel-peers": render_run}
 
 
@@ -345,6 +406,12 @@ def main():
     with open(os.path.join(HERE, "RESULTS.md"), "w") as f:
         f.write("\n".join(out).rstrip() + "\n")
     print(f"wrote {os.path.join(HERE, 'RESULTS.md')} from {len(shown)} of {len(files)} result file(s)")
+    scaling = [(p, d) for k, _, p, d in newest_per_kind(files) if k == "scaling"]
+    if scaling:
+        try:
+            print(f"wrote {plot_scaling(scaling[0][1], os.path.join(HERE, SCALING_PLOT))}")
+        except ImportError:
+            print(f"matplotlib is not installed: {SCALING_PLOT} not regenerated")
     path, data = plot_source(files)
     if data is not None:
         try:
