@@ -6,12 +6,14 @@ from specdec.models import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 
 
-def tiny_gpt(grid: int, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int = 2, classes: int = 3,
+def tiny_gpt(grid, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int = 2, classes: int = 3,
              scale: float = 0.5) -> LlamaGenGPT:
-    """A random LlamaGen-style GPT whose logits are far from uniform (weights ~ N(0, scale))."""
+    """A random LlamaGen-style GPT whose logits are far from uniform (weights ~ N(0, scale)), on a
+    grid of `grid` tokens per side or of (H, W)."""
+    H, W = (grid, grid) if isinstance(grid, int) else grid
     g = torch.Generator().manual_seed(seed)
     m = LlamaGenGPT(GPTConfig(vocab_size=vocab, dim=dim, n_layer=layers, n_head=2, multiple_of=16,
-                              num_classes=classes, grid_size=grid))
+                              num_classes=classes, grid_size=H, grid_width=None if W == H else W))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * scale)
