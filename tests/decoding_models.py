@@ -51,19 +51,20 @@ class TinyTokenizer(torch.nn.Module):
 
 
 class TinyFamily:
-    """The fields `specdec.decoding.decode` and the CLI use, on tiny random models: a 4x4 target,
-    a 2x2 low-resolution drafter (r = 2), a smaller same-grid drafter, SSD heads (two vertical), a
-    stand-in tokenizer and a random evaluator."""
+    """The fields `specdec.decoding.decode` and the CLI use, on tiny random models: a 4x4 target
+    (or `grid` (H, W), even sides), a low-resolution drafter at half the grid (r = 2), a smaller
+    same-grid drafter, SSD heads (two vertical), a stand-in tokenizer and a random evaluator."""
 
     class_names = ("a", "b", "c")
 
-    def __init__(self, vocab: int = 16, seed: int = 0):
+    def __init__(self, vocab: int = 16, seed: int = 0, grid=(4, 4)):
         from specdec.models.evaluator import FashionClassifier, QualityEvaluator
 
-        self.target = tiny_gpt(4, vocab, seed=seed)
-        self.drafter = tiny_gpt(2, vocab, seed=seed + 1)
-        self.sd_drafter = tiny_gpt(4, vocab, seed=seed + 3, dim=16, layers=1)
-        self.ssd_heads = tiny_heads(32, width=4, seed=seed + 2, vertical=2)
+        H, W = grid
+        self.target = tiny_gpt((H, W), vocab, seed=seed)
+        self.drafter = tiny_gpt((H // 2, W // 2), vocab, seed=seed + 1)
+        self.sd_drafter = tiny_gpt((H, W), vocab, seed=seed + 3, dim=16, layers=1)
+        self.ssd_heads = tiny_heads(32, width=W, seed=seed + 2, vertical=2)
         self.tokenizer = TinyTokenizer(vocab)
         self.codebook = self.tokenizer.codebook
         from specdec.models.upsampler import TokenUpsampler
