@@ -346,3 +346,14 @@ def test_load_pretrained_folder(tmp_path):
     ref = decode("ar", hf.wrap(tiny_glm_image(seed=0), tiny_processor(), grid=GRID, preview_grid=PREVIEW),
                  prompts=["ab"], sampling=GREEDY)
     assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.preview, ref.preview)
+
+
+def test_compiled_passes_give_the_eager_tokens(family):
+    """compile=True on both stages (GLM-Image's decoder layers and the M-RoPE positions inside the
+    compiled graphs, fullgraph): the same preview and target as eager, prompts of two lengths in
+    one batch (what benchmarks/record_real_size.py --compile runs on a GPU)."""
+    kw = dict(prompts=prompts(), seed=3, batch_size=2)
+    eager = decode("ar", family, **kw)
+    compiled = decode("ar", family, compile=True, **kw)
+    assert "compile_s" in compiled.stats.extra
+    assert torch.equal(compiled.preview, eager.preview) and torch.equal(compiled.tokens, eager.tokens)
