@@ -174,7 +174,9 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     first_given = {k: first_kw.pop(k) for k in RESOURCES[preview_method] + ("tokenizer",) if k in first_kw}
     first_opts = options_for(preview_method, None, **first_kw)
     first_res = _resources(preview_method, {"codebook": _field(family, "codebook")}, first_given, first_opts)
-    first = _MODULES[preview_method].decode(preview, conditions, **first_res, options=first_opts, run=run)
+    # the progress callback counts images once: after their target stage
+    first = _MODULES[preview_method].decode(preview, conditions, **first_res, options=first_opts,
+                                            run=dataclasses.replace(run, progress=None))
     second = _MODULES[method].decode(target, target.condition_on_preview(conditions, first.tokens), **resources,
                                      options=opts, run=stages.target_stage_run(run))
     return stages.combine(first, second)
