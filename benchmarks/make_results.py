@@ -327,12 +327,64 @@ def plot_scaling(data, out_path):
     return out_path
 
 
+def render_real_size(data, name):
+    """Real model configurations with random weights (benchmarks/record_real_size.py): memory, the
+    seconds of one target pass against the tokens it feeds, and one decode per method."""
+    date = data["datetime"][:19].replace("T", " ")
+    mode = "compiled (CUDA graphs)" if data.get("compile") and data.get("device", "").startswith("cuda") else (
+        "compiled" if data.get("compile") else "eager")
+    lines = [f"## Real model sizes, random weights: {date} UTC — {data['machine']}", "",
+             f"File `results/{name}`: `{data['command'].strip()}`; {data.get('device', 'cpu')}, {mode}, "
+             f"{data.get('dtype', 'bfloat16')} weights, {data.get('threads')} CPU thread(s)"
+             + (f", load average {data['loadavg_1_5_15_before'][0]:.1f} before and "
+                f"{data['loadavg_1_5_15_after'][0]:.1f} after" if "loadavg_1_5_15_after" in data else "")
+             + ". The real configurations "
+             "(width, heads, KV heads, vocabularies, grids) with the decoder cut to the layers shown; random weights, "
+             "so the decodes' pass counts and acceptance mean nothing: the seconds per pass are the point. A pass "
+             "feeds the last N positions of the grid with every earlier slot in the cache (GLM-Image: its target "
+             "stage, the prompt and a 19x13 preview before it); rows per image 2 with CFG. Peak memory: "
+             "CPU the process's peak resident set, CUDA the allocator's peak, while the passes and decodes ran "
+             "(in brackets: while the model was built).", ""]
+    if data.get("stopped_early"):
+        lines += ["Stopped early by a time limit: the figures it reached.", ""]
+    lines += ["| model | grid (preview) | layers run / full | parameters run (full depth) | weights GB | "
+              "peak GB (build) | rows / image | AR step ms |", "|---|---|---|---|---|---|---|---|"]
+    for m in data["models"]:
+        grid = "x".join(map(str, m["grid"])) + (f" ({'x'.join(map(str, m['preview']))})" if m.get("preview") else "")
+        step = "-" if m.get("ar_step_s") is None else f"{m['ar_step_s'] * 1e3:.1f}"
+        peak = "-" if m.get("peak_memory_gb") is None else f"{m['peak_memory_gb']:.2f}"
+        lines.append(f"| {m['name']} | {grid} | {m['layers_run']} / {m['layers_full']} | "
+                     f"{m['params_run'] / 1e9:.2f}B ({m['params_full'] / 1e9:.2f}B) | {m.get('weights_gb', 0):.2f} | "
+                     f"{peak} ({m.get('peak_build_gb', 0):.2f}) | {m['rows_per_image']} | {step} |")
+    counts = sorted({p["tokens"] for m in data["models"] for p in m["passes"]
+                     if p["tokens"] != m["grid"][0] * m["grid"][1]})
+    lines += ["", "Milliseconds per target pass against the tokens it feeds (with --compile: padded to the "
+              "compiled runner's bucket width):", "",
+              "| model | " + " | ".join(str(n) for n in counts) + " | whole grid |", "|---|" + "---|" * (len(counts) + 1)]
+    for m in data["models"]:
+        by = {p["tokens"]: p for p in m["passes"]}
+        HW = m["grid"][0] * m["grid"][1]
+        cells = [f"{by[n]['s_per_pass'] * 1e3:.1f}" if n in by else "-" for n in counts]
+        whole = f"{by[HW]['s_per_pass'] * 1e3:.1f} ({HW})" if HW in by else "-"
+        lines.append(f"| {m['name']} | " + " | ".join(cells) + f" | {whole} |")
+    decodes = [(m["name"], d) for m in data["models"] for d in m["decodes"]]
+    if decodes:
+        lines += ["", "One decode per method at batch 1 (random weights: the passes say nothing of a trained "
+                  "model's; wall seconds include compiling):", "",
+                  "| model | method | s | compile s | target passes | draft passes |", "|---|---|---|---|---|---|"]
+        for model, d in decodes:
+            lines.append(f"| {model} | {d['method']} | {d['wall_s']:.2f} | {d['compile_s']:.1f} | "
+                         f"{d['target_passes']} | {d['draft_passes']} |")
+    return lines + [""]
+
+
 #: The kinds of results file, in the order RESULTS.md shows them: (kind, title in the index).
 KINDS = [("kernel-peers", "kernels against what a user would use instead"),
-         ("scaling", "gains against resolution"), ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
+         ("scaling", "gains against resolution"), ("real-size", "real model sizes, random weights"),
+         ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
          ("compare", "decoders end to end"), ("sample", "sampling at scale")]
 _BY_TAG = {"specdec-compare": "compare", "specdec-sample": "sample", "specdec-engine": "engine",
-           "specdec-graph-time": "graph-time", "specdec-scaling": "scaling"}
+           "specdec-graph-time": "graph-time", "specdec-scaling": "scaling", "specdec-real-size": "real-size"}
 
 
 def kind_of(data, name: str) -> str:
@@ -350,8 +402,9 @@ def machine_of(data) -> str:
     return info.get("specdec_device", info.get("processor", "unknown machine"))
 
 
-RENDER = {"scaling": render_scaling, "compare": render_compare, "sample": render_sample, "engine": render_engine,
-          "graph-time": render_graph_time, "kernels": render_run, "kernel-peers": render_run}
+RENDER = {"scaling": render_scaling, "real-size": render_real_size, "compare": render_compare,
+          "sample": render_sample, "engine": render_engine, "graph-time": render_graph_time, "kernels": render_run,
+          "kernel-peers": render_run}
 
 
 def newest_per_kind(files) -> list:

@@ -6,12 +6,14 @@ from specdec.models import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 
 
-def tiny_gpt(grid: int, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int = 2, classes: int = 3,
+def tiny_gpt(grid, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int = 2, classes: int = 3,
              scale: float = 0.5) -> LlamaGenGPT:
-    """A random LlamaGen-style GPT whose logits are far from uniform (weights ~ N(0, scale))."""
+    """A random LlamaGen-style GPT whose logits are far from uniform (weights ~ N(0, scale)), on a
+    grid of `grid` tokens per side or of (H, W)."""
+    H, W = (grid, grid) if isinstance(grid, int) else grid
     g = torch.Generator().manual_seed(seed)
     m = LlamaGenGPT(GPTConfig(vocab_size=vocab, dim=dim, n_layer=layers, n_head=2, multiple_of=16,
-                              num_classes=classes, grid_size=grid))
+                              num_classes=classes, grid_size=H, grid_width=None if W == H else W))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * scale)
@@ -49,19 +51,20 @@ class TinyTokenizer(torch.nn.Module):
 
 
 class TinyFamily:
-    """The fields `specdec.decoding.decode` and the CLI use, on tiny random models: a 4x4 target,
-    a 2x2 low-resolution drafter (r = 2), a smaller same-grid drafter, SSD heads (two vertical), a
-    stand-in tokenizer and a random evaluator."""
+    """The fields `specdec.decoding.decode` and the CLI use, on tiny random models: a 4x4 target
+    (or `grid` (H, W), even sides), a low-resolution drafter at half the grid (r = 2), a smaller
+    same-grid drafter, SSD heads (two vertical), a stand-in tokenizer and a random evaluator."""
 
     class_names = ("a", "b", "c")
 
-    def __init__(self, vocab: int = 16, seed: int = 0):
+    def __init__(self, vocab: int = 16, seed: int = 0, grid=(4, 4)):
         from specdec.models.evaluator import FashionClassifier, QualityEvaluator
 
-        self.target = tiny_gpt(4, vocab, seed=seed)
-        self.drafter = tiny_gpt(2, vocab, seed=seed + 1)
-        self.sd_drafter = tiny_gpt(4, vocab, seed=seed + 3, dim=16, layers=1)
-        self.ssd_heads = tiny_heads(32, width=4, seed=seed + 2, vertical=2)
+        H, W = grid
+        self.target = tiny_gpt((H, W), vocab, seed=seed)
+        self.drafter = tiny_gpt((H // 2, W // 2), vocab, seed=seed + 1)
+        self.sd_drafter = tiny_gpt((H, W), vocab, seed=seed + 3, dim=16, layers=1)
+        self.ssd_heads = tiny_heads(32, width=W, seed=seed + 2, vertical=2)
         self.tokenizer = TinyTokenizer(vocab)
         self.codebook = self.tokenizer.codebook
         from specdec.models.upsampler import TokenUpsampler

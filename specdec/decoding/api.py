@@ -5,7 +5,8 @@ drafter, sd_drafter, tokenizer, ssd_heads, codebook, upsampler, its own sampling
 keyword arguments into run settings (`RunSettings`), models given explicitly, and the method's
 options (its frozen dataclass, `OPTIONS[method]`, whose defaults are the one table of defaults;
 `preset=` starts from a named variant such as the published reading), and calls the method's
-module.
+module. A family with a preview stage (GLM-Image) is decoded in two stages
+(specdec.decoding.stages).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Dict, Optional
 
 import torch
 
-from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, zipar
+from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling
@@ -94,7 +95,8 @@ def _resources(method: str, family, given: dict, options) -> dict:
     if method in ("lantern", "mulo") and res["neighbors"] is None and res["codebook"] is None:
         res["codebook"] = _field(family, "codebook")
     if method == "mulo":
-        res["drafter"] = res["drafter"] if res["drafter"] is not None else _field(family, "drafter")
+        own = _field(family, "preview" if options.draft == "preview" else "drafter")
+        res["drafter"] = res["drafter"] if res["drafter"] is not None else own
         if options.upsample == "learned" and res["upsampler"] is None:
             res["upsampler"] = _field(family, "upsampler")
     if method == "ssd" and res["heads"] is None:
@@ -102,8 +104,31 @@ def _resources(method: str, family, given: dict, options) -> dict:
     return res
 
 
+def _mulo_defaults(family, given: dict, options: dict, preset) -> None:
+    """MuLo-SD's defaults that depend on the family: on a family with a preview stage and no
+    drafter model, the preview is the draft (draft="preview"); without a trained up-sampler the
+    draft is up-sampled in pixel space through the family's VQ (the paper's pipeline), or by
+    token-space nearest when the family has no pixel decoder."""
+    if ("draft" not in options and given.get("drafter") is None and _field(family, "drafter") is None
+            and _field(family, "preview") is not None):
+        options["draft"] = "preview"
+    if preset is not None or "upsample" in options:
+        return
+    net = given.get("upsampler", _field(family, "upsampler"))
+    if net is not None and options.get("draft") == "preview":
+        # A family's up-sampler serves the preview/target sizes whose ratio is its factor; at
+        # other sizes (GLM-Image 19x13 -> 36x24) the preview is up-sampled token by token.
+        (H, W), (h, w) = _field(family, "target").grid, _field(family, "preview").grid
+        if not (H % h == 0 and W % w == 0 and H // h == W // w == getattr(net, "factor", None)):
+            net = None
+    if net is None:
+        has_vq = given.get("tokenizer", _field(family, "tokenizer")) is not None
+        options["upsample"] = "pixel" if has_vq else "nearest"
+
+
 def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None,
-           run: Optional[RunSettings] = None, preset: Optional[str] = None, **options) -> DecodeResult:
+           run: Optional[RunSettings] = None, preset: Optional[str] = None, preview_method: str = "ar",
+           preview_options: Optional[dict] = None, **options) -> DecodeResult:
     """Run `method` on the family's target for `classes` (one image per entry), or, for a
     text-conditional target, for `prompts` (one image per prompt: strings when the target has a
     processor, else 1-D token-id tensors or whatever its prefill takes) with optional
@@ -114,21 +139,47 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     heads, upsampler, codebook, neighbors, tokenizer), or the method's options (`OPTIONS[method]`;
     `preset` starts from a named variant, `PRESETS[method]`). Image i depends only on (seed,
     first_index + i). Sampling defaults to the family's own (`family.sampling`), else
-    DEFAULT_SAMPLING. Unknown options raise a ValueError listing the accepted ones."""
+    DEFAULT_SAMPLING. Unknown options raise a ValueError listing the accepted ones.
+
+    A family with a preview stage (`family.preview`, GLM-Image) is decoded in two stages: the
+    preview grid with `preview_method` (default "ar"; its options in `preview_options`), then
+    the target grid with `method`; `mulo` drafts with the preview itself (draft="preview", the
+    default on such a family without a drafter model). The result's `preview` holds the preview
+    grids (specdec.decoding.stages)."""
     check_method(method)
+    check_method(preview_method)
     target = _field(family, "target")
+    preview = _field(family, "preview")
     run = dataclasses.replace(run or RunSettings(), **{k: options.pop(k) for k in RUN_FIELDS if k in options})
     if run.sampling is None:
         run = dataclasses.replace(run, sampling=_field(family, "sampling") or DEFAULT_SAMPLING)
     given = {k: options.pop(k) for k in RESOURCES[method] + ("tokenizer",) if k in options}
-    if (method == "mulo" and "upsample" not in options and preset is None and given.get("upsampler") is None
-            and _field(family, "upsampler") is None):
-        # The learned default needs an up-sampler trained for this family's codebook; without
-        # one, MuLo-SD up-samples in pixel space through the family's VQ (the paper's pipeline).
-        options["upsample"] = "pixel"
+    if method == "mulo":
+        _mulo_defaults(family, given, options, preset)
     opts = options_for(method, preset, **options)
-    conditions = _conditions(target, classes, prompts, negative_prompts)
-    return _MODULES[method].decode(target, conditions, **_resources(method, family, given, opts), options=opts, run=run)
+    resources = _resources(method, family, given, opts)
+    if preview is None:
+        if preview_method != "ar" or preview_options:
+            raise ValueError("preview_method and preview_options are for a family with a preview stage (GLM-Image)")
+        return _MODULES[method].decode(target, _conditions(target, classes, prompts, negative_prompts), **resources,
+                                       options=opts, run=run)
+    stages.check_preview_stage(preview, target)
+    # Prompts are encoded by the preview stage; the target stage's conditions add the preview.
+    conditions = _conditions(preview, classes, prompts, negative_prompts)
+    if method == "mulo" and opts.draft == "preview":
+        return mulo.decode(target, conditions, **resources, options=opts, run=run)
+    # The preview stage takes models of its own only when given in preview_options (the family's
+    # drafters and heads are for the target grid); neighbour tables use the family's codebook.
+    first_kw = dict(preview_options or {})
+    first_given = {k: first_kw.pop(k) for k in RESOURCES[preview_method] + ("tokenizer",) if k in first_kw}
+    first_opts = options_for(preview_method, None, **first_kw)
+    first_res = _resources(preview_method, {"codebook": _field(family, "codebook")}, first_given, first_opts)
+    # the progress callback counts images once: after their target stage
+    first = _MODULES[preview_method].decode(preview, conditions, **first_res, options=first_opts,
+                                            run=dataclasses.replace(run, progress=None))
+    second = _MODULES[method].decode(target, target.condition_on_preview(conditions, first.tokens), **resources,
+                                     options=opts, run=stages.target_stage_run(run))
+    return stages.combine(first, second)
 
 
 def _conditions(target, classes, prompts, negative_prompts):

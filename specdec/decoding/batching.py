@@ -42,7 +42,8 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     first_index + i), whatever the batch size: a run of N images split into calls with
     `first_index` set to each call's offset gives the same images as one call. batch_size=1 is
     the latency setting speculative decoding is for. Each batch is timed; the statistics are
-    summed; the grids are decoded to images with `tokenizer` (not timed)."""
+    summed; the grids are decoded to images with `tokenizer` (not timed); preview grids a decoder
+    lists in `stats.extra["preview"]` become the result's `preview`."""
     check_grid_model(model, "target")
     conditions = check_classes(model, conditions)
     H, W = model.grid
@@ -68,7 +69,10 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     if tokenizer is not None:
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
-    return DecodeResult(tokens, images, total)
+    # A decoder that wrote preview grids (MuLo-SD drafted by the target's own preview) lists them
+    # per image in stats.extra["preview"].
+    preview = torch.stack(total.extra["preview"]).long() if total.extra.get("preview") else None
+    return DecodeResult(tokens, images, total, preview)
 
 
 __all__ = ["check_classes", "check_grid_model", "run_batches"]

@@ -16,6 +16,17 @@
    Reading: kept tokens' keys and values from the verification pass are reused; the first token
    of the first island is sampled from the verification logits (its context is all accepted).
 
+On a model that writes its own low-resolution preview first (GLM-Image: `family.preview`),
+`draft="preview"` makes that preview the draft: the preview stage (the target model itself on the
+preview grid) samples it, the target stage is conditioned on it (`target.condition_on_preview`),
+and it is up-sampled to the target grid (token-space `nearest` for any ratio, `learned` for an
+integer one) and verified as above. No drafter model: the preview passes are the target model's
+own and count as target passes; the preview grids come back as `DecodeResult.preview`.
+
+Grids need not be square, nor divide: a drafter or preview grid (h, w) of a target (H, W) with
+h <= H, w <= W is up-sampled by `nearest` or `pixel` whatever the ratio; `learned` needs
+H = r h and W = r w.
+
 Target passes per image: prefill + one verification + the resampling passes. (Drafting the image
 in several cycles, each continuing from the down-sampled accepted rows, cost more passes and lost
 on FD on the embedded family; it is gone: docs/experiments.md.)
@@ -44,6 +55,8 @@ from specdec.settings import RunSettings, Sampling
 
 DRAFTING = ("serial", "zipar")
 RESAMPLING = ("islands", "raster")
+#: where the low-resolution draft comes from: a drafter model, or the target's own preview stage
+DRAFTS = ("drafter", "preview")
 
 
 def check_tau(tau) -> float:
@@ -66,6 +79,9 @@ class MuloOptions:
     window: int = 2              #: drafting="zipar": the row stagger of the drafter
     resample: str = "islands"    #: "islands" (v2, concurrent) or "raster" (v1)
     draft_sampling: Optional[Sampling] = None   #: the drafter's sampling (None: the run's)
+    #: "drafter": a low-resolution drafter model of the same codebook (drafter=...); "preview": the
+    #: target's own preview stage (GLM-Image; the family's `preview`), so no drafter model
+    draft: str = "drafter"
 
     def __post_init__(self):
         check_tau(self.tau)
@@ -81,20 +97,29 @@ class MuloOptions:
             raise ValueError(f"window must be an int >= 1, got {self.window!r}")
         if self.resample not in RESAMPLING:
             raise ValueError(f"resample must be one of {', '.join(RESAMPLING)}, got {self.resample!r}")
+        if self.draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {', '.join(DRAFTS)}, got {self.draft!r}")
         if self.draft_sampling is not None and not isinstance(self.draft_sampling, Sampling):
             raise ValueError(f"draft_sampling must be a Sampling or None, got {type(self.draft_sampling).__name__}")
 
 
-def check_models(target, drafter):
+def check_models(target, drafter, upsample: str = "nearest"):
+    """The drafter's fit for the target: same vocabulary, a grid no larger per side; returns the
+    integer factor r (H = r h, W = r w) or None when the grids do not divide, which only the
+    `nearest` and `pixel` up-samplers take."""
     check_grid_model(target, "target")
     check_grid_model(drafter, "drafter")
     (H, W), (h, w) = tuple(target.grid), tuple(drafter.grid)
-    if H % h or W % w or H // h != W // w or H // h < 1:
-        raise ValueError(f"drafter grid {(h, w)} must divide the target grid {(H, W)} by the same factor r per side")
+    if h > H or w > W:
+        raise ValueError(f"drafter grid {(h, w)} is larger than the target grid {(H, W)} on a side")
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}: "
                          "MuLo-SD needs one shared codebook")
-    return H // h
+    factor = H // h if H % h == 0 and W % w == 0 and H // h == W // w else None
+    if factor is None and upsample == "learned":
+        raise ValueError(f"drafter grid {(h, w)} does not divide the target grid {(H, W)} by one factor r per side: "
+                         "the learned up-sampler needs one (upsample='nearest' or 'pixel' take any ratio)")
+    return factor
 
 
 def island_schedule(resample: list, islands: list) -> list:
@@ -242,15 +267,24 @@ def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resampl
     return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
 
 
-def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions) -> int:
-    """The models' fit for these options (a ValueError naming what is missing); returns r."""
+def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions):
+    """The models' fit for these options (a ValueError naming what is missing); returns r (None:
+    the grids do not divide)."""
     if drafter is None:
-        raise ValueError("mulo needs a low-resolution drafter (drafter=...)")
-    factor = check_models(target, drafter)
+        if options.draft == "preview":
+            raise ValueError("mulo with draft='preview' needs the target's preview stage (drafter=family.preview); "
+                             "this model writes no preview")
+        raise ValueError("mulo needs a low-resolution drafter (drafter=...), or draft='preview' on a model that "
+                         "writes its own preview (GLM-Image)")
+    if options.draft == "preview" and not callable(getattr(target, "condition_on_preview", None)):
+        raise ValueError("draft='preview' needs a target conditioned on its own preview (condition_on_preview: "
+                         "a two-stage model such as GLM-Image)")
+    factor = check_models(target, drafter, options.upsample)
     if options.drafting == "zipar":
         check_window(options.window, drafter.grid[1])
     if options.upsample == "pixel" and tokenizer is None:
-        raise ValueError("upsample='pixel' needs the VQ tokenizer (tokenizer=...)")
+        raise ValueError("upsample='pixel' needs the VQ tokenizer (tokenizer=...); a model without a pixel decoder "
+                         "takes upsample='nearest' or 'learned'")
     if options.upsample == "learned":
         if upsampler is None:
             raise ValueError("upsample='learned' needs the trained up-sampler (upsampler=...)")
@@ -262,16 +296,17 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
 
 def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codebook=None, neighbors=None,
            options: MuloOptions = MuloOptions(), run: RunSettings = RunSettings()):
-    """MuLo-SD on `target` with the low-resolution `drafter` (same codebook, grid dividing the
-    target's by r per side); `upsampler` for upsample="learned", the VQ `tokenizer` for "pixel",
-    the pooling neighbours from `neighbors` [V, K] or built from `codebook` [V, D].
+    """MuLo-SD on `target` with the low-resolution `drafter` (same codebook, a grid no larger per
+    side; with `options.draft="preview"` the target's own preview stage); `upsampler` for
+    upsample="learned", the VQ `tokenizer` for "pixel", the pooling neighbours from `neighbors`
+    [V, K] or built from `codebook` [V, D].
 
     The images of a batch share their passes (`_resample`: islands differ per image, so a
     resampling step may take more than one pass); each image draws from its own stream. With
     `run.compile` every target and drafter pass runs through compiled graphs padded to bucket
     widths (specdec.decoding.compiled), the drafter's serial steps through the compiled AR step
     `ar` runs, and both prefills when the models allow it; the up-sampler stays eager."""
-    factor = _check_resources(target, drafter, tokenizer, upsampler, options)
+    _check_resources(target, drafter, tokenizer, upsampler, options)
     o = options
     if neighbors is None and codebook is not None and o.k > 0:
         neighbors = neighbor_table(codebook, o.k)
@@ -279,6 +314,7 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
     sampling = run.sampling_or_default
     draft_sampling = o.draft_sampling or sampling
     h, w = drafter.grid
+    preview = o.draft == "preview"
 
     def decode_batch(cls, gen, stats):
         B = cls.shape[0]
@@ -286,16 +322,17 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
         runner = runner_for(target, sampling, B, run.backend, compile=run.compile)
         H, W = runner.H, runner.W
         HW = H * W
-        first = runner.prefill(cls)
-        # 1. Draft the low-resolution image.
+        # 1. Draft the low-resolution image (with draft="preview": the target's own preview).
         if o.drafting == "serial":
             low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)
             sample_grid(drunner, cls, gen, start_out=drunner.prefill(cls), x=low, step=drunner.token_step())
         else:
             low = zipar_grid(drunner, cls, gen, window=o.window)
+        grids = low.view(B, h, w)
+        first = runner.prefill(target.condition_on_preview(cls, grids) if preview else cls)
         # 2. Up-sample, image by image (batch-independent).
-        up = torch.cat([_up.upsample(low[b:b + 1].view(1, h, w), factor, o.upsample, tokenizer=tokenizer,
-                                     net=upsampler) for b in range(B)])
+        up = torch.cat([_up.upsample(grids[b:b + 1], (H, W), o.upsample, tokenizer=tokenizer, net=upsampler)
+                        for b in range(B)])
         x = to_device(up.reshape(B, HW), runner.device).long().contiguous()
         # 3. One target pass over the draft: output i is the distribution of slot i.
         ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1, device=x.device))])
@@ -335,11 +372,19 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
         stats.extra.setdefault("resampled", []).extend(resampled)
         stats.extra.setdefault("accept_image", []).extend(accept_maps)
         stats.extra.setdefault("islands", []).extend(island_maps)
-        stats.extra.setdefault("low_res", []).extend(low.view(B, h, w).cpu().unbind(0))
+        stats.extra.setdefault("low_res", []).extend(grids.cpu().unbind(0))
         # A shared pass counts once per image, as for the other batched methods.
         stats.target_forwards = runner.forwards * B
         stats.target_tokens_fed = runner.fed * B
         stats.draft_forwards = drunner.forwards * B
+        if preview:
+            # The preview is the target model's own output: its passes are target passes, its
+            # tokens committed tokens, its grids part of the result (DecodeResult.preview).
+            stats.target_forwards += stats.draft_forwards
+            stats.draft_forwards = 0
+            stats.tokens += B * h * w
+            stats.extra.setdefault("preview_forwards", []).extend([drunner.forwards] * B)
+            stats.extra.setdefault("preview", []).extend(grids.cpu().unbind(0))
         if run.compile:
             record_compile_s(stats, runner, drunner)
         return x

@@ -54,6 +54,9 @@ class DecodeResult(NamedTuple):
     tokens: torch.Tensor             #: int64 [B, H, W] token grids
     images: Optional[torch.Tensor]   #: [B, C, h, w] in [-1, 1] (None without a tokenizer)
     stats: DecodeStats
+    #: int64 [B, h, w]: the preview grids of a model that writes one before its target grid
+    #: (GLM-Image; `ModelFamily.preview`), None for every other model
+    preview: Optional[torch.Tensor] = None
 
 
 def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
@@ -62,10 +65,12 @@ def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
     stats = DecodeStats(method)
     for part in parts:
         stats.merge(part.stats)
-    images = None
+    images = preview = None
     if all(part.images is not None for part in parts):
         images = torch.cat([part.images for part in parts])
-    return DecodeResult(torch.cat([part.tokens for part in parts]), images, stats)
+    if all(part.preview is not None for part in parts):
+        preview = torch.cat([part.preview for part in parts])
+    return DecodeResult(torch.cat([part.tokens for part in parts]), images, stats, preview)
 
 
 __all__ = ["DecodeResult", "DecodeStats", "concat_results"]

@@ -1,7 +1,11 @@
 """`ModelFamily`: the one type every loader returns (`default()`, `load_family`,
 `specdec.models.hf.wrap`), holding a target and the optional pieces some methods take.
 
-`specdec.decoding.decode(method, family, ...)` picks from it what a method needs: `drafter`
+`specdec.decoding.decode(method, family, ...)` picks from it what a method needs: `preview` (the
+model's own preview stage, for a model that writes a low-resolution preview grid before its
+target grid, GLM-Image: an ARImageModel on the preview grid, same codes, same conditions; the
+target is then conditioned on the preview too, `target.condition_on_preview`, and decode runs
+both stages; MuLo-SD drafts with it), `drafter`
 (MuLo-SD's low-resolution drafter: same codebook, grid dividing the target's), `sd_drafter` (an
 ARImageModel on the target's grid for sd / lantern), `ssd_heads` (SSD's heads sized to the
 target's hidden_dim), `upsampler` (MuLo-SD's learned up-sampler for this codebook), `codebook`
@@ -23,6 +27,8 @@ from specdec.settings import Sampling
 class ModelFamily:
     target: Any
     tokenizer: Optional[torch.nn.Module] = None
+    #: the preview stage of a model that writes a low-resolution preview first (GLM-Image), or None
+    preview: Optional[Any] = None
     drafter: Optional[Any] = None
     sd_drafter: Optional[Any] = None
     ssd_heads: Optional[torch.nn.Module] = None

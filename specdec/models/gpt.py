@@ -52,7 +52,8 @@ class GPTConfig:
     num_classes: int = 1000
     class_dropout_prob: float = 0.1  # > 0 adds the null-class row used by CFG
     cls_token_num: int = 1
-    grid_size: int = 16              # tokens per side (LlamaGen's block_size = grid_size ** 2)
+    grid_size: int = 16              # tokens per side (LlamaGen's block_size = grid_size ** 2), or rows
+    grid_width: Optional[int] = None  # tokens per row of a grid that is not square (None: grid_size)
     initializer_range: float = 0.02
     model_type: str = "c2i"          # "t2i": caption embedder instead of the class table (captions.py)
     caption_dim: int = 2048          # t2i: width of the caption features (flan-t5-xl's)
@@ -67,6 +68,11 @@ class GPTConfig:
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return _round_up(hidden, self.multiple_of)
+
+    @property
+    def grid(self) -> Tuple[int, int]:
+        """(H, W): grid_size rows of grid_width (default grid_size) tokens."""
+        return (self.grid_size, self.grid_width or self.grid_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -155,7 +161,8 @@ class LabelEmbedder(nn.Module):
 
 class LlamaGenGPT(nn.Module):
     """Class-conditional (or, with model_type="t2i", caption-conditional) raster AR model over a
-    `grid_size x grid_size` token grid."""
+    `grid_size x grid_size` token grid (`grid_size x grid_width` when grid_width is set: the 2-D
+    rotary embedding then runs over (row, column) of the H x W grid)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -174,7 +181,7 @@ class LlamaGenGPT(nn.Module):
         self.output = RowLinear(config.dim, config.vocab_size, bias=False)
         # Not a checkpoint entry (LlamaGen recomputes it too) and not a buffer: it stays fp32
         # when the model is cast to bf16/fp16, as LlamaGen's freqs_cis does.
-        self._rope_cpu = rope_table_2d(config.grid_size, config.head_dim, config.rope_base, config.cls_token_num)
+        self._rope_cpu = rope_table_2d(config.grid, config.head_dim, config.rope_base, config.cls_token_num)
         self._rope_on = {}
         self.reset_parameters()
 
@@ -195,7 +202,7 @@ class LlamaGenGPT(nn.Module):
     # ---- the ARImageModel protocol -------------------------------------------------------
     @property
     def grid(self) -> Tuple[int, int]:
-        return (self.config.grid_size, self.config.grid_size)
+        return self.config.grid
 
     @property
     def vocab_size(self) -> int:
@@ -236,7 +243,7 @@ class LlamaGenGPT(nn.Module):
 
     @property
     def n_slots(self) -> int:
-        return self.prefix_len + self.config.grid_size ** 2
+        return self.prefix_len + self.config.grid[0] * self.config.grid[1]
 
     def new_cache(self, batch: int, cfg: bool = False, dtype=None, device=None) -> SlotKVCache:
         if cfg and not self.supports_cfg:
@@ -345,7 +352,7 @@ class LlamaGenGPT(nn.Module):
             lo, hi = torch.aminmax(tokens)
             if int(lo) < 0 or int(hi) >= self.vocab_size:
                 raise ValueError(f"tokens must lie in [0, {self.vocab_size})")
-        hw = self.config.grid_size ** 2
+        hw = self.config.grid[0] * self.config.grid[1]
         if positions.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"positions must be int32/int64, got {positions.dtype}")
         if positions.numel() == 0:

@@ -42,13 +42,14 @@ def size_config(text: Union[str, dict], argument: str) -> Union[str, dict]:
     return text
 
 
-def _load_transformers(path: str, device, dtype, grid: Optional[int]) -> ModelFamily:
+def _load_transformers(path: str, device, dtype, grid: Optional[int], hf_options: Optional[dict]) -> ModelFamily:
     try:
         from specdec.models.hf import load_pretrained
     except ImportError as e:
         raise LoadError("path", f"{path}: transformers folders need specdec.models.hf, which this install lacks "
                                 f"({e})") from None
     options = {} if grid is None else {"grid": (grid, grid)}
+    options.update(hf_options or {})
     try:
         return load_pretrained(path, device=device, dtype=dtype, **options)
     except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:
@@ -57,9 +58,11 @@ def _load_transformers(path: str, device, dtype, grid: Optional[int]) -> ModelFa
 
 def load_family(path: str, *, vq: Optional[str] = None, gpt_size: Union[str, dict] = "GPT-XL",
                 vq_size: Union[str, dict] = "VQ-16", grid: Optional[int] = None, device="cpu",
-                dtype: Optional[torch.dtype] = None, trust_pickle: bool = False) -> ModelFamily:
-    """The family of `path`: a transformers `save_pretrained` folder (Janus, Emu3, Chameleon;
-    `grid` overrides the model's tokens per side) or a LlamaGen GPT checkpoint with its `vq`
+                dtype: Optional[torch.dtype] = None, trust_pickle: bool = False,
+                hf_options: Optional[dict] = None) -> ModelFamily:
+    """The family of `path`: a transformers `save_pretrained` folder (Janus, Emu3, Chameleon,
+    GLM-Image; `grid` overrides the model's tokens per side, `hf_options` go to its adapter, e.g.
+    GLM-Image's `height` and `width`) or a LlamaGen GPT checkpoint with its `vq`
     checkpoint (class-conditional or text-to-image; `gpt_size` / `vq_size` are LlamaGen size names
     or dicts of config fields; `grid` tokens per side, default 16). `dtype`: the weights' (None:
     float32 for LlamaGen, the saved one for transformers)."""
@@ -71,7 +74,9 @@ def load_family(path: str, *, vq: Optional[str] = None, gpt_size: Union[str, dic
         if not os.path.exists(os.path.join(path, "config.json")):
             raise LoadError("path", f"{path}: a folder must be saved with transformers' save_pretrained "
                                     "(no config.json in it)")
-        return _load_transformers(path, device, dtype, grid)
+        return _load_transformers(path, device, dtype, grid, hf_options)
+    if hf_options:
+        raise LoadError("path", f"{path}: options {sorted(hf_options)} are for a transformers folder")
     if vq is not None and not os.path.exists(vq):
         raise LoadError("vq", f"{vq}: no such file")
     from specdec.models.llamagen_family import load_llamagen_family

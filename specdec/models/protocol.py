@@ -64,6 +64,23 @@ class ARImageModel(Protocol):
     def head(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class PreviewConditioned(Protocol):
+    """The target of a model that writes a low-resolution preview grid before its target grid, in
+    one sequence (GLM-Image: h x w, then H x W). Its family's `preview` is the ARImageModel of the
+    preview stage (the same network on the preview grid, same vocabulary, prefilled with the same
+    conditions); the target stage is an ARImageModel on the target grid whose conditions are the
+    prompts followed by their preview grids:
+
+        conditions = target.condition_on_preview(prompts, preview_tokens)   # preview_tokens [B, h, w]
+        cache = target.new_cache(B); target.prefill(cache, conditions)      # prompt + preview in the prefix
+
+    `specdec.decoding.decode` runs the two stages in turn, and MuLo-SD may take the preview as its
+    draft (draft="preview")."""
+
+    def condition_on_preview(self, conditions, preview: torch.Tensor): ...
+
+
 def split_cfg(x: torch.Tensor):
     """[2B, ...] rows of a CFG batch -> (conditional [B, ...], unconditional [B, ...])."""
     if x.shape[0] % 2:

@@ -11,17 +11,23 @@ from __future__ import annotations
 import torch
 
 
-def rope_table_2d(grid_size: int, head_dim: int, base: float = 10000.0, prefix_len: int = 1) -> torch.Tensor:
-    """[prefix_len + grid_size**2, head_dim // 2, 2] table of (cos, sin), indexed by slot."""
+def rope_table_2d(grid_size, head_dim: int, base: float = 10000.0, prefix_len: int = 1) -> torch.Tensor:
+    """[prefix_len + H * W, head_dim // 2, 2] table of (cos, sin), indexed by slot. `grid_size`:
+    tokens per side (a square grid, LlamaGen's) or (H, W); token (i, j) rotates its first half of
+    pairs by row i, its second half by column j."""
     if head_dim % 4:
         raise ValueError(f"head_dim must be a multiple of 4 for 2-D rotary embedding, got {head_dim}")
+    H, W = (grid_size, grid_size) if isinstance(grid_size, int) else (int(grid_size[0]), int(grid_size[1]))
+    if H < 1 or W < 1:
+        raise ValueError(f"grid_size must be positive, got {grid_size!r}")
     quarter = head_dim // 4
     # Explicit CPU: the table must be real numbers even when a model is built on the meta device.
     freqs = 1.0 / (base ** (torch.arange(0, 2 * quarter, 2, device="cpu")[:quarter].float() / (2 * quarter)))
-    angles = torch.outer(torch.arange(grid_size, device="cpu").float(), freqs)  # [G, head_dim / 4]
-    grid = torch.cat([angles[:, None, :].expand(-1, grid_size, -1),     # row frequencies
-                      angles[None, :, :].expand(grid_size, -1, -1)],    # column frequencies
-                     dim=-1)                                            # [G, G, head_dim / 2]
+    rows = torch.outer(torch.arange(H, device="cpu").float(), freqs)   # [H, head_dim / 4]
+    cols = torch.outer(torch.arange(W, device="cpu").float(), freqs)   # [W, head_dim / 4]
+    grid = torch.cat([rows[:, None, :].expand(-1, W, -1),      # row frequencies
+                      cols[None, :, :].expand(H, -1, -1)],     # column frequencies
+                     dim=-1)                                    # [H, W, head_dim / 2]
     table = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)
     return torch.cat([torch.zeros(prefix_len, head_dim // 2, 2, device="cpu"), table])
 

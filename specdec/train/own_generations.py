@@ -2,17 +2,20 @@
 (`python -m specdec.train ssd --model PATH`, `... upsampler --model PATH`).
 
 PATH is what `specdec generate --model` takes: a transformers `save_pretrained` folder (Janus,
-Emu3, Chameleon; specdec.models.hf) or a LlamaGen class-conditional checkpoint (with --gpt-size
-and --grid-size). The generations are specdec's plain AR through the model's adapter, batched;
-a text-conditional model takes the prompts of --prompts (one per line, text or a JSON list of
-token ids), a class-conditional one the classes 0, 1, 2, ... in turn.
+Emu3, Chameleon, GLM-Image; specdec.models.hf) or a LlamaGen class-conditional checkpoint (with
+--gpt-size and --grid-size). The generations are specdec's plain AR through the model's adapter,
+batched, with the family's own sampling unless --cfg-scale is given (GLM-Image's: temperature 0.9,
+top_p 0.75, no guidance); a text-conditional model takes the prompts of --prompts (one per line,
+text or a JSON list of token ids), a class-conditional one the classes 0, 1, 2, ... in turn. A
+model that writes a preview first (GLM-Image, at the size of --height and --width) gives its
+preview grids too, and its conditions are the target stage's (each prompt followed by its preview).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from typing import List, Union
+from typing import Any, List, NamedTuple, Optional, Union
 
 import torch
 
@@ -33,7 +36,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights and activations of --model (the trained module stays float32)")
     g.add_argument("--trust-pickle", action="store_true", help="LlamaGen: read a .pt that needs full unpickling")
     g.add_argument("--device", default="cpu")
-    g.add_argument("--cfg-scale", type=float, default=None, help="guidance of the generations")
+    g.add_argument("--cfg-scale", type=float, default=None,
+                   help="guidance of the generations (default: the model's own sampling, else the script's)")
+    g.add_argument("--height", type=int, default=None, help="GLM-Image: the image height in pixels (a multiple of 32)")
+    g.add_argument("--width", type=int, default=None, help="GLM-Image: the image width in pixels (a multiple of 32)")
 
 
 def read_prompt_file(path) -> List[Union[str, torch.Tensor]]:
@@ -70,16 +76,27 @@ def load_model(args):
 
     flags = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size"}
     grid = None if os.path.isdir(args.model) else args.grid_size
+    size = {k: v for k, v in (("height", getattr(args, "height", None)), ("width", getattr(args, "width", None)))
+            if v is not None}
     try:
         return load_family(args.model, vq=args.vq, gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid,
-                           device=args.device, dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle)
+                           device=args.device, dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle,
+                           hf_options=size or None)
     except LoadError as e:
         raise SystemExit(f"{flags.get(e.argument, e.argument)} {e.message}") from None
 
 
-def own_generations(args, samples: int, cfg_scale: float, log):
-    """(family, conditions, tokens [S, H, W]): --model's plain-AR generations, one per condition
-    (conditions: class ids [S] or a `Prompts` batch, what the target's prefill takes)."""
+class Generations(NamedTuple):
+    family: Any
+    conditions: Any            #: what the target's prefill takes for `tokens` (class ids [S] or Prompts)
+    tokens: torch.Tensor       #: [S, H, W] the target's grids
+    sampling: Any              #: the Sampling they were drawn with
+    preview: Optional[torch.Tensor] = None   #: [S, h, w] the preview grids (GLM-Image), else None
+
+
+def own_generations(args, samples: int, cfg_scale: float, log) -> Generations:
+    """--model's plain-AR generations, one per condition, drawn with the family's own sampling
+    when --cfg-scale is not given and the family has one, else with guidance `cfg_scale`."""
     from specdec.decoding import decode
     from specdec.settings import RunSettings, Sampling
 
@@ -88,18 +105,22 @@ def own_generations(args, samples: int, cfg_scale: float, log):
     family = load_model(args)
     target = family.target
     progress = lambda n: log(f"generated {n}/{samples} images")   # noqa: E731
-    run = RunSettings(seed=args.seed, sampling=Sampling(cfg_scale=cfg_scale), batch_size=GENERATION_BATCH,
-                      progress=progress)
+    own = getattr(family, "sampling", None)
+    sampling = own if own is not None and args.cfg_scale is None else Sampling(cfg_scale=cfg_scale)
+    run = RunSettings(seed=args.seed, sampling=sampling, batch_size=GENERATION_BATCH, progress=progress)
     if getattr(target, "num_classes", None) is not None:
         if args.prompts is not None:
             raise SystemExit("--prompts is for text-conditional models; this one is class-conditional")
         conditions = torch.arange(samples) % target.num_classes
         out = decode("ar", family, conditions, run=run)
-        return family, conditions, out.tokens
+        return Generations(family, conditions, out.tokens, sampling)
     if not hasattr(target, "encode_prompts"):
         raise SystemExit("this model takes caption features (LlamaGen text-to-image), which the training scripts "
                          "do not read yet")
     lines = read_prompt_file(args.prompts)
     conditions = target.encode_prompts([lines[i % len(lines)] for i in range(samples)], None)
     out = decode("ar", family, prompts=conditions, run=run)
-    return family, conditions, out.tokens
+    if out.preview is not None:
+        # the target stage's own conditions: each prompt followed by the preview it wrote
+        conditions = target.condition_on_preview(conditions, out.preview)
+    return Generations(family, conditions, out.tokens, sampling, out.preview)

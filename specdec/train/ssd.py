@@ -7,6 +7,7 @@
 
     python -m specdec.train ssd [--steps N] [--samples N]
     python -m specdec.train ssd --model JANUS_FOLDER --prompts prompts.txt --out heads/ [--device cuda]
+    python -m specdec.train ssd --model GLM_IMAGE_FOLDER --height 1152 --width 768 --prompts prompts.txt --out heads/
 
 The second form distils heads for any model specdec wraps (specdec.models.hf): its generations
 come from specdec's plain AR through the adapter, its hidden states from one causal pass through
@@ -166,12 +167,14 @@ def main(argv=None) -> None:
 
 
 def _wrapped_model_data(args, cfg_scale: float, log):
-    """(target, h_in, tokens, conditional rows) distilled from --model's own generations."""
-    family, conditions, grids = own_generations(args, args.samples, cfg_scale, log)
-    target = family.target
-    tokens = grids.flatten(1)
+    """(target, h_in, tokens, conditional rows) distilled from --model's own generations (drawn
+    with the model's own sampling unless --cfg-scale is given; a model that writes a preview
+    first, GLM-Image, is distilled on its target stage, each prompt followed by its preview)."""
+    gen = own_generations(args, args.samples, cfg_scale, log)
+    target = gen.family.target
+    tokens = gen.tokens.flatten(1)
     with torch.no_grad():
-        h_in, rows = protocol_distillation_data(target, conditions, tokens, cfg_scale != 1.0)
+        h_in, rows = protocol_distillation_data(target, gen.conditions, tokens, gen.sampling.guided)
     return target, h_in.float(), rows, tokens.shape[0]
 
 

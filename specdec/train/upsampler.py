@@ -2,6 +2,7 @@
 
     python -m specdec.train upsampler [--data DIR] [--steps N]
     python -m specdec.train upsampler --model JANUS_FOLDER --prompts prompts.txt --out heads/ [--device cuda]
+    python -m specdec.train upsampler --model GLM_IMAGE_FOLDER --height 1024 --width 1024 --prompts p.txt --out up/
 
 Pairs come from Fashion-MNIST through the shipped tokenizer: the 16x16 resize of an image gives the
 low-resolution codes (what the drafter produces), the 32x32 image the high-resolution target. The
@@ -12,7 +13,11 @@ term on the real high-resolution codes keeps the argmax on actual codes.
 
 With --model (any model specdec wraps, specdec.models.hf), the pairs are the model's own
 generations and their down-sampled views; the pixel loss needs the family's tokenizer to offer
-`decode_code_vectors` (code vectors -> images), else the loss is the cross-entropy alone.
+`decode_code_vectors` (code vectors -> images), else the loss is the cross-entropy alone. A model
+that writes its own preview first (GLM-Image) gives the pairs itself: each generation's preview
+and target grids (the size of --height and --width must make the target an integer multiple r of
+the preview, the same per side: 1024 x 1024 gives 16x16 -> 32x32; no pixel decoder, so the
+cross-entropy alone).
 """
 from __future__ import annotations
 
@@ -99,10 +104,13 @@ def main(argv=None) -> None:
     log(f"saved {path}")
 
 
-def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, log) -> TokenUpsampler:
+def _fit_on_wrapped_model(args, steps: int, batch: int, rng: torch.Generator, log) -> TokenUpsampler:
     """Pairs from a wrapped model's own generations: the target's grids are the high-resolution
     codes, their down-sampled views (VQ decode, area-resize by 1/r, VQ encode) the low ones."""
-    family, _, high = own_generations(args, args.samples, 2.0 if args.cfg_scale is None else args.cfg_scale, log)
+    gen = own_generations(args, args.samples, 2.0 if args.cfg_scale is None else args.cfg_scale, log)
+    family, high = gen.family, gen.tokens
+    if gen.preview is not None:
+        return _fit_on_previews(args, gen, steps, batch, rng, log)
     tok = family.tokenizer
     if tok is None or not hasattr(tok, "encode"):
         raise SystemExit(f"--model {args.model}: no VQ encoder (LlamaGen: pass --vq), which the up-sampler's pairs need")
@@ -113,9 +121,22 @@ def _fit_on_wrapped_model(args, steps: int, batch: int, gen: torch.Generator, lo
         low = downsample(high, args.factor, tokenizer=tok)
         images = tok.decode(high)
     log(f"{low.shape[0]} pairs of {tuple(low.shape[1:])} -> {tuple(high.shape[1:])} codes")
-    return fit_upsampler(family.codebook, low, high, factor=args.factor, steps=steps, batch_size=batch, gen=gen,
+    return fit_upsampler(family.codebook, low, high, factor=args.factor, steps=steps, batch_size=batch, gen=rng,
                          log=log, decode_vectors=getattr(tok, "decode_code_vectors", None), high_images=images,
                          ce_weight=args.ce_weight)
+
+
+def _fit_on_previews(args, gen, steps: int, batch: int, rng: torch.Generator, log) -> TokenUpsampler:
+    """Pairs of a model that writes its own preview (GLM-Image): each generation's preview grid
+    (low) and target grid (high), at the integer ratio the sizes give."""
+    (h, w), (H, W) = tuple(gen.preview.shape[1:]), tuple(gen.tokens.shape[1:])
+    if H % h or W % w or H // h != W // w:
+        raise SystemExit(f"the preview {h}x{w} does not divide the target {H}x{W} by one factor per side: the learned "
+                         "up-sampler needs one (GLM-Image: --height 1024 --width 1024 gives 16x16 -> 32x32); MuLo-SD "
+                         "up-samples other previews with upsample='nearest'")
+    log(f"{gen.preview.shape[0]} pairs of preview {h}x{w} -> target {H}x{W} codes (factor {H // h})")
+    return fit_upsampler(gen.family.codebook.to(args.device), gen.preview.to(args.device), gen.tokens.to(args.device),
+                         factor=H // h, steps=steps, batch_size=batch, gen=rng, log=log, ce_weight=args.ce_weight)
 
 
 @torch.no_grad()

@@ -296,8 +296,10 @@ def test_grid_mismatch_between_drafter_and_target(fam):
     with pytest.raises(ValueError, match=r"drafter grid \(2, 2\) does not match the target grid \(4, 4\)"):
         sd.decode(fam.target, CLASSES, drafter=fam.drafter)
     odd = tiny_gpt(3, 16, seed=1)
-    with pytest.raises(ValueError, match="drafter grid .* must divide the target grid"):
-        mulo.decode(fam.target, CLASSES, drafter=odd, tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
+    with pytest.raises(ValueError, match=r"drafter grid \(3, 3\) does not divide the target grid .* learned"):
+        mulo.decode(fam.target, CLASSES, drafter=odd, upsampler=fam.upsampler, options=mulo.MuloOptions(upsample="learned"))
+    with pytest.raises(ValueError, match="larger than the target grid"):
+        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt((2, 5), 16, seed=1), options=mulo.MuloOptions(upsample="nearest"))
     with pytest.raises(ValueError, match="vocabulary"):
         mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
 

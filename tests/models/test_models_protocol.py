@@ -11,9 +11,10 @@ ATOL = 2e-5
 
 
 def tiny(grid=4, *, n_kv_head=None, seed=0, vocab=24, classes=3, n_head=2):
+    H, W = (grid, grid) if isinstance(grid, int) else grid
     torch.manual_seed(seed)
     m = LlamaGenGPT(GPTConfig(vocab_size=vocab, dim=32, n_layer=2, n_head=n_head, n_kv_head=n_kv_head,
-                              multiple_of=16, num_classes=classes, grid_size=grid))
+                              multiple_of=16, num_classes=classes, grid_size=H, grid_width=None if H == W else W))
     with torch.no_grad():  # far from LlamaGen's tiny init, so that every position matters
         for p in m.parameters():
             p.normal_(0, 0.3)
@@ -43,6 +44,25 @@ def test_incremental_one_token_equals_full_pass(backend, n_kv_head):
     torch.testing.assert_close(torch.cat([o.logits for o in outs], 1), full.logits, atol=ATOL, rtol=0)
     torch.testing.assert_close(torch.cat([o.hidden for o in outs], 1), full.hidden, atol=ATOL, rtol=0)
     assert cache.valid.all()
+
+
+@pytest.mark.parametrize("grid", [(3, 5), (5, 2)])
+def test_non_square_grid_incremental_equals_full_pass(grid):
+    """An H x W grid (H != W): one token at a time through the cache equals the causal pass, the
+    2-D rotary embedding over (row, column) of the H x W grid; positions past H W are refused."""
+    H, W = grid
+    m = tiny(grid)
+    assert m.grid == grid and m.n_slots == 1 + H * W
+    tokens = torch.randint(0, 24, (2, H * W), generator=torch.Generator().manual_seed(1))
+    classes = torch.tensor([1, 0])
+    full = m.teacher_forward(tokens, classes)
+    cache = m.new_cache(2)
+    outs = [m.prefill(cache, classes)]
+    for u in range(H * W):
+        outs.append(m.forward_tokens(cache, tokens[:, u:u + 1], torch.tensor([u])))
+    torch.testing.assert_close(torch.cat([o.logits for o in outs], 1), full.logits, atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match=f"positions must lie in \\[0, {H * W}\\)"):
+        m.forward_tokens(cache, tokens[:, :1], torch.tensor([H * W]))
 
 
 @pytest.mark.parametrize("backend", backends())

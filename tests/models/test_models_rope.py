@@ -21,6 +21,23 @@ def test_table_layout(grid, head_dim, prefix):
             torch.testing.assert_close(row[:, 1], angles.sin())
 
 
+@pytest.mark.parametrize("grid, head_dim", [((3, 5), 8), ((6, 2), 12), ((1, 4), 8)])
+def test_non_square_table_rotates_rows_and_columns(grid, head_dim):
+    """An H x W grid: token (i, j) at slot prefix + i W + j rotates the first half of its pairs by
+    i, the second half by j (a square grid's table is the same rule with H = W)."""
+    H, W = grid
+    table = rope_table_2d(grid, head_dim, 10000.0, 1)
+    assert table.shape == (1 + H * W, head_dim // 2, 2)
+    q = head_dim // 4
+    freqs = torch.tensor([10000.0 ** (-4.0 * k / head_dim) for k in range(q)])
+    for i in range(H):
+        for j in range(W):
+            angles = torch.cat([i * freqs, j * freqs])
+            torch.testing.assert_close(table[1 + i * W + j, :, 0], angles.cos())
+            torch.testing.assert_close(table[1 + i * W + j, :, 1], angles.sin())
+    assert torch.equal(rope_table_2d((4, 4), head_dim), rope_table_2d(4, head_dim))
+
+
 def test_apply_equals_complex_rotation_of_interleaved_pairs():
     torch.manual_seed(0)
     table = rope_table_2d(4, 8, 10000.0, 1)

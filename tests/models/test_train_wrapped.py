@@ -98,3 +98,53 @@ def test_ssd_heads_for_a_llamagen_checkpoint(tmp_path, keep_threads):
     with pytest.raises(SystemExit, match="--prompts is for text-conditional models"):
         train_main.main(["ssd", "--model", str(ckpt), "--gpt-size", size, "--grid-size", "4", "--prompts",
                          str(ckpt), "--steps", "1", "--out", str(tmp_path)])
+
+
+@pytest.fixture(scope="module")
+def glm_folder(tmp_path_factory):
+    """A tiny GLM-Image saved without a processor, and prompt files of token ids (text, grid tail,
+    bos) for a 128 x 96 image (4x3 target, 18x13 preview) and a 1024 x 1024 one (32x32, 16x16)."""
+    from glm_image_models import prompt_ids, tiny_glm_image
+
+    d = tmp_path_factory.mktemp("glm")
+    tiny_glm_image(seed=0).save_pretrained(str(d))
+    for name, grid, preview in (("small", (4, 3), (18, 13)), ("square", (32, 32), (16, 16))):
+        lines = [prompt_ids(t, grid, preview).tolist() for t in ("abc", "fedcbaa")]
+        (d / f"{name}.txt").write_text("".join(json.dumps(ids) + "\n" for ids in lines))
+    return d
+
+
+def test_ssd_heads_for_glm_image(glm_folder, tmp_path, keep_threads):
+    """SSD heads distilled from GLM-Image's own generations (its sampling, no guidance) on its
+    target stage: they fit the target grid's width and decode the target stage."""
+    out = tmp_path / "heads"
+    train_main.main(["ssd", "--model", str(glm_folder), "--height", "128", "--width", "96", "--prompts",
+                     str(glm_folder / "small.txt"), "--samples", "2", "--steps", "3", "--batch-size", "8",
+                     "--out", str(out)])
+    heads, meta = load_module(str(out / "ssd_heads.safetensors"), lambda c: SSDHeads(SSDHeadsConfig(**c)))
+    fam = load_pretrained(str(glm_folder), height=128, width=96)
+    assert (fam.target.grid, fam.preview.grid) == ((4, 3), (18, 13))
+    assert heads.config.dim == fam.target.hidden_dim and heads.config.grid_width == 3 and meta["samples"] == 2
+    prompts = read_prompt_file(str(glm_folder / "small.txt"))
+    got = dec.decode("ssd", fam, prompts=prompts, heads=heads.eval(), rounds=1, chunk=3, batch_size=2)
+    assert got.tokens.shape == (2, 4, 3) and got.preview.shape == (2, 18, 13)
+
+
+def test_upsampler_for_glm_image(glm_folder, tmp_path, keep_threads):
+    """The learned up-sampler trained on GLM-Image's own (preview, target) pairs at 1024 x 1024
+    (16x16 -> 32x32, r = 2), then MuLo-SD drafted by the preview with it; a size whose preview
+    does not divide its target is refused with the size that works."""
+    out = tmp_path / "up"
+    train_main.main(["upsampler", "--model", str(glm_folder), "--height", "1024", "--width", "1024", "--prompts",
+                     str(glm_folder / "square.txt"), "--samples", "2", "--steps", "3", "--batch-size", "2",
+                     "--out", str(out)])
+    net = load_upsampler(str(out / "upsampler.safetensors"))
+    fam = load_pretrained(str(glm_folder), height=1024, width=1024)
+    assert net.factor == 2 and torch.equal(net.codebook, fam.codebook.float())
+    prompts = read_prompt_file(str(glm_folder / "square.txt"))
+    got = dec.decode("mulo", fam, prompts=prompts[:1], upsampler=net, tau=0.0, k=4)
+    assert got.tokens.shape == (1, 32, 32) and got.preview.shape == (1, 16, 16)
+    assert torch.equal(got.tokens, net.upsample(got.preview))
+    with pytest.raises(SystemExit, match="does not divide the target 4x3"):
+        train_main.main(["upsampler", "--model", str(glm_folder), "--height", "128", "--width", "96", "--prompts",
+                         str(glm_folder / "small.txt"), "--samples", "1", "--steps", "1", "--out", str(out)])

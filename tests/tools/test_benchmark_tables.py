@@ -165,3 +165,33 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
     pytest.importorskip("matplotlib")
     with open(mr.plot_scaling(data, str(tmp_path / "s.png")), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_real_size_record_runs_and_renders(monkeypatch):
+    """benchmarks/record_real_size.py on LlamaGen-XL's real width cut to one layer (random bf16
+    weights): the cost curve (1 token and the whole 24x24 grid), the AR step, one MuLo-SD decode,
+    the parameter count at full depth (GPT-XL: 0.77B), and make_results.py's table of it."""
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("record_real_size",
+                                                  os.path.join(ROOT, "benchmarks", "record_real_size.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    saved = {}
+    monkeypatch.setattr(mod, "save_record", lambda prefix, started, record: saved.update(record=record))
+    threads = __import__("torch").get_num_threads()
+    try:
+        mod.main(["--layers", "1", "--models", "llamagen-xl", "--tokens", "1", "--repeats", "1", "--methods", "mulo"])
+    finally:
+        __import__("torch").set_num_threads(threads)
+    record = saved["record"]
+    (m,) = record["models"]
+    assert m["name"] == "llamagen-xl" and m["grid"] == [24, 24] and m["layers_full"] == 36
+    assert 0.7e9 < m["params_full"] < 0.8e9 and m["rows_per_image"] == 2
+    assert [p["tokens"] for p in m["passes"]] == [1, 576] and all(p["s_per_pass"] > 0 for p in m["passes"])
+    assert m["ar_step_s"] > 0 and m["peak_memory_gb"] > 0
+    assert [d["method"] for d in m["decodes"]] == ["mulo"] and m["decodes"][0]["tokens"] == 576
+    text = "\n".join(_make_results().render_real_size(record, "real-size-x.json"))
+    assert "| llamagen-xl | 24x24 | 1 / 36 | 0.06B (0.77B) |" in text
+    assert "| model | 1 | whole grid |" in text and "(576) |" in text and "| llamagen-xl | mulo |" in text

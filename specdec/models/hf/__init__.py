@@ -25,6 +25,7 @@ ADAPTERS: Dict[str, str] = {
     "JanusForConditionalGeneration": "specdec.models.hf.janus:wrap_janus",
     "ChameleonForConditionalGeneration": "specdec.models.hf.chameleon:wrap_chameleon",
     "Emu3ForConditionalGeneration": "specdec.models.hf.emu3:wrap_emu3",
+    "GlmImageForConditionalGeneration": "specdec.models.hf.glm_image:wrap_glm_image",
 }
 
 
@@ -38,7 +39,8 @@ def _adapter(hf_model: nn.Module):
 
 def wrap(hf_model: nn.Module, processor=None, **options) -> ModelFamily:
     """A transformers model -> its specdec family (see ADAPTERS for the supported classes).
-    `options` go to the adapter (e.g. `max_prompt_len`, token ids the config lacks)."""
+    `options` go to the adapter (e.g. `max_prompt_len`, token ids the config lacks; GLM-Image:
+    `height`, `width` in pixels or `grid`)."""
     if not isinstance(hf_model, nn.Module):
         raise ValueError(f"hf_model must be a transformers model, got {type(hf_model).__name__}")
     return _adapter(hf_model)(hf_model, processor, **options)

@@ -20,6 +20,8 @@ Subclass hooks (override in an adapter; the first four are required):
 - `tokenize(text)`: a string -> 1-D int64 prompt ids (default: `processor(text=...)`).
 - `embed_text(ids)`: text-vocabulary ids -> input embeddings (default: the language model's
   input embedding); used for prompts and row-end tokens.
+- `position_ids(cache, slots)`: the RoPE positions of slots [rows, n] (default `slot - pad[row]`,
+  the token's index among its row's real tokens; GLM-Image: M-RoPE (t, h, w) [3, rows, n]).
 - `decoder_layers()`, `rotary_embeddings(h, position_ids)`, `final_norm(h)`,
   `run_layer(layer, h, **kw)`: the stack itself (defaults read `language_model`).
 - `row_end_token` (constructor argument or attribute): a text-vocabulary id fed after the last
@@ -119,6 +121,10 @@ class HFImageModel(nn.Module, abc.ABC):
     def decoder_layers(self) -> Iterable[nn.Module]:
         lm = self.language_model
         return lm.layers[: lm.config.num_hidden_layers]
+
+    def position_ids(self, cache: HFSlotCache, slots: torch.Tensor) -> torch.Tensor:
+        """RoPE positions of slots [rows, n]: the index of each slot among its row's real tokens."""
+        return slots - cache.pad[:, None]
 
     def rotary_embeddings(self, h: torch.Tensor, position_ids: torch.Tensor):
         return self.language_model.rotary_emb(h, position_ids=position_ids)
@@ -375,7 +381,7 @@ class HFImageModel(nn.Module, abc.ABC):
             kv_pos = torch.cat([cache.kv_pos[:, :limit], q_pos], dim=1)
         if backend is None and h.device.type == "cpu" and not _compiled_tree_attention():
             backend = "reference"   # an extension built before kernel 3
-        position_ids = slots - cache.pad[:, None]
+        position_ids = self.position_ids(cache, slots)
         position_embeddings = self.rotary_embeddings(h, position_ids)
         visibility = dict(q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask,
                           tree_attention_backend=backend)

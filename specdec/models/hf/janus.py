@@ -25,16 +25,18 @@ class JanusImageModel(HFImageModel):
     """`JanusForConditionalGeneration` -> ARImageModel.
 
     Options: `bos_token_id`, `pad_token_id`, `boi_token_id` (default: the model's generation
-    config, as `generate` reads them), `max_prompt_len`, `grid` (tokens per side, default the
-    VQ's `num_patches`: another size makes, say, a low-resolution MuLo-SD drafter from the same
-    checkpoint; Janus was trained at its own size only, so expect weaker drafts)."""
+    config, as `generate` reads them), `max_prompt_len`, `grid` (tokens per side or (H, W),
+    default the VQ's `num_patches` square: another size makes, say, a low-resolution MuLo-SD
+    drafter from the same checkpoint; Janus was trained at its own square size only, with 1-D
+    positions, so expect weaker drafts; its VQ decodes any H x W)."""
 
     def __init__(self, hf_model: nn.Module, processor=None, *, bos_token_id: Optional[int] = None,
                  pad_token_id: Optional[int] = None, boi_token_id: Optional[int] = None, max_prompt_len: int = 512,
                  grid=None):
         vq = hf_model.config.vq_config
-        n = int(vq.num_patches) if grid is None else _side(grid)
-        super().__init__(hf_model, grid=(n, n), vocab_size=int(vq.num_embeddings), processor=processor,
+        n = int(vq.num_patches)
+        super().__init__(hf_model, grid=(n, n) if grid is None else _grid(grid), vocab_size=int(vq.num_embeddings),
+                         processor=processor,
                          max_prompt_len=max_prompt_len)
         gen = getattr(hf_model, "generation_config", None)
         extra = (getattr(gen, "generation_kwargs", None) or {}) if gen is not None else {}
@@ -98,13 +100,14 @@ class JanusVQ(nn.Module):
         return idx.view(images.shape[0], h.shape[2], h.shape[3])
 
 
-def _side(grid) -> int:
-    """`grid` as tokens per side: an int n or a square (n, n)."""
-    if isinstance(grid, (tuple, list)) and len(grid) == 2 and grid[0] == grid[1]:
-        grid = grid[0]
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ValueError(f"grid must be an int >= 1 or a square (n, n) (Janus images are square), got {grid!r}")
-    return grid
+def _grid(grid):
+    """`grid` as (H, W): an int n (n x n) or a pair of positive ints."""
+    if isinstance(grid, int) and not isinstance(grid, bool):
+        grid = (grid, grid)
+    if (not isinstance(grid, (tuple, list)) or len(grid) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in grid)):
+        raise ValueError(f"grid must be an int >= 1 or (H, W) of positive ints, got {grid!r}")
+    return tuple(grid)
 
 
 def wrap_janus(hf_model: nn.Module, processor=None, **options):

@@ -193,6 +193,16 @@ def test_ar_greedy_equals_lumina_mgpt_greedy_generation(cfg_scale, negative):
     assert torch.equal(out.tokens, expected)
 
 
+def test_ar_greedy_equals_lumina_mgpt_on_a_non_square_grid():
+    """A 2x6 grid (size tokens 8804 + 1 and 8804 + 3, a row end after every 6 tokens): greedy ar
+    equals Lumina-mGPT's own greedy generation of that layout."""
+    grid = (2, 6)
+    expected = torch.stack([lumina_greedy(tiny_chameleon(shuffle_seed=3), p, grid, 3.0) for p in PROMPTS])
+    fam = wrap(tiny_chameleon(seed=0, codes=CODES, shuffle_seed=3), grid=grid, max_prompt_len=16)
+    out = decoding.decode("ar", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=3.0, top_k=1), batch_size=2)
+    assert out.tokens.shape == (2, *grid) and torch.equal(out.tokens, expected)
+
+
 def test_prompts_that_already_end_with_the_header_are_not_extended():
     reference_model = tiny_chameleon(shuffle_seed=3)
     expected = lumina_greedy(reference_model, PROMPTS[0], GRID, 3.0)

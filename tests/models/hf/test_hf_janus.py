@@ -168,5 +168,25 @@ def test_grid_option_makes_a_low_resolution_drafter_of_the_same_checkpoint():
     assert fam.drafter.grid == (2, 2) and fam.target.grid == (4, 4)
     out = dec.decode("mulo", fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=2.0), upsample="pixel", k=4)
     assert out.tokens.shape == (2, 4, 4)
-    with pytest.raises(ValueError, match="grid must be an int >= 1 or a square"):
-        wrap(target, grid=(2, 3))
+    with pytest.raises(ValueError, match=r"grid must be an int >= 1 or \(H, W\)"):
+        wrap(target, grid=(2, 0))
+
+
+@pytest.mark.parametrize("grid", [(2, 8), (8, 2)])
+def test_non_square_grid_is_the_same_raster_sequence(grid):
+    """Janus's positions are 1-D: an H x W grid of H W = 16 tokens is generate's 16-token sequence
+    in H rows (greedy, CFG), decoded by the VQ at H x W; every method runs on it batched."""
+    m = tiny_janus(patches=4, seed=0)
+    ref = hf_generate(m, PROMPTS[0], 3.0)
+    fam = wrap(m, grid=grid)
+    assert fam.target.grid == grid
+    out = dec.decode("ar", fam, prompts=PROMPTS[:1], sampling=Sampling(cfg_scale=3.0, top_k=1))
+    assert torch.equal(out.tokens.reshape(1, -1), ref) and out.images.shape == (1, 3, 2 * grid[0], 2 * grid[1])
+    low = wrap(tiny_janus(patches=4, seed=1), grid=(grid[0] // 2, grid[1] // 2)).target
+    fam.drafter = low
+    torch.manual_seed(0)
+    heads = SSDHeads(SSDHeadsConfig(fam.target.hidden_dim, grid[1], n_horizontal=5, n_vertical=1, ffn_hidden=32))
+    for method, kw in (("mulo", dict(upsample="nearest", k=4)), ("ssd", dict(heads=heads.eval(), rounds=1)),
+                       ("zipar", dict(window=2)), ("sjd", {}), ("sd", dict(heads=heads))):
+        got = dec.decode(method, fam, prompts=PROMPTS, sampling=Sampling(cfg_scale=2.0), batch_size=2, **kw)
+        assert got.tokens.shape == (2, *grid), method

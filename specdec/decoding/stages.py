@@ -1,0 +1,50 @@
+"""Models that write a low-resolution preview grid before their target grid (GLM-Image: h x w,
+then H x W, in one sequence). `decode(method, family)` runs them in two stages, each a grid every
+method decodes: the preview stage (`family.preview`, the model on the preview grid, decoded with
+`preview_method`, "ar" by default) and the target stage (`family.target`, conditioned on the
+prompts and the preview grids through `target.condition_on_preview`, decoded with `method`).
+MuLo-SD with `draft="preview"` runs both itself: the preview is its draft.
+
+The result: the target grids (`tokens`), the preview grids (`preview`), and statistics of the
+whole token stage: target passes and committed tokens of both stages (the preview's passes are
+the model's own), `extra["preview_forwards"]` the preview stage's passes per image.
+The target stage draws from streams of its own (seed + TARGET_STAGE_SEED), not the preview's.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.decoding.results import DecodeResult, DecodeStats
+from specdec.settings import RunSettings
+
+#: The target stage of a two-stage decode draws from the streams of seed + this offset.
+TARGET_STAGE_SEED = 2 ** 40
+
+
+def target_stage_run(run: RunSettings) -> RunSettings:
+    """The run settings of the target stage: its own random streams."""
+    return dataclasses.replace(run, seed=run.seed + TARGET_STAGE_SEED)
+
+
+def combine(first: DecodeResult, second: DecodeResult) -> DecodeResult:
+    """The result of a two-stage decode from its preview stage's and its target stage's."""
+    p, t = first.stats, second.stats
+    stats = DecodeStats(t.method, images=t.images, tokens=p.tokens + t.tokens,
+                        target_forwards=p.target_forwards + t.target_forwards,
+                        draft_forwards=p.draft_forwards + t.draft_forwards, wall_s=p.wall_s + t.wall_s,
+                        acceptance_maps=list(t.acceptance_maps), extra=dict(t.extra))
+    per_image = p.target_forwards // max(1, p.images)
+    stats.extra["preview_forwards"] = [per_image] * p.images
+    return DecodeResult(second.tokens, second.images, stats, first.tokens)
+
+
+def check_preview_stage(family_preview, target) -> None:
+    """A family's preview stage and target fit together: same vocabulary, and a target that is
+    conditioned on the preview."""
+    if not callable(getattr(target, "condition_on_preview", None)):
+        raise ValueError("a family with a preview stage needs a target with condition_on_preview(conditions, preview)")
+    if family_preview.vocab_size != target.vocab_size:
+        raise ValueError(f"the preview stage has {family_preview.vocab_size} codes, the target {target.vocab_size}")
+
+
+__all__ = ["TARGET_STAGE_SEED", "check_preview_stage", "combine", "target_stage_run"]
