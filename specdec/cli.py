@@ -53,23 +53,30 @@ def parse_sets(items: List[str], per_method: bool) -> Dict:
     return out
 
 
-def _sampling(args):
+#: The sampling flags and the Sampling field each sets (unset: the family's own value).
+_SAMPLING_FLAGS = {"cfg_scale": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                   "cfg_interval": "cfg_interval", "cfg_rule": "cfg_rule"}
+
+
+def _sampling(args, family=None):
+    """The family's sampling (GLM-Image's own; else DEFAULT_SAMPLING) with the flags given."""
+    import dataclasses
+
     from specdec.decoding import DEFAULT_SAMPLING
-    from specdec.settings import Sampling
 
-    return Sampling(cfg_scale=DEFAULT_SAMPLING.cfg_scale if args.cfg_scale is None else args.cfg_scale,
-                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    cfg_interval=args.cfg_interval, cfg_rule=args.cfg_rule)
+    base = getattr(family, "sampling", None) or DEFAULT_SAMPLING
+    given = {field: getattr(args, flag) for flag, field in _SAMPLING_FLAGS.items() if getattr(args, flag) is not None}
+    return dataclasses.replace(base, **given)
 
 
-def run_settings(args, progress=None):
+def run_settings(args, family=None, progress=None):
     """The run's settings from the common flags, built once per command (a bad value is one line)."""
     from specdec.settings import RunSettings
 
     if isinstance(args.batch_size, bool) or args.batch_size < 1:
         raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
-    return RunSettings(seed=args.seed, sampling=_sampling(args), batch_size=args.batch_size, compile=args.compile,
-                       progress=progress)
+    return RunSettings(seed=args.seed, sampling=_sampling(args, family), batch_size=args.batch_size,
+                       compile=args.compile, progress=progress)
 
 
 def check_device(device: str) -> torch.device:
@@ -125,7 +132,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     classes = torch.full((args.num,), args.class_id, dtype=torch.long)
     bar = ProgressLine(args.num, label=args.method, enabled=not args.quiet)
-    out = decoding.decode(args.method, fam, classes, run=run_settings(args, bar), **options)
+    out = decoding.decode(args.method, fam, classes, run=run_settings(args, fam, bar), **options)
     bar.close()
     images.save_grid(out.images, args.out, nrow=min(args.num, 8))
     s = out.stats
@@ -157,9 +164,10 @@ def load_model_family(args, path: str = None, flag: str = "--model", grid: int =
 
         hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
     try:
+        size = {k: v for k, v in (("height", args.height), ("width", args.width)) if v is not None}
         return load_family(path, vq=args.vq if flag == "--model" or not os.path.isdir(path) else None,
                            gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid, device=check_device(args.device),
-                           dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle)
+                           dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle, hf_options=size or None)
     except LoadError as e:
         raise _flagged(e, flag if e.argument == "path" else None) from None
 
@@ -239,8 +247,6 @@ def method_resources(args, fam) -> Dict[str, object]:
             out["upsample"] = "learned"
     except LoadError as e:
         raise _flagged(e) from None
-    if args.upsampler is None and args.method == "mulo":
-        out["upsample"] = "pixel"      # the shipped learned up-sampler belongs to the embedded family
     return out
 
 
@@ -265,7 +271,7 @@ def cmd_generate_model(args) -> int:
     total = args.num * (1 if classes is not None else len(prompts))
     bar = ProgressLine(total, label=args.method, enabled=not args.quiet)
     out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative,
-                          run=run_settings(args, bar), **options)
+                          run=run_settings(args, fam, bar), **options)
     bar.close()
     if tokens_only:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
@@ -287,8 +293,8 @@ def cmd_compare(args) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
-    run = run_settings(args)
     fam = _family(args)
+    run = run_settings(args, fam)
     sampling = run.sampling
     t0 = time.perf_counter()
     # Each turn is a whole number of batches.
@@ -329,7 +335,7 @@ def cmd_sample(args) -> int:
         world, device = sample.join(args.device)
         args.device = str(device)
         fam = _family(args)
-        req = sample.Request(method=args.method, out_dir=args.out, num=args.num, run=run_settings(args),
+        req = sample.Request(method=args.method, out_dir=args.out, num=args.num, run=run_settings(args, fam),
                              options=options, classes=args.classes, prompts=args.prompts,
                              show_progress=not args.quiet)
         summary = sample.run(fam, req, world, device)
@@ -369,17 +375,18 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only add synchronisation)")
         sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
-        sp.add_argument("--temperature", type=float, default=1.0)
-        sp.add_argument("--top-k", type=int, default=0)
+        sp.add_argument("--temperature", type=float, default=None, help="(unset: the family's; 1)")
+        sp.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens (unset: the family's; 0 = all)")
         sp.add_argument("--batch-size", type=int, default=1,
                         help="images decoded in the same passes (image i's tokens do not depend on it)")
         sp.add_argument("--compile", action="store_true",
                         help="run the decoder's model passes through torch.compile (CUDA graphs on a GPU), "
                              "padded to a few widths; the one-off compile time is reported apart")
-        sp.add_argument("--top-p", type=float, default=1.0, help="nucleus after top-k, in (0, 1]; 1 = off")
-        sp.add_argument("--cfg-interval", type=float, default=-1,
+        sp.add_argument("--top-p", type=float, default=None,
+                        help="nucleus after top-k, in (0, 1]; 1 = off (unset: the family's; 1)")
+        sp.add_argument("--cfg-interval", type=float, default=None,
                         help="LlamaGen's cfg_interval: guidance stops after raster token N+1 (-1: every token)")
-        sp.add_argument("--cfg-rule", choices=("always", "llamagen"), default="always",
+        sp.add_argument("--cfg-rule", choices=("always", "llamagen"), default=None,
                         help="'llamagen': guidance only when --cfg-scale > 1, as LlamaGen samples")
         sp.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -399,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--grid-size", type=int, default=16,
                    help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
     m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32", help="weights and activations of --model")
+    m.add_argument("--height", type=int, default=None, help="GLM-Image: the image height in pixels (a multiple of 32)")
+    m.add_argument("--width", type=int, default=None, help="GLM-Image: the image width in pixels (a multiple of 32)")
     m.add_argument("--trust-pickle", action="store_true",
                    help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
     m.add_argument("--prompt", action="append", metavar="TEXT", help="text prompt (repeatable), text-conditional models")

@@ -90,3 +90,18 @@ def test_top_p_flag_reaches_the_sampling_settings():
     assert (s.top_k, s.top_p) == (50, 0.8)
     assert cli._sampling(cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",
                                                          "--out", "x.png"])).top_p == 1.0
+
+
+def test_unset_sampling_flags_keep_the_familys_own_sampling():
+    """A family with sampling of its own (GLM-Image: temperature 0.9, top_p 0.75, no CFG) keeps it
+    where no flag is given; a flag overrides its field only; without one, DEFAULT_SAMPLING."""
+    import types
+
+    from specdec.settings import Sampling
+
+    parse = lambda *flags: cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",  # noqa
+                                                          "--out", "x.png", *flags])
+    glm = types.SimpleNamespace(sampling=Sampling(temperature=0.9, top_p=0.75))
+    assert cli._sampling(parse(), glm) == Sampling(temperature=0.9, top_p=0.75)
+    assert cli._sampling(parse("--top-k", "16"), glm) == Sampling(temperature=0.9, top_p=0.75, top_k=16)
+    assert cli._sampling(parse(), None) == decoding.DEFAULT_SAMPLING

@@ -14,7 +14,7 @@ from specdec import cli, decoding
 from specdec.settings import Sampling
 from specdec.models import LlamaGenVQ, LlamaGenVQConfig, Prompts
 from specdec.models.llamagen_family import load_llamagen_family
-from t2i_models import CAPTION_DIM, SLOTS, captions, t5_style, tiny_t2i, upstream_t2i_state
+from llamagen_models import CAPTION_DIM, SLOTS, captions, t5_style, tiny_t2i, upstream_t2i_state
 
 TINY_SIZE = '{"n_layer": 2, "n_head": 2, "dim": 32, "multiple_of": 16}'
 TINY_VQ = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 32}   # 2x down: 4x4 codes, 8 px
@@ -30,7 +30,7 @@ def files(tmp_path_factory):
                str(d / "vq.pt"))
     torch.save({"model": LlamaGenVQ(LlamaGenVQConfig(codebook_size=32, codebook_embed_dim=4, **TINY_VQ)).state_dict()},
                str(d / "vq32.pt"))
-    from test_models_loaders import random_llamagen_state
+    from llamagen_models import random_llamagen_state
 
     c2i = random_llamagen_state(seed=2, vocab=16, classes=5, grid=4)
     torch.save({"model": c2i}, str(d / "c2i.pt"))

@@ -12,7 +12,7 @@ from specdec.models import (CheckpointMismatchError, LlamaGenGPT, LlamaGenVQ, Ll
                             llamagen_manifest, load_llamagen, load_llamagen_vq)
 from specdec.models.loaders import llamagen_gpt_config
 
-TINY = {"n_layer": 2, "n_head": 2, "dim": 32, "multiple_of": 16}
+from llamagen_models import TINY, random_llamagen_state
 TINY_VQ = {"ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1, "z_channels": 32}
 
 
@@ -83,13 +83,6 @@ def llamagen_equations(state, n_head, grid, cond, idx, eps=1e-5):
         ff = F.silu(x @ state[p + "feed_forward.w1.weight"].T) * (x @ state[p + "feed_forward.w3.weight"].T)
         h = h + ff @ state[p + "feed_forward.w2.weight"].T
     return rms(h, state["norm.weight"]) @ state["output.weight"].T
-
-
-def random_llamagen_state(seed=0, vocab=40, classes=5, grid=4):
-    torch.manual_seed(seed)
-    model = LlamaGenGPT(llamagen_gpt_config(TINY, vocab_size=vocab, num_classes=classes, grid_size=grid))
-    state = {k: torch.randn_like(v) * 0.3 for k, v in model.state_dict().items()}
-    return state
 
 
 def test_forward_matches_llamagen_equations():

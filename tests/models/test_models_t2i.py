@@ -17,7 +17,7 @@ from specdec.models import CheckpointMismatchError, LlamaGenGPT, Prompts, llamag
 from specdec.models.loaders import llamagen_gpt_config
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
-from t2i_models import CAPTION_DIM, GRID, SLOTS, TINY, VOCAB, captions, t5_style, tiny_t2i, upstream_t2i_state
+from llamagen_models import CAPTION_DIM, GRID, SLOTS, TINY, VOCAB, captions, t5_style, tiny_t2i, upstream_t2i_state
 
 def test_t2i_manifest_has_upstream_caption_embedder():
     m = llamagen_manifest("GPT-XL", model_type="t2i")

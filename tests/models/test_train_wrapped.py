@@ -86,7 +86,7 @@ def test_upsampler_for_a_wrapped_model(janus_folder, tmp_path, keep_threads):
 
 def test_ssd_heads_for_a_llamagen_checkpoint(tmp_path, keep_threads):
     """--model also takes a LlamaGen class-conditional checkpoint (generations of classes 0, 1, ...)."""
-    from test_models_loaders import random_llamagen_state
+    from llamagen_models import random_llamagen_state
 
     ckpt = tmp_path / "c2i.pt"
     torch.save({"model": random_llamagen_state(seed=2, vocab=16, classes=5, grid=4)}, str(ckpt))

@@ -1,5 +1,6 @@
-"""Tiny random LlamaGen text-to-image models and caption features, in LlamaGen's own key names
-and T5's output layout (shared by tests/models/test_models_t2i.py and tests/cli/)."""
+"""Tiny random LlamaGen models (class-conditional state dicts, text-to-image models) and caption
+features, in LlamaGen's own key names and T5's output layout (shared by tests/models/ and
+tests/cli/)."""
 import torch
 
 from specdec.models import LlamaGenGPT
@@ -7,6 +8,13 @@ from specdec.models.loaders import llamagen_gpt_config
 
 TINY = {"n_layer": 2, "n_head": 2, "dim": 32, "multiple_of": 16}
 CAPTION_DIM, SLOTS, VOCAB, GRID = 12, 8, 16, 4
+
+
+def random_llamagen_state(seed=0, vocab=40, classes=5, grid=4):
+    """A random class-conditional LlamaGen GPT state dict (TINY's shape)."""
+    torch.manual_seed(seed)
+    model = LlamaGenGPT(llamagen_gpt_config(TINY, vocab_size=vocab, num_classes=classes, grid_size=grid))
+    return {k: torch.randn_like(v) * 0.3 for k, v in model.state_dict().items()}
 
 
 def tiny_t2i(grid=GRID, *, seed=0, dim=32, layers=2, scale=0.5) -> LlamaGenGPT:
