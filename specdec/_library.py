@@ -46,6 +46,19 @@ def _fake_sample_residual(p, q, uniforms, seed, offset):
     return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
 
 
+def _fake_pool_probs_variant(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p,
+                             variant):
+    return _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p)
+
+
+def _fake_sampling_probs_variant(logits, uncond_logits, cfg_scale, temperature, top_k, top_p, variant):
+    return _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+
+
+def _fake_sample_residual_variant(p, q, uniforms, seed, offset, variant):
+    return _fake_sample_residual(p, q, uniforms, seed, offset)
+
+
 _FAKES = {
     "verify_grid": _fake_verify_grid,
     "sample_residual": _fake_sample_residual,
@@ -53,6 +66,9 @@ _FAKES = {
     "tree_attention_split": _fake_tree_attention_split,
     "pool_probs": _fake_pool_probs,
     "sampling_probs": _fake_sampling_probs,
+    "pool_probs_variant": _fake_pool_probs_variant,
+    "sampling_probs_variant": _fake_sampling_probs_variant,
+    "sample_residual_variant": _fake_sample_residual_variant,
 }
 
 

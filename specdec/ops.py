@@ -8,6 +8,7 @@ are also usable directly (and under torch.compile) but then skip the data-depend
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -25,6 +26,30 @@ def _compiled_op(name: str):
     if not _library.OPS_AVAILABLE:  # resolve() has already refused cpu/cuda in that case
         raise _backends.BackendUnavailableError("specdec._C is not loaded")
     return getattr(torch.ops.specdec, name)
+
+
+#: SPECDEC_CUDA_POOL: the CUDA kernels of pool_probs, sampling_probs and sample_residual: "default"
+#: (the kernels timed on an H200), or the opt-in "v2" (rows staged in shared memory) and "radix"
+#: (staged rows, radix-select top-k / top-p), which have never run on a GPU. The value is the
+#: `variant` argument of the *_variant ops (csrc/include/specdec/cuda_block.cuh, PoolVariant).
+CUDA_POOL_VARIANTS = {"default": 0, "v2": 1, "radix": 2}
+
+
+def _cuda_pool_variant() -> int:
+    name = os.environ.get("SPECDEC_CUDA_POOL", "default")
+    if name not in CUDA_POOL_VARIANTS:
+        raise ValueError(f"SPECDEC_CUDA_POOL must be one of {sorted(CUDA_POOL_VARIANTS)}, got {name!r}")
+    return CUDA_POOL_VARIANTS[name]
+
+
+def _pool_op(name: str, chosen: str):
+    """The compiled op `name` (pool_probs, sampling_probs, sample_residual) for backend `chosen`: on
+    cuda with SPECDEC_CUDA_POOL set, `<name>_variant` with the variant as its last argument."""
+    variant = _cuda_pool_variant() if chosen == "cuda" else 0
+    if variant == 0:
+        return _compiled_op(name)
+    op = _compiled_op(name + "_variant")
+    return lambda *args: op(*args, variant)
 
 
 def _triton(module: str):
@@ -82,8 +107,8 @@ def pool_probs(
         out = _triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
                                             temperature, top_k, delta, top_p)
     else:
-        out = _compiled_op("pool_probs")(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                         temperature, top_k, delta, top_p)
+        out = _pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                             temperature, top_k, delta, top_p)
     return PooledProbs(*out)
 
 
@@ -108,7 +133,7 @@ def sampling_probs(
                                            temperature=temperature, top_k=top_k, top_p=top_p)
     if chosen == "triton":
         return _triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-    return _compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    return _pool_op("sampling_probs", chosen)(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
 
 
 def verify_grid(
@@ -200,7 +225,7 @@ def sample_residual(
     if chosen == "triton":
         out = _triton("verification").sample_residual(p, q, uniforms, seed, 0)
     else:
-        out = _compiled_op("sample_residual")(p, q, uniforms, seed, 0)
+        out = _pool_op("sample_residual", chosen)(p, q, uniforms, seed, 0)
     return SampleResult(*out)
 
 

@@ -28,7 +28,8 @@ def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.
     """ops.sample_residual with caller-supplied uniforms, without the value checks on cpu/cuda."""
     if _compiled(backend, p.device) and hasattr(torch.ops.specdec, "sample_residual"):
         q = None if q is None else q.float().contiguous()
-        return SampleResult(*torch.ops.specdec.sample_residual(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
+        op = ops._pool_op("sample_residual", _backends.resolve(backend, p.device))
+        return SampleResult(*op(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
     return ops.sample_residual(p, q, uniforms=uniforms, backend=backend)
 
 
@@ -39,8 +40,8 @@ def sampling_probs(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], 
     s = sampling
     if _compiled(backend, logits.device) and hasattr(torch.ops.specdec, "sampling_probs"):
         uncond = None if uncond_logits is None else uncond_logits.contiguous()
-        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(s.cfg_scale),
-                                                float(s.temperature), int(s.top_k), float(s.top_p))
+        op = ops._pool_op("sampling_probs", _backends.resolve(backend, logits.device))
+        return op(logits.contiguous(), uncond, float(s.cfg_scale), float(s.temperature), int(s.top_k), float(s.top_p))
     return ops.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=s.cfg_scale, temperature=s.temperature,
                               top_k=s.top_k, top_p=s.top_p, backend=backend)
 
@@ -58,8 +59,8 @@ def pool_probs(logits: torch.Tensor, tokens: torch.Tensor, neighbors: Optional[t
         if neighbors is not None:
             neighbors = (neighbors.to(torch.int32) if neighbors.dtype == torch.int64 else neighbors).contiguous()
         delta = None if delta is None else float(delta)
-        return PooledProbs(*torch.ops.specdec.pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                                         temperature, top_k, delta, top_p))
+        op = ops._pool_op("pool_probs", _backends.resolve(backend, logits.device))
+        return PooledProbs(*op(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p))
     return ops.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
                           temperature=temperature, top_k=top_k, top_p=top_p, delta=delta, backend=backend)
 
