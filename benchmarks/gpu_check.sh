@@ -5,6 +5,7 @@
 #   benchmarks/gpu_check.sh OUTDIR            # build, test on CUDA tensors, benchmark, summarise
 #   benchmarks/gpu_check.sh OUTDIR --dry-run  # check that every step and file exists; run nothing
 #   GPU_CHECK_STEPS="build tests" benchmarks/gpu_check.sh OUTDIR   # a subset of the steps
+#   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check of issue #28 (below)
 #
 # Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
 # included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
@@ -17,9 +18,17 @@
 # timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
 # timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
+# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", issue #28, one lent call of
+# about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on CUDA
+# tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: their first
+# run; the default paths are in the whole suite of step 2); (p2) benchmarks/pool_paths.py: every path checked against the default CUDA
+# kernel on the timed inputs, then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 /
+# 2000, top_p 1 / 0.9, CFG on; sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json,
+# rewritten after every row. Neither pooling step runs by default (the default call has no room).
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
-# results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
-# the stripped extension and Triton's cache. Each step has a timeout; about 8-9 minutes in all.
+# results.tgz (the new benchmarks/results JSON files), pool_paths.json (pooling check), and for a
+# later run on the same software the stripped extension and Triton's cache. Each step has a
+# timeout; about 8-9 minutes in all.
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/gpu_check.sh OUTDIR [--dry-run]}"
@@ -53,13 +62,17 @@ STEPS=(
   "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
   "engine_eager|90|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
   "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
+  "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/test_pool_gpu_cuda.py tests/test_pool_gpu_triton.py tests/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
+  "pool_paths|180|$PY benchmarks/pool_paths.py $OUT/pool_paths.json"
 )
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
 SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine_eager engine}"
+[[ "$SELECTED" == pool ]] && SELECTED="build pool_tests pool_paths"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
-                benchmarks/device_limits.py benchmarks/conftest.py benchmarks/record_engine.py)
+                benchmarks/device_limits.py benchmarks/conftest.py benchmarks/record_engine.py
+                benchmarks/pool_paths.py tests/test_pool_gpu_cuda.py tests/test_pool_gpu_triton.py)
 
 if [[ $DRY == 1 ]]; then
   status=0
@@ -69,7 +82,7 @@ if [[ $DRY == 1 ]]; then
   for mod in torch pytest pytest_benchmark hypothesis; do
     "$PY" -c "import $mod" 2>/dev/null || { echo "python module missing: $mod"; status=1; }
   done
-  for py in benchmarks/run.py benchmarks/make_results.py benchmarks/device_limits.py; do
+  for py in benchmarks/run.py benchmarks/make_results.py benchmarks/device_limits.py benchmarks/pool_paths.py; do
     "$PY" -m py_compile "$py" || status=1
   done
   for step in "${STEPS[@]}"; do
@@ -138,14 +151,21 @@ so=$(ls specdec/_C*.so 2>/dev/null | head -1)
     echo "| $name | ${RESULT[$name]:-not run} | ${SECONDS_TAKEN[$name]:-} |"
   done
   echo
-  grep -E "^(FAILED|ERROR) " "$LOGS/tests.log" 2>/dev/null | head -n 40
-  grep -E "passed|failed|error" "$LOGS/tests.log" 2>/dev/null | tail -n 1
+  for name in tests pool_tests; do
+    grep -E "^(FAILED|ERROR) " "$LOGS/$name.log" 2>/dev/null | head -n 40
+    grep -E "passed|failed|error" "$LOGS/$name.log" 2>/dev/null | tail -n 1
+  done
   echo
   [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
   for name in compare compare_verify engine_eager engine; do
     [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
   done
+  [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }
 } >"$OUT/summary.md"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 cat "$OUT/summary.md"
-[[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]
+if [[ " $SELECTED " == *" tests "* ]]; then
+  [[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]
+else
+  [[ "${RESULT[build]:-}" == ok && "${RESULT[pool_tests]:-ok}" == ok ]]
+fi
