@@ -132,6 +132,9 @@ def test_host_radix_edge_rows(radix_host):
         (torch.tensor([-0.0, 0.0, -0.0, 1e-45, -1e-45]), 2, 0.9),  # signed zeros and denormals
         (torch.tensor([3.0e38, -3.0e38, 1.0, -1.0]), 2, 0.5),  # the extremes of float32
         (torch.arange(4096, dtype=torch.float32).flip(0) * 1e-3, 4096, 0.999),  # k = V
+        # Longer than 65536: the weights go into 64-bit bins instead of two 32-bit halves.
+        (torch.randn(70_000, generator=torch.Generator().manual_seed(3)) * 3, 2000, 0.9),
+        (torch.randn(70_000, generator=torch.Generator().manual_seed(4)).round(), 0, 0.75),
     ]
     got = radix_host(cases)
     for (l, k, top_p), g in zip(cases, got):

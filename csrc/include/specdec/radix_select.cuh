@@ -12,7 +12,8 @@
 // - top-p: the smallest key t (>= the top-k key) whose weight strictly above is < top_p * total
 //   (pool_math.h, "top-p"): fixed-point int64 weights per bin; the answer's bin is the lowest one of
 //   positive weight whose largest key is inside, i.e. acc + weight(bins above it) < limit, where acc
-//   is the weight of the keys above the bins of this pass.
+//   is the weight of the keys above the bins of this pass. The weights go into the histogram as two
+//   32-bit halves (native shared atomics) where V <= 65536.
 // Integer sums do not depend on the order of the atomics, so the keys are the ones the 32-step
 // bisections of the default kernels find (and the reference's sort), bit for bit.
 #pragma once
@@ -60,28 +61,40 @@ SPECDEC_HD int pick_count_bin(const uint32_t* hist, int first, int n, int64_t ab
   return -1;
 }
 
-// top-p, one lane's bins. `above`: the weight of every key above these bins (acc included).
-// Returns the lowest of them of positive weight whose weight above is inside the nucleus, storing
-// that weight in *above_bin, or -1. Zero-weight bins are skipped: the cut is a key of positive
-// weight (a zero-weight key only follows keys that hold the whole weight).
-SPECDEC_HD int pick_weight_bin(const unsigned long long* hist, int first, int n, int64_t above, double limit,
+// top-p, one lane's bins first .. first + n - 1, their weights in weight[0, n). `above`: the weight
+// of every key above these bins (acc included). Returns the lowest of them of positive weight whose
+// weight above is inside the nucleus, storing that weight in *above_bin, or -1. Zero-weight bins are
+// skipped: the cut is a key of positive weight (a zero-weight key only follows keys that hold the
+// whole weight).
+SPECDEC_HD int pick_weight_bin(const int64_t* weight, int first, int n, int64_t above, double limit,
                                int64_t* above_bin) {
   int found = -1;
-  for (int b = first + n - 1; b >= first; --b) {
+  for (int e = n - 1; e >= 0; --e) {
     if (!inside_nucleus(above, limit)) break;  // the weight above only grows downwards
-    if (hist[b] > 0) {
-      found = b;
+    if (weight[e] > 0) {
+      found = first + e;
       *above_bin = above;
     }
-    above += static_cast<int64_t>(hist[b]);
+    above += weight[e];
   }
   return found;
+}
+
+// Rows of at most this many entries accumulate the weights of a bin in two 32-bit halves, low 16
+// bits and the rest (w <= 2^30): 65536 * (2^16 - 1) < 2^32, and 32-bit shared atomics are native
+// (a 64-bit shared atomic add is a compare-and-swap loop on sm_80 and sm_90). Longer rows, which
+// only the streamed kernels see, use the 64-bit atomics.
+constexpr int64_t kMaxSplitWeightV = 65536;
+SPECDEC_HD uint32_t weight_lo(int64_t w) { return static_cast<uint32_t>(w & 0xFFFF); }
+SPECDEC_HD uint32_t weight_hi(int64_t w) { return static_cast<uint32_t>(w >> 16); }
+SPECDEC_HD int64_t weight_of(uint32_t lo_sum, uint32_t hi_sum) {
+  return (static_cast<int64_t>(hi_sum) << 16) + static_cast<int64_t>(lo_sum);
 }
 
 // ---- host: the same passes, one "thread", 32 "lanes" walked in turn (tests) -----------------------
 
 #if !defined(__CUDA_ARCH__)
-// Key of the k-th largest of l[0, v) (1 <= k <= v), as radix_top_k_key on the device.
+// Key of the k-th largest of l[0, v) (1 <= k <= v), as top_k_key below does on the device.
 inline int32_t top_k_key_host(const float* l, int64_t v, int64_t k) {
   uint32_t prefix = 0;
   int64_t rank = k;
@@ -103,31 +116,44 @@ inline int32_t top_k_key_host(const float* l, int64_t v, int64_t k) {
   return key_of(prefix);
 }
 
-// Nucleus cut of l[0, v) given the top-k key and the row max m, as radix_top_p_key on the device.
+// Nucleus cut of l[0, v) given the top-k key and the row max m, as top_p_key below does on the device.
 inline int32_t top_p_key_host(const float* l, int64_t v, int32_t threshold_key, float m, double top_p) {
   int64_t total = 0;
   for (int64_t i = 0; i < v; ++i) total += kept_by_top_k(l[i], threshold_key) ? top_p_weight(l[i], m) : 0;
   const double limit = nucleus_threshold(top_p, total);
   uint32_t prefix = 0;
   int64_t acc = 0;
+  const bool split = v <= kMaxSplitWeightV;
   for (int pass = 0; pass < kPasses; ++pass) {
-    unsigned long long hist[kBins] = {};
+    uint32_t lo[kBins] = {}, hi[kBins] = {};
+    int64_t wide[kBins] = {};
     for (int64_t i = 0; i < v; ++i) {
       const int32_t key = ordered_key(l[i]);
       const uint32_t u = ukey(key);
-      if (key >= threshold_key && in_prefix(u, prefix, pass)) hist[digit(u, pass)] += top_p_weight(l[i], m);
+      if (key >= threshold_key && in_prefix(u, prefix, pass)) {
+        const int64_t w = top_p_weight(l[i], m);
+        if (split) {
+          lo[digit(u, pass)] += weight_lo(w);
+          hi[digit(u, pass)] += weight_hi(w);
+        } else {
+          wide[digit(u, pass)] += w;
+        }
+      }
     }
     // Every lane walks its bins; the lowest bin found over all lanes wins (the warp min).
     int64_t above = acc, best_above = 0;
     int best = kBins;
     for (int lane = kLanes - 1; lane >= 0; --lane) {
+      const int first = lane * kBinsPerLane;
+      int64_t weight[kBinsPerLane];
+      for (int e = 0; e < kBinsPerLane; ++e) weight[e] = split ? weight_of(lo[first + e], hi[first + e]) : wide[first + e];
       int64_t above_bin = 0;
-      const int bin = pick_weight_bin(hist, lane * kBinsPerLane, kBinsPerLane, above, limit, &above_bin);
+      const int bin = pick_weight_bin(weight, first, kBinsPerLane, above, limit, &above_bin);
       if (bin >= 0 && bin < best) {
         best = bin;
         best_above = above_bin;
       }
-      for (int e = 0; e < kBinsPerLane; ++e) above += static_cast<int64_t>(hist[lane * kBinsPerLane + e]);
+      for (int e = 0; e < kBinsPerLane; ++e) above += weight[e];
     }
     prefix |= static_cast<uint32_t>(best) << shift_of(pass);
     acc = best_above;
@@ -140,6 +166,16 @@ inline int32_t top_p_key_host(const float* l, int64_t v, int32_t threshold_key, 
 
 #if defined(__CUDACC__)
 constexpr unsigned kFullMask = 0xffffffffu;
+
+// Minimum over the warp (shuffles: __reduce_min_sync would need sm_80).
+__device__ __forceinline__ unsigned warp_min(unsigned v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) {
+    const unsigned other = __shfl_xor_sync(kFullMask, v, o);
+    v = other < v ? other : v;
+  }
+  return v;
+}
 
 // Sum of the lanes above this one (lane + 1 .. 31) of warp 0.
 __device__ __forceinline__ int64_t lanes_above(int64_t own) {
@@ -193,9 +229,11 @@ __device__ int32_t top_k_key(const Row& row, int64_t v, int64_t k) {
 // (kept by top-k, weight 2^30): the smallest key >= threshold_key with weight above < top_p * total.
 template <typename Row>
 __device__ int32_t top_p_key(const Row& row, int64_t v, int32_t threshold_key, float m, double top_p) {
-  __shared__ unsigned long long hist[kBins];
+  __shared__ uint32_t lo[kBins], hi[kBins];  // the two halves of each bin's weight (split)
+  __shared__ unsigned long long wide[kBins];  // each bin's weight (rows longer than kMaxSplitWeightV)
   __shared__ uint32_t picked_bin;
   __shared__ int64_t picked_above;
+  const bool split = v <= kMaxSplitWeightV;
   int64_t total = 0;
   for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
     const float l = row(i);
@@ -205,7 +243,10 @@ __device__ int32_t top_p_key(const Row& row, int64_t v, int32_t threshold_key, f
   uint32_t prefix = 0;
   int64_t acc = 0;
   for (int pass = 0; pass < kPasses; ++pass) {
-    for (int b = threadIdx.x; b < kBins; b += blockDim.x) hist[b] = 0;
+    for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+      lo[b] = hi[b] = 0;
+      wide[b] = 0;
+    }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
       const float l = row(i);
@@ -213,19 +254,27 @@ __device__ int32_t top_p_key(const Row& row, int64_t v, int32_t threshold_key, f
       const uint32_t u = ukey(key);
       if (key >= threshold_key && in_prefix(u, prefix, pass)) {
         const int64_t w = top_p_weight(l, m);  // only for the keys still in the running
-        if (w > 0) atomicAdd(&hist[digit(u, pass)], static_cast<unsigned long long>(w));
+        if (w > 0 && split) {
+          atomicAdd(&lo[digit(u, pass)], weight_lo(w));
+          atomicAdd(&hi[digit(u, pass)], weight_hi(w));
+        } else if (w > 0) {
+          atomicAdd(&wide[digit(u, pass)], static_cast<unsigned long long>(w));
+        }
       }
     }
     __syncthreads();
     if (threadIdx.x < kLanes) {
       const int first = threadIdx.x * kBinsPerLane;
-      int64_t own = 0;
+      int64_t weight[kBinsPerLane], own = 0;
 #pragma unroll
-      for (int e = 0; e < kBinsPerLane; ++e) own += static_cast<int64_t>(hist[first + e]);
+      for (int e = 0; e < kBinsPerLane; ++e) {
+        weight[e] = split ? weight_of(lo[first + e], hi[first + e]) : static_cast<int64_t>(wide[first + e]);
+        own += weight[e];
+      }
       int64_t above_bin = 0;
-      const int bin = pick_weight_bin(hist, first, kBinsPerLane, acc + lanes_above(own), limit, &above_bin);
+      const int bin = pick_weight_bin(weight, first, kBinsPerLane, acc + lanes_above(own), limit, &above_bin);
       // The lowest bin found by any lane (the row max keeps at least one bin inside).
-      const unsigned lowest = __reduce_min_sync(kFullMask, bin >= 0 ? static_cast<unsigned>(bin) : kBins);
+      const unsigned lowest = warp_min(bin >= 0 ? static_cast<unsigned>(bin) : kBins);
       if (bin >= 0 && static_cast<unsigned>(bin) == lowest) {
         picked_bin = lowest;
         picked_above = above_bin;
