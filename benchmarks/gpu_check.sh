@@ -18,13 +18,14 @@
 # timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
 # timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
-# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", issue #28, one lent call of
-# about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on CUDA
-# tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: their first
-# run; the default paths are in the whole suite of step 2); (p2) benchmarks/pool_paths.py: every path checked against the default CUDA
-# kernel on the timed inputs, then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 /
-# 2000, top_p 1 / 0.9, CFG on; sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json,
-# rewritten after every row. Neither pooling step runs by default (the default call has no room).
+# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", issue #28, one lent call
+# of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
+# CUDA tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: this
+# is their first run; the default paths are in the whole suite of step 2); (p2)
+# benchmarks/pool_paths.py: every path checked against the default CUDA kernel on the timed inputs,
+# then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 / 2000, top_p 1 / 0.9, CFG on;
+# sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json, rewritten after every row.
+# Neither pooling step runs by default (the default call has no room left for them).
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
 # results.tgz (the new benchmarks/results JSON files), pool_paths.json (pooling check), and for a
 # later run on the same software the stripped extension and Triton's cache. Each step has a
