@@ -32,7 +32,7 @@ def decode_record(kind: str, script: str, argv, started, args, rows) -> dict:
         "kind": kind,
         "datetime": started.isoformat(),
         "machine": device_description(),
-        "command": f"python benchmarks/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": f"python benchmarks/decoders/{script} " + " ".join(argv if argv is not None else sys.argv[1:]),
         "threads": args.threads,
         "num_images": args.num_images,
         "rows": rows,

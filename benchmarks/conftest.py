@@ -23,7 +23,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info["specdec_device"] = device_description()
     if torch.cuda.is_available():
         # The ceilings that GPU figures are reported against (copy bandwidth, bf16 matrix rate).
-        from device_limits import measure
+        from machine.device_limits import measure
 
         _LIMITS = _LIMITS or measure()
         machine_info["specdec_limits"] = _LIMITS

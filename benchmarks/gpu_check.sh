@@ -5,6 +5,7 @@
 #   benchmarks/gpu_check.sh OUTDIR            # build, test on CUDA tensors, benchmark, summarise
 #   benchmarks/gpu_check.sh OUTDIR --dry-run  # check that every step and file exists; run nothing
 #   GPU_CHECK_STEPS="build tests" benchmarks/gpu_check.sh OUTDIR   # a subset of the steps
+#   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check of issue #28 (below)
 #
 # Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
 # included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
@@ -12,14 +13,23 @@
 # paths of issue #19 (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
 # same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
 # of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
-# (7b) the decode engine's tables (benchmarks/record_engine.py: every method eager at batch 1 and
+# (7b) the decode engine's tables (benchmarks/decoders/record_engine.py: every method eager at batch 1 and
 # 16, then ar, mulo and ssd compiled = CUDA graphs, never run on a GPU before; two runs with a
 # timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
 # timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
+# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", issue #28, one lent call
+# of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
+# CUDA tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: this
+# is their first run; the default paths are in the whole suite of step 2); (p2)
+# benchmarks/kernels/pool_paths.py: every path checked against the default CUDA kernel on the timed inputs,
+# then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 / 2000, top_p 1 / 0.9, CFG on;
+# sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json, rewritten after every row.
+# Neither pooling step runs by default (the default call has no room left for them).
 # OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
-# results.tgz (the new benchmarks/results JSON files), and for a later run on the same software
-# the stripped extension and Triton's cache. Each step has a timeout; about 8-9 minutes in all.
+# results.tgz (the new benchmarks/results JSON files), pool_paths.json (pooling check), and for a
+# later run on the same software the stripped extension and Triton's cache. Each step has a
+# timeout; about 8-9 minutes in all.
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/gpu_check.sh OUTDIR [--dry-run]}"
@@ -36,40 +46,48 @@ TIMEOUT_FLAG=""
 "$PY" -c "import pytest_timeout" 2>/dev/null && TIMEOUT_FLAG="--timeout 150"
 # The system compiler, which built torch, not whatever CXX names: the H200 image sets
 # CXX=/opt/gcc/bin/g++, whose extension carried its own static libstdc++ and segfaulted the
-# first time an error message formatted a number (tests/test_build.py checks the linkage).
+# first time an error message formatted a number (tests/kernels/test_build.py checks the linkage).
 BUILD_CXX="${SPECDEC_CXX:-c++}"
 BUILD_CC="${SPECDEC_CC:-cc}"
 KERNEL_BENCH="not flex_compiled and not opt_in_path and not decode_two_images and not ar_one_image"
 COMPARE_IMAGES="${COMPARE_IMAGES:-16}"  # enough for times on a GPU, not for FD
 
 STEPS=(
-  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info()))'"
+  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info())); print(specdec.switches.describe())'"
   "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
-  "limits|30|$PY benchmarks/device_limits.py $LOGS/limits.json"
+  "limits|30|$PY benchmarks/machine/device_limits.py $LOGS/limits.json"
   "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
   "attn_paths|120|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k opt_in_path"
   "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
-  "compare|110|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
-  "compare_verify|50|$PY benchmarks/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
-  "engine_eager|90|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
-  "engine|150|$PY benchmarks/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
+  "compare|110|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
+  "compare_verify|50|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
+  "engine_eager|90|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
+  "engine|150|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
+  "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py tests/kernels/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
+  "pool_paths|180|$PY benchmarks/kernels/pool_paths.py $OUT/pool_paths.json"
+  # Real model sizes with random weights (only when asked: GPU_CHECK_STEPS="... real_size"): the
+  # cost of a target pass against the tokens fed, compiled with CUDA graphs.
+  "real_size|240|$PY benchmarks/decoders/record_real_size.py --device cuda --compile --layers 4 --tokens 1,16,64,256 --decode-models none"
 )
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
 SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine_eager engine}"
+[[ "$SELECTED" == pool ]] && SELECTED="build pool_tests pool_paths"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
-                benchmarks/device_limits.py benchmarks/conftest.py benchmarks/record_engine.py)
+                benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
+                benchmarks/kernels/pool_paths.py benchmarks/decoders/record_real_size.py
+                tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py)
 
 if [[ $DRY == 1 ]]; then
   status=0
   command -v "$PY" >/dev/null || { echo "missing: $PY"; status=1; }
   for f in "${REQUIRED_FILES[@]}"; do [[ -f "$f" ]] || { echo "missing file: $f"; status=1; }; done
-  ls benchmarks/bench_*.py >/dev/null 2>&1 || { echo "no benchmarks/bench_*.py"; status=1; }
+  ls benchmarks/*/bench_*.py >/dev/null 2>&1 || { echo "no benchmarks/*/bench_*.py"; status=1; }
   for mod in torch pytest pytest_benchmark hypothesis; do
     "$PY" -c "import $mod" 2>/dev/null || { echo "python module missing: $mod"; status=1; }
   done
-  for py in benchmarks/run.py benchmarks/make_results.py benchmarks/device_limits.py; do
+  for py in benchmarks/run.py benchmarks/make_results.py benchmarks/machine/device_limits.py benchmarks/kernels/pool_paths.py benchmarks/decoders/record_real_size.py; do
     "$PY" -m py_compile "$py" || status=1
   done
   for step in "${STEPS[@]}"; do
@@ -138,14 +156,21 @@ so=$(ls specdec/_C*.so 2>/dev/null | head -1)
     echo "| $name | ${RESULT[$name]:-not run} | ${SECONDS_TAKEN[$name]:-} |"
   done
   echo
-  grep -E "^(FAILED|ERROR) " "$LOGS/tests.log" 2>/dev/null | head -n 40
-  grep -E "passed|failed|error" "$LOGS/tests.log" 2>/dev/null | tail -n 1
+  for name in tests pool_tests; do
+    grep -E "^(FAILED|ERROR) " "$LOGS/$name.log" 2>/dev/null | head -n 40
+    grep -E "passed|failed|error" "$LOGS/$name.log" 2>/dev/null | tail -n 1
+  done
   echo
   [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
   for name in compare compare_verify engine_eager engine; do
     [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
   done
+  [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }
 } >"$OUT/summary.md"
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
 cat "$OUT/summary.md"
-[[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]
+if [[ " $SELECTED " == *" tests "* ]]; then
+  [[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]
+else
+  [[ "${RESULT[build]:-}" == ok && "${RESULT[pool_tests]:-ok}" == ok ]]
+fi

@@ -114,7 +114,7 @@ COMPARE_COLUMNS = [("method", "method", "{}"), ("target_forwards", "target passe
 
 
 def render_compare(data, name):
-    """An end-to-end `specdec compare` table (benchmarks/record_compare.py)."""
+    """An end-to-end `specdec compare` table (benchmarks/decoders/record_compare.py)."""
     date = data["datetime"][:19].replace("T", " ")
     lines = [f"## End to end: {date} UTC — {data['machine']}", "",
              f"File `results/{name}`: `{data['command']}`, {data['num_images']} images per method, "
@@ -196,7 +196,7 @@ def _run_date(path):
 
 
 def render_sample(data, name):
-    """A `specdec sample` run with K processes beside one process (benchmarks/record_sample.py)."""
+    """A `specdec sample` run with K processes beside one process (benchmarks/decoders/record_sample.py)."""
     date = data["datetime"][:19].replace("T", " ")
     lines = [f"## Sampling: {date} UTC — {data['machine']}", "",
              f"File `results/{name}`: `specdec sample --method {data['method']}`, {data['num_images']} images, "
@@ -221,7 +221,7 @@ def _decode_section(title, data, name, description, columns):
 
 
 def render_engine(data, name):
-    """The decode engine's table (benchmarks/record_engine.py): every method at each batch size,
+    """The decode engine's table (benchmarks/decoders/record_engine.py): every method at each batch size,
     eager and compiled, speed-ups against ar in the same mode and batch size of the same run."""
     lines = _decode_section(
         "Decode engine", data, name,
@@ -248,7 +248,7 @@ def render_engine(data, name):
 
 
 def render_graph_time(data, name):
-    """Where a compiled decode's time goes (benchmarks/record_graph_time.py): seconds inside the
+    """Where a compiled decode's time goes (benchmarks/decoders/record_graph_time.py): seconds inside the
     compiled graphs and outside them, and the speed-up over compiled ar with free host work."""
     lines = _decode_section(
         "Time inside compiled graphs", data, name,
@@ -270,7 +270,7 @@ SCALING_PLOT = "scaling.png"
 
 
 def render_scaling(data, name):
-    """Gains against resolution (benchmarks/record_scaling.py): per method and grid, target passes
+    """Gains against resolution (benchmarks/decoders/record_scaling.py): per method and grid, target passes
     and tokens fed per image, the pass ratio against ar, quality, and wall time eager and compiled."""
     lines = _decode_section(
         "Gains against resolution", data, name,
@@ -328,7 +328,7 @@ def plot_scaling(data, out_path):
 
 
 def render_real_size(data, name):
-    """Real model configurations with random weights (benchmarks/record_real_size.py): memory, the
+    """Real model configurations with random weights (benchmarks/decoders/record_real_size.py): memory, the
     seconds of one target pass against the tokens it feeds, and one decode per method."""
     date = data["datetime"][:19].replace("T", " ")
     mode = "compiled (CUDA graphs)" if data.get("compile") and data.get("device", "").startswith("cuda") else (

@@ -1,5 +1,5 @@
-"""Run every benchmarks/bench_*.py with pytest-benchmark, then the end-to-end `specdec compare`
-(benchmarks/record_compare.py; SPECDEC_BENCH_E2E=0 skips it, SPECDEC_BENCH_IMAGES sets its
+"""Run every benchmarks/*/bench_*.py with pytest-benchmark, then the end-to-end `specdec compare`
+(benchmarks/decoders/record_compare.py; SPECDEC_BENCH_E2E=0 skips it, SPECDEC_BENCH_IMAGES sets its
 image count), keep the JSON under benchmarks/results/, and regenerate benchmarks/RESULTS.md
 from all kept JSON files.
 
@@ -36,7 +36,7 @@ def main(argv):
     if rc != 0:
         return rc
     if os.environ.get("SPECDEC_BENCH_E2E", "1") == "1":  # the end-to-end `specdec compare` table
-        rc = subprocess.call([sys.executable, os.path.join(HERE, "record_compare.py")])
+        rc = subprocess.call([sys.executable, os.path.join(HERE, "decoders", "record_compare.py")])
         if rc != 0:
             return rc
     return subprocess.call([sys.executable, os.path.join(HERE, "make_results.py")])

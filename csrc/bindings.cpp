@@ -30,6 +30,19 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
+  // CUDA only: the pooling kernels chosen by `variant` (0 default, 1 "v2", 2 "radix"; 1 and 2 opt-in,
+  // never run on a GPU). Python picks it (specdec/ops.py, SPECDEC_CUDA_POOL); the ops above always
+  // run the default kernels.
+  m.def(
+      "pool_probs_variant(Tensor logits, Tensor tokens, Tensor? neighbors, Tensor? uncond_logits, "
+      "float cfg_scale, float temperature, int top_k, float? delta, float top_p, int variant) "
+      "-> (Tensor pooled, Tensor p_token, Tensor row_max, Tensor row_lse)");
+  m.def(
+      "sampling_probs_variant(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
+      "int top_k, float top_p, int variant) -> Tensor");
+  m.def(
+      "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant) "
+      "-> (Tensor tokens, Tensor fallback)");
   // CUDA only, opt-in (specdec/_attention_paths.py): split-KV decode / tensor-core prefill.
   m.def(
       "tree_attention_split(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
@@ -52,6 +65,9 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sampling_probs", &specdec::sampling_probs_cuda);
   m.impl("verify_grid", &specdec::verify_grid_cuda);
   m.impl("sample_residual", &specdec::sample_residual_cuda);
+  m.impl("pool_probs_variant", &specdec::pool_probs_variant_cuda);
+  m.impl("sampling_probs_variant", &specdec::sampling_probs_variant_cuda);
+  m.impl("sample_residual_variant", &specdec::sample_residual_variant_cuda);
 }
 #endif
 

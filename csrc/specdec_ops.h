@@ -77,6 +77,20 @@ VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>&
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms, int64_t seed,
                                int64_t offset);
+// The opt-in pooling kernels (issues #19 and #28), chosen from Python: `variant` 0 runs the default
+// kernels above, 1 ("v2") stages each row in shared memory, 2 ("radix") stages it and selects top-k /
+// top-p by radix select (specdec/cuda_block.cuh, PoolVariant). 1 and 2 have never run on a GPU.
+PoolOut pool_probs_variant_cuda(const at::Tensor& logits, const at::Tensor& tokens,
+                                const std::optional<at::Tensor>& neighbors,
+                                const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
+                                double temperature, int64_t top_k, std::optional<double> delta, double top_p,
+                                int64_t variant);
+at::Tensor sampling_probs_variant_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
+                                       double cfg_scale, double temperature, int64_t top_k, double top_p,
+                                       int64_t variant);
+SampleOut sample_residual_variant_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                                       const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
+                                       int64_t variant);
 AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& q_pos, const at::Tensor& kv_pos,
                                  const std::optional<at::Tensor>& kv_valid,

@@ -33,8 +33,12 @@ SWITCHES: Tuple[Switch, ...] = (
     Switch("SPECDEC_ASYNC_UPLOADS", ("0", "1"), "0", ("1",),
            "1: the decoders' host-to-device copies through pinned memory, without waiting for the GPU "
            "(specdec.decoding.uploads)"),
-    Switch("SPECDEC_CUDA_POOL_V2", ("0", "1"), "0", ("1",),
-           "1: the CUDA pooling and residual-sampling kernels that stage a row in shared memory"),
+    Switch("SPECDEC_CUDA_POOL", ("default", "v2", "radix"), "default", ("v2", "radix"),
+           "the CUDA kernels of pool_probs, sampling_probs and sample_residual: v2 stages a row in shared "
+           "memory, radix also selects top-k / top-p by radix select (specdec.ops.dispatch.pool_op)"),
+    Switch("SPECDEC_TRITON_POOL", ("default", "onchip"), "default", ("onchip",),
+           "the Triton kernels of the same ops: onchip reads each row once and keeps it in registers "
+           "(up to V = 16384), top-k / top-p by a bracket search"),
 )
 
 _BY_NAME: Dict[str, Switch] = {s.name: s for s in SWITCHES}

@@ -31,3 +31,14 @@ def backends_for(device: str, include_reference: bool = False):
 def device_backend_pairs():
     """pytest params (device, backend) for every non-reference backend runnable here."""
     return [pytest.param(d, b, id=f"{d}-{b}") for d in DEVICES for b in backends_for(d)]
+
+
+def machine_code():
+    """benchmarks/machine/machine_code.py, the one reader of the kernels' machine code."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "benchmarks", "machine", "machine_code.py")
+    spec = importlib.util.spec_from_file_location("machine_code", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

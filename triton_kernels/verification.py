@@ -12,6 +12,8 @@ sample_residual: one program per row; exact fixed-point inverse-CDF sampling, th
 arithmetic as specdec/reference/verification.py and csrc/include/specdec/verify_math.h. Without
 caller uniforms, row r draws its uniform from Philox4x32-10 keyed by (seed, r, offset) with
 tl.philox: the same numbers as philox_row_uniform in verify_math.h (the C++ and CUDA kernels).
+With kernel="onchip" (opt-in, never run on a GPU) a row of up to 16384 entries is read once and
+kept in registers (_sample_residual_onchip_kernel); the default kernel reads it twice.
 
 Arguments are validated by `specdec.ops`; these wrappers assume valid, contiguous input.
 """
@@ -222,6 +224,40 @@ def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V, se
         tl.store(fallback_ptr + row, total_p < 0)  # never: no q, no fallback
 
 
+@triton.jit
+def _sample_residual_onchip_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V, seed, offset,
+                                   HAS_Q: tl.constexpr, HAS_U: tl.constexpr, BLOCK_V: tl.constexpr):
+    """_sample_residual_kernel for a row held in registers (V <= BLOCK_V, kernel="onchip"; it has
+    NEVER RUN ON A GPU): p and q are read once, with 128-bit loads where aligned, and the fallback
+    to p needs no second read. Same arithmetic, same tokens."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_V)
+    m = offs < V
+    p = tl.load(p_ptr + row * V + offs, mask=m, other=0.0)
+    units = _mass_units(p)
+    total = tl.sum(units.to(tl.int64), axis=0)
+    if HAS_Q:
+        q = tl.load(q_ptr + row * V + offs, mask=m, other=0.0)
+        residual = _mass_units(p - q)
+        total_r = tl.sum(residual.to(tl.int64), axis=0)
+        from_p = total_r == 0  # residual all zero: fall back to p
+        units = tl.where(from_p, units, residual)
+        total = tl.where(from_p, total, total_r)
+    if HAS_U:
+        u = tl.load(u_ptr + row)
+    else:
+        u = _philox_row_uniform(seed, row, offset)
+    threshold = (u.to(tl.float64) * total.to(tl.float64)).to(tl.int64)  # floor: both >= 0
+    # The token is the number of entries whose cumulative sum is at or below the threshold.
+    cum = tl.cumsum(units.to(tl.int64), axis=0)
+    below = tl.sum((m & (cum <= threshold)).to(tl.int32), axis=0)
+    tl.store(tokens_ptr + row, tl.minimum(below, V - 1).to(tl.int32))
+    if HAS_Q:
+        tl.store(fallback_ptr + row, from_p)
+    else:
+        tl.store(fallback_ptr + row, total < 0)  # never: no q, no fallback
+
+
 _MODE_CODES = {"raster": 0, "independent": 1, "local": 2}
 
 
@@ -249,12 +285,35 @@ def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
     return accept, resample, first, islands, count
 
 
-def sample_residual(p, q, uniforms, seed, offset):
+#: Values of sample_residual's `kernel` argument: "default" (timed on an H200) and "onchip" (opt-in,
+#: never run on a GPU: rows up to ONCHIP_MAX_V held in registers; longer rows use the default kernel).
+KERNELS = ("default", "onchip")
+ONCHIP_MAX_V = 16384  # 32 entries of p (and q) per thread at 16 warps
+
+
+def _onchip_options(v: int) -> dict:
+    """BLOCK_V and launch options of _sample_residual_onchip_kernel: 32 entries per thread (4 to 16
+    warps) and the whole register file of one program for ptxas (at 32 warps and 64 registers the
+    int64 prefix sums spill; tests/test_pool_gpu_machine_code.py checks these configs)."""
+    block = triton.next_power_of_2(v)
+    warps = min(max(block // 1024, 4), 16)
+    return {"BLOCK_V": block, "num_warps": warps, "maxnreg": min(255, 65536 // (32 * warps)),
+            "enable_fp_fusion": False}
+
+
+def sample_residual(p, q, uniforms, seed, offset, *, kernel="default"):
     """uniforms None: row r's uniform comes from in-kernel Philox (seed, r, offset)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     m, v = p.shape
     tokens = torch.empty(m, dtype=torch.int32, device=p.device)
     fallback = torch.empty(m, dtype=torch.bool, device=p.device)
     if m == 0:
+        return tokens, fallback
+    if kernel == "onchip" and v <= ONCHIP_MAX_V:
+        _sample_residual_onchip_kernel[(m,)](
+            p, q if q is not None else p, uniforms if uniforms is not None else p, tokens, fallback, v, int(seed),
+            int(offset), HAS_Q=q is not None, HAS_U=uniforms is not None, **_onchip_options(v))
         return tokens, fallback
     block_v = min(triton.next_power_of_2(v), 65536 if _interpreting() else 2048)
     _sample_residual_kernel[(m,)](p, q if q is not None else p, uniforms if uniforms is not None else p,
@@ -294,6 +353,19 @@ def _lowering_specs():
                 # 16-byte aligned rows (V a multiple of 16): 128-bit loads, checked in the SASS
                 ("p_ptr", "q_ptr", "u_ptr", "tokens_ptr", "fallback_ptr", "V"),
             ))
+            # kernel="onchip" as sample_residual launches it at V = ONCHIP_MAX_V (aligned or not) and
+            # at V = 2048: whole rows in registers, no spill allowed.
+            for v, aligned in ((ONCHIP_MAX_V, True), (ONCHIP_MAX_V, False), (2048, True)):
+                options = _onchip_options(v)
+                specs.append((
+                    _sample_residual_onchip_kernel,
+                    {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "tokens_ptr": "*i32",
+                     "fallback_ptr": "*i1", "V": "i32", "seed": "i64", "offset": "i64",
+                     "HAS_Q": "constexpr", "HAS_U": "constexpr", "BLOCK_V": "constexpr"},
+                    {"HAS_Q": has_q, "HAS_U": has_u, "BLOCK_V": options.pop("BLOCK_V")},
+                    options,
+                    ("p_ptr", "q_ptr", "u_ptr", "tokens_ptr", "fallback_ptr", "V") if aligned else (),
+                ))
     return specs
 
 

@@ -1,15 +1,20 @@
 // Kernel 1 on CUDA: fused probability pooling (docs/design.md, "Kernel 1").
 //
-// One thread block per logits row. Two kernels share every step through a row accessor:
-// - v1 (the default, run on H200s): the row is streamed from global memory: one pass for the
-//   softmax statistics (online max/sum, with the NaN/+inf check folded in), plus 32 counting
-//   passes of a bisection on the float bit pattern when top-k is on (exact k-th largest value,
-//   ties kept, no sort and no V-sized buffer), and, when top_p < 1, a max pass, a weight pass and
-//   up to 32 passes of a bisection for the nucleus cut;
-// - v2 (opt-in with SPECDEC_CUDA_POOL_V2=1; it has NEVER RUN ON A GPU, only compiled): the row's
-//   guided logits are staged once in shared memory with 128-bit loads, so the bisections, the
-//   softmax and the K-neighbour gather all read shared memory and DRAM sees each row once. Rows
-//   whose float32 logits do not fit in the opt-in shared memory of the device fall back to v1.
+// One thread block per logits row, read through a row accessor (global or shared memory). Three
+// kernel families; the Python side picks one per call (specdec/ops.py, SPECDEC_CUDA_POOL):
+// - default (pool_probs / sampling_probs ops; the kernels run on H200s): the row is streamed from
+//   global memory: one pass for the softmax statistics (online max/sum, with the NaN/+inf check
+//   folded in), plus 32 counting passes of a bisection on the float bit pattern when top-k is on
+//   (exact k-th largest value, ties kept, no sort and no V-sized buffer), and, when top_p < 1, a max
+//   pass, a weight pass and up to 32 passes of a bisection for the nucleus cut;
+// - variant 1, "v2" (the *_variant ops; it has NEVER RUN ON A GPU, only compiled): the row's guided
+//   logits are staged once in shared memory with 128-bit loads, so the bisections, the softmax and
+//   the K-neighbour gather all read shared memory and DRAM sees each row once. Rows whose float32
+//   logits do not fit in the opt-in shared memory of the device fall back to the default kernel;
+// - variant 2, "radix" (the *_variant ops; NEVER RUN ON A GPU, only compiled): staged like v2, with
+//   both thresholds found by a radix select instead of the bisections: 4 passes of 8-bit digit
+//   histograms each (specdec/radix_select.cuh). Rows too large for shared memory run the same
+//   selection on the row streamed from global memory (8 passes instead of up to 64).
 // The neighbour prefix sums are a block scan over the K gathered probabilities. Nothing of size
 // [N, V] is written by pool_probs.
 #include <ATen/Dispatch.h>
@@ -25,6 +30,7 @@
 
 #include "specdec/cuda_block.cuh"
 #include "specdec/pool_math.h"
+#include "specdec/radix_select.cuh"
 #include "specdec_ops.h"
 
 namespace specdec {
@@ -319,6 +325,157 @@ __global__ void __launch_bounds__(kThreads) sampling_probs_kernel(
   }
 }
 
+// ---- radix (variant 2): the v2 staging (or the v1 streaming) with radix-select thresholds ---------
+//
+// Kept apart from row_softmax / pool_row / the v2 kernels above, which stay as they were when they ran
+// on the H200: sharing them through a selection template changed their machine code (nvcc inlined
+// differently, and the default kernel spilled on sm_80).
+
+// Steps 1-3 for one row, thresholds by radix select (specdec/radix_select.cuh): the same keys as
+// the bisections of row_softmax, in 4 histogram passes each.
+template <typename Row>
+__device__ RowSoftmax row_softmax_radix(const Row& row, const RowArgs& a) {
+  int32_t threshold_key = INT_MIN;
+  const bool use_top_k = a.top_k > 0 && a.top_k < a.v;
+  const bool use_top_p = a.top_p < 1.0;
+  if (use_top_k || use_top_p) {
+    int poison = 0;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
+      const float l = row(i);
+      poison |= is_poison(l);
+      m = fmaxf(m, l);
+    }
+    if (block_reduce(poison, cuda::OrOp(), 0)) return {false, 0, NAN, NAN};
+    m = block_reduce(m, cuda::MaxOp(), -INFINITY);
+    if (m == -INFINITY) return {false, 0, NAN, NAN};
+    if (use_top_k) threshold_key = radix::top_k_key(row, a.v, a.top_k);
+    // Top-k keeps the max, so m is the max of the kept entries too.
+    if (use_top_p) threshold_key = radix::top_p_key(row, a.v, threshold_key, m, a.top_p);
+  }
+  SoftmaxStats s{-INFINITY, 0.0f};
+  int poison = 0;
+  for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
+    const float l = row(i);
+    poison |= is_poison(l);
+    if (kept_by_top_k(l, threshold_key)) s = softmax_stats_add(s, l);
+  }
+  poison = block_reduce(poison, cuda::OrOp(), 0);
+  s = cuda::block_merge_stats(s);
+  if (poison || s.max == -INFINITY) return {false, 0, NAN, NAN};
+  return {true, threshold_key, s.max, softmax_lse(s)};
+}
+
+// pool_row with radix thresholds: steps 3-4 for row r, token x (already checked to lie in [0, V)).
+template <typename Row, typename Nb>
+__device__ void pool_row_radix(const Row& row, const RowArgs& a, int64_t r, int64_t x,
+                               const Nb* __restrict__ neighbors, int64_t k, float delta, PoolOutPtrs out) {
+  const RowSoftmax st = row_softmax_radix(row, a);
+  if (!st.ok) {
+    if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
+    return;
+  }
+  const float px = prob_from_logit(row(x), st.threshold_key, st.lse);
+  float moved = 0.0f;
+  int bad_neighbor = 0;
+  if (neighbors != nullptr) {
+    const Nb* row_nb = neighbors + x * k;
+    float carry = 0.0f;
+    for (int64_t c = 0; c < k; c += blockDim.x) {
+      const int64_t j = c + threadIdx.x;
+      float p = 0.0f;
+      if (j < k) {
+        const int64_t y = row_nb[j];
+        if (y >= 0 && y < a.v) {
+          p = prob_from_logit(row(y), st.threshold_key, st.lse);
+        } else {
+          bad_neighbor = 1;
+        }
+      }
+      float chunk_total;
+      const float inclusive = carry + cuda::block_inclusive_scan(p, &chunk_total);
+      const float candidate = j < k ? movable_mass(inclusive, delta) : 0.0f;
+      moved = fmaxf(moved, block_reduce(candidate, cuda::MaxOp(), 0.0f));
+      carry = carry + chunk_total;
+      if (!(carry <= delta)) break;  // prefix sums only grow: no later prefix can be moved
+    }
+    bad_neighbor = block_reduce(bad_neighbor, cuda::OrOp(), 0);
+  }
+  if (threadIdx.x == 0) {
+    const bool ok = !bad_neighbor;
+    out.pooled[r] = ok ? px + moved : NAN;
+    out.p_token[r] = ok ? px : NAN;
+    out.row_max[r] = ok ? st.max : NAN;
+    out.row_lse[r] = ok ? st.lse : NAN;
+  }
+}
+
+// With __launch_bounds__(kThreads) alone ptxas aims at 4 blocks per SM (32 registers) and spills
+// around the IEEE division's slow-path call in these kernels; 2 blocks per SM leaves it 64
+// registers (a staged float32 row of V = 16384, 64 KiB, fits 3 blocks per SM in shared memory).
+constexpr int kRadixMinBlocks = 2;
+
+// kStaged: the row staged in shared memory as in v2 (the host checked it fits); else streamed as in v1.
+template <typename T, typename Nb, bool kStaged>
+__global__ void __launch_bounds__(kThreads, kRadixMinBlocks) pool_probs_radix_kernel(
+    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a, bool vectorized,
+    const void* __restrict__ tokens, bool tokens_int64, int64_t tokens_stride,
+    const Nb* __restrict__ neighbors, int64_t k, float delta, PoolOutPtrs out) {
+  const int64_t r = blockIdx.x;
+  const int64_t x = token_of(tokens, tokens_int64, tokens_stride, r);
+  // Out-of-range ids are rejected by the Python API; here they only must not read out of bounds.
+  if (!(x >= 0 && x < a.v)) {
+    if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
+    return;
+  }
+  const GlobalRow<T> g = global_row(logits, uncond_logits, a, r);
+  if constexpr (kStaged) {
+    extern __shared__ float4 staged[];  // float4: 16-byte alignment for the vector stores
+    float* sm = reinterpret_cast<float*>(staged);
+    stage_row(g.cond, g.uncond, a, vectorized, sm);
+    pool_row_radix(SharedRow{sm}, a, r, x, neighbors, k, delta, out);
+  } else {
+    pool_row_radix(g, a, r, x, neighbors, k, delta, out);
+  }
+}
+
+template <typename T, bool kStaged>
+__global__ void __launch_bounds__(kThreads, kRadixMinBlocks) sampling_probs_radix_kernel(
+    const T* __restrict__ logits, const T* __restrict__ uncond_logits, RowArgs a, bool vectorized,
+    float* __restrict__ probs) {
+  const int64_t r = blockIdx.x;
+  const GlobalRow<T> g = global_row(logits, uncond_logits, a, r);
+  float* out = probs + r * a.v;
+  if constexpr (kStaged) {
+    extern __shared__ float4 staged[];
+    float* sm = reinterpret_cast<float*>(staged);
+    stage_row(g.cond, g.uncond, a, vectorized, sm);
+    const RowSoftmax st = row_softmax_radix(SharedRow{sm}, a);
+    int64_t done = 0;
+    if (vectorized && a.v % 4 == 0) {  // then probs rows start on 16-byte boundaries too
+      float4* out4 = reinterpret_cast<float4*>(out);
+      const float4* sm4 = reinterpret_cast<const float4*>(sm);
+      for (int64_t j = threadIdx.x; j < a.v / 4; j += blockDim.x) {
+        const float4 l = sm4[j];
+        out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.lse),
+                                      prob_from_logit(l.y, st.threshold_key, st.lse),
+                                      prob_from_logit(l.z, st.threshold_key, st.lse),
+                                      prob_from_logit(l.w, st.threshold_key, st.lse))
+                        : make_float4(NAN, NAN, NAN, NAN);
+      }
+      done = a.v;
+    }
+    for (int64_t i = done + threadIdx.x; i < a.v; i += blockDim.x) {
+      out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.lse) : NAN;
+    }
+  } else {
+    const RowSoftmax st = row_softmax_radix(g, a);
+    for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
+      out[i] = st.ok ? prob_from_logit(g(i), st.threshold_key, st.lse) : NAN;
+    }
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------------
 
 RowArgs make_row_args(const at::Tensor& logits, const std::optional<at::Tensor>& uncond,
@@ -335,10 +492,10 @@ bool rows_16b_aligned(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (t.stride(0) * t.element_size()) % 16 == 0;
 }
 
-// Dynamic shared memory for one staged row of v2, or 0 when v2 is off or the row does not fit.
+// Dynamic shared memory for one staged row (V float32 logits) of `kernel`, or 0 when the row does not
+// fit in the device's opt-in shared memory beside the kernel's static shared memory.
 template <typename Kernel>
-size_t v2_shared_bytes(Kernel kernel, int64_t v) {
-  if (!pool_v2_enabled()) return 0;
+size_t staged_row_bytes(Kernel kernel, int64_t v) {
   const size_t bytes = static_cast<size_t>(v) * sizeof(float);
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -353,13 +510,15 @@ size_t v2_shared_bytes(Kernel kernel, int64_t v) {
   return bytes;
 }
 
-}  // namespace
+PoolVariant pool_variant(int64_t variant) {
+  TORCH_CHECK_VALUE(is_pool_variant(variant), "variant must be " SPECDEC_POOL_VARIANTS ", got ", variant);
+  return static_cast<PoolVariant>(variant);
+}
 
-PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
-                        const std::optional<at::Tensor>& neighbors,
-                        const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
-                        double temperature, int64_t top_k, std::optional<double> delta,
-                        double top_p) {
+PoolOut pool_probs_launch(const at::Tensor& logits, const at::Tensor& tokens,
+                          const std::optional<at::Tensor>& neighbors,
+                          const std::optional<at::Tensor>& uncond_logits, double cfg_scale, double temperature,
+                          int64_t top_k, std::optional<double> delta, double top_p, PoolVariant variant) {
   check_pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta,
                   top_p);
   check_cuda(logits);
@@ -375,20 +534,32 @@ PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
   const PoolOutPtrs out{pooled.data_ptr<float>(), p_token.data_ptr<float>(), row_max.data_ptr<float>(),
                         row_lse.data_ptr<float>()};
   const bool vectorized = rows_16b_aligned(logits) && (!uncond_logits || rows_16b_aligned(*uncond_logits));
+  const bool t64 = tokens.scalar_type() == at::kLong;
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "pool_probs_cuda", [&] {
+    const scalar_t* lg = logits.data_ptr<scalar_t>();
     const scalar_t* u = uncond_logits.has_value() ? uncond_logits->data_ptr<scalar_t>() : nullptr;
     auto launch = [&](auto* nb) {
       using Nb = std::remove_const_t<std::remove_pointer_t<decltype(nb)>>;
-      const size_t smem = v2_shared_bytes(pool_probs_smem_kernel<scalar_t, Nb>, a.v);
+      if (variant == PoolVariant::kRadix) {
+        const size_t smem = staged_row_bytes(pool_probs_radix_kernel<scalar_t, Nb, true>, a.v);
+        if (smem > 0) {
+          pool_probs_radix_kernel<scalar_t, Nb, true><<<n, kThreads, smem, stream>>>(
+              lg, u, a, vectorized, tokens.data_ptr(), t64, tokens.stride(0), nb, k, d, out);
+        } else {
+          pool_probs_radix_kernel<scalar_t, Nb, false><<<n, kThreads, 0, stream>>>(
+              lg, u, a, vectorized, tokens.data_ptr(), t64, tokens.stride(0), nb, k, d, out);
+        }
+        return;
+      }
+      const size_t smem =
+          variant == PoolVariant::kStaged ? staged_row_bytes(pool_probs_smem_kernel<scalar_t, Nb>, a.v) : 0;
       if (smem > 0) {
         pool_probs_smem_kernel<scalar_t, Nb><<<n, kThreads, smem, stream>>>(
-            logits.data_ptr<scalar_t>(), u, a, vectorized, tokens.data_ptr(),
-            tokens.scalar_type() == at::kLong, tokens.stride(0), nb, k, d, out);
+            lg, u, a, vectorized, tokens.data_ptr(), t64, tokens.stride(0), nb, k, d, out);
       } else {
         pool_probs_kernel<scalar_t, Nb><<<n, kThreads, 0, stream>>>(
-            logits.data_ptr<scalar_t>(), u, a, tokens.data_ptr(), tokens.scalar_type() == at::kLong,
-            tokens.stride(0), nb, k, d, out);
+            lg, u, a, tokens.data_ptr(), t64, tokens.stride(0), nb, k, d, out);
       }
     };
     if (!neighbors.has_value()) {
@@ -403,8 +574,9 @@ PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
   return {pooled, p_token, row_max, row_lse};
 }
 
-at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
-                               double cfg_scale, double temperature, int64_t top_k, double top_p) {
+at::Tensor sampling_probs_launch(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
+                                 double cfg_scale, double temperature, int64_t top_k, double top_p,
+                                 PoolVariant variant) {
   check_pool_args(logits, std::nullopt, std::nullopt, uncond_logits, cfg_scale, temperature, top_k,
                   std::nullopt, top_p);
   check_cuda(logits);
@@ -416,18 +588,59 @@ at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at:
   const bool vectorized = rows_16b_aligned(logits) && (!uncond_logits || rows_16b_aligned(*uncond_logits));
   auto stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "sampling_probs_cuda", [&] {
+    const scalar_t* lg = logits.data_ptr<scalar_t>();
     const scalar_t* u = uncond_logits.has_value() ? uncond_logits->data_ptr<scalar_t>() : nullptr;
-    const size_t smem = v2_shared_bytes(sampling_probs_smem_kernel<scalar_t>, a.v);
+    float* p = probs.data_ptr<float>();
+    if (variant == PoolVariant::kRadix) {
+      const size_t smem = staged_row_bytes(sampling_probs_radix_kernel<scalar_t, true>, a.v);
+      if (smem > 0) {
+        sampling_probs_radix_kernel<scalar_t, true><<<n, kThreads, smem, stream>>>(lg, u, a, vectorized, p);
+      } else {
+        sampling_probs_radix_kernel<scalar_t, false><<<n, kThreads, 0, stream>>>(lg, u, a, vectorized, p);
+      }
+      return;
+    }
+    const size_t smem =
+        variant == PoolVariant::kStaged ? staged_row_bytes(sampling_probs_smem_kernel<scalar_t>, a.v) : 0;
     if (smem > 0) {
-      sampling_probs_smem_kernel<scalar_t><<<n, kThreads, smem, stream>>>(
-          logits.data_ptr<scalar_t>(), u, a, vectorized, probs.data_ptr<float>());
+      sampling_probs_smem_kernel<scalar_t><<<n, kThreads, smem, stream>>>(lg, u, a, vectorized, p);
     } else {
-      sampling_probs_kernel<scalar_t><<<n, kThreads, 0, stream>>>(logits.data_ptr<scalar_t>(), u, a,
-                                                                  probs.data_ptr<float>());
+      sampling_probs_kernel<scalar_t><<<n, kThreads, 0, stream>>>(lg, u, a, p);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return probs;
+}
+
+}  // namespace
+
+PoolOut pool_probs_cuda(const at::Tensor& logits, const at::Tensor& tokens,
+                        const std::optional<at::Tensor>& neighbors,
+                        const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
+                        double temperature, int64_t top_k, std::optional<double> delta,
+                        double top_p) {
+  return pool_probs_launch(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p,
+                           PoolVariant::kStreamed);
+}
+
+PoolOut pool_probs_variant_cuda(const at::Tensor& logits, const at::Tensor& tokens,
+                                const std::optional<at::Tensor>& neighbors,
+                                const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
+                                double temperature, int64_t top_k, std::optional<double> delta, double top_p,
+                                int64_t variant) {
+  return pool_probs_launch(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p,
+                           pool_variant(variant));
+}
+
+at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
+                               double cfg_scale, double temperature, int64_t top_k, double top_p) {
+  return sampling_probs_launch(logits, uncond_logits, cfg_scale, temperature, top_k, top_p, PoolVariant::kStreamed);
+}
+
+at::Tensor sampling_probs_variant_cuda(const at::Tensor& logits, const std::optional<at::Tensor>& uncond_logits,
+                                       double cfg_scale, double temperature, int64_t top_k, double top_p,
+                                       int64_t variant) {
+  return sampling_probs_launch(logits, uncond_logits, cfg_scale, temperature, top_k, top_p, pool_variant(variant));
 }
 
 }  // namespace specdec

@@ -8,11 +8,12 @@
 // Without uniforms, row r's u comes from Philox (seed, r, offset) (philox_row_uniform in
 // verify_math.h), the same numbers the CPU op draws.
 //
-// v2 (opt-in with SPECDEC_CUDA_POOL_V2=1; it has NEVER RUN ON A GPU, only compiled): pass 1 reads
-// p and q once with 128-bit loads and stages the row's int32 units in shared memory; pass 2 walks
-// tiles of 4 * blockDim staged units (each thread owns 4 consecutive ones, read as one 128-bit
-// shared load), so DRAM sees the row once. Only a fallback row (residual all zero) reads p a
-// second time. Rows whose units do not fit in the device's opt-in shared memory use v1.
+// v2 (sample_residual_variant with variant 1 "v2" or 2 "radix", chosen from Python: SPECDEC_CUDA_POOL;
+// it has NEVER RUN ON A GPU, only compiled): pass 1 reads p and q once with 128-bit loads and stages
+// the row's int32 units in shared memory; pass 2 walks tiles of 4 * blockDim staged units (each
+// thread owns 4 consecutive ones, read as one 128-bit shared load), so DRAM sees the row once. Only
+// a fallback row (residual all zero) reads p a second time. Rows whose units do not fit in the
+// device's opt-in shared memory use v1. (There is no threshold to select here: "radix" runs v2.)
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -184,9 +185,8 @@ __global__ void __launch_bounds__(kThreads) sample_residual_smem_kernel(
   }
 }
 
-// Dynamic shared memory for v2 (V int32 units), or 0 when v2 is off or the row does not fit.
+// Dynamic shared memory for v2 (V int32 units), or 0 when the row does not fit.
 size_t v2_shared_bytes(int64_t v) {
-  if (!pool_v2_enabled()) return 0;
   const size_t bytes = static_cast<size_t>(v) * sizeof(int32_t);
   int device = 0, optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -203,11 +203,9 @@ size_t v2_shared_bytes(int64_t v) {
 
 bool aligned_16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-}  // namespace
-
-SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                               const std::optional<at::Tensor>& uniforms, int64_t seed,
-                               int64_t offset) {
+SampleOut sample_residual_launch(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                                 const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
+                                 PoolVariant variant) {
   check_sample_args(p, q, uniforms, offset);
   TORCH_CHECK_VALUE(p.is_cuda(), "p must be a CUDA tensor for the cuda backend");
   const c10::cuda::CUDAGuard guard(p.device());
@@ -218,7 +216,7 @@ SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tens
   const float* q_ptr = q.has_value() ? q->data_ptr<float>() : nullptr;
   const float* u_ptr = uniforms.has_value() ? uniforms->data_ptr<float>() : nullptr;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const size_t smem = v2_shared_bytes(v);
+  const size_t smem = variant == PoolVariant::kStreamed ? 0 : v2_shared_bytes(v);
   if (smem > 0) {
     const bool vectorized = v % 4 == 0 && aligned_16(p.data_ptr()) && (q_ptr == nullptr || aligned_16(q_ptr));
     sample_residual_smem_kernel<<<m, kThreads, smem, stream>>>(
@@ -230,6 +228,21 @@ SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tens
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {tokens, fallback};
+}
+
+}  // namespace
+
+SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                               const std::optional<at::Tensor>& uniforms, int64_t seed,
+                               int64_t offset) {
+  return sample_residual_launch(p, q, uniforms, seed, offset, PoolVariant::kStreamed);
+}
+
+SampleOut sample_residual_variant_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
+                                       const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
+                                       int64_t variant) {
+  TORCH_CHECK_VALUE(is_pool_variant(variant), "variant must be " SPECDEC_POOL_VARIANTS ", got ", variant);
+  return sample_residual_launch(p, q, uniforms, seed, offset, static_cast<PoolVariant>(variant));
 }
 
 }  // namespace specdec

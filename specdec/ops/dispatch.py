@@ -90,6 +90,32 @@ def triton(module: str):
     return importlib.import_module(f"specdec.triton_kernels.{module}")
 
 
+#: The CUDA pooling kernels by the switch SPECDEC_CUDA_POOL, as the `variant` argument of the
+#: *_variant ops (csrc/include/specdec/cuda_block.cuh, PoolVariant): "default" (the kernels timed
+#: on an H200), "v2" (rows staged in shared memory), "radix" (staged rows, radix-select top-k and
+#: top-p); the last two have never run on a GPU.
+CUDA_POOL_VARIANTS = {"default": 0, "v2": 1, "radix": 2}
+
+
+def cuda_pool_variant() -> int:
+    return CUDA_POOL_VARIANTS[switches.value("SPECDEC_CUDA_POOL")]
+
+
+def pool_op(name: str, chosen: str):
+    """The compiled op `name` (pool_probs, sampling_probs, sample_residual) for backend `chosen`:
+    on cuda with SPECDEC_CUDA_POOL set, `<name>_variant` with the variant as its last argument."""
+    variant = cuda_pool_variant() if chosen == "cuda" else 0
+    if variant == 0:
+        return compiled_op(name)
+    op = compiled_op(name + "_variant")
+    return lambda *args: op(*args, variant)
+
+
+def triton_pool_kernel() -> str:
+    """The Triton pooling kernel the switch SPECDEC_TRITON_POOL picks ("default" or "onchip")."""
+    return switches.value("SPECDEC_TRITON_POOL")
+
+
 # ---- the backend ----------------------------------------------------------------------------
 
 def triton_available() -> bool:
@@ -198,6 +224,7 @@ def register(name: str, fake: Callable, triton_impl: Optional[Callable[[], Calla
         _CUDA_FALLBACK.impl(name, triton_impl(), "CUDA")
 
 
-__all__ = ["BACKENDS", "BackendUnavailableError", "available_backends", "compiled_op", "cuda_archs", "extension",
+__all__ = ["BACKENDS", "BackendUnavailableError", "CUDA_POOL_VARIANTS", "available_backends", "compiled_op",
+           "cuda_archs", "cuda_pool_variant", "extension", "pool_op", "triton_pool_kernel",
            "has_cpu_kernels", "has_cuda_kernels", "has_op", "load_error", "register", "resolve", "resolve_for", "runs_compiled",
            "triton", "triton_available", "triton_interpreting"]

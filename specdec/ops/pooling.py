@@ -153,10 +153,11 @@ def pool_probs(
                                        top_p=top_p)
     if chosen == "triton":
         out = dispatch.triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                            temperature, top_k, delta, top_p)
+                                                    temperature, top_k, delta, top_p,
+                                                    kernel=dispatch.triton_pool_kernel())
     else:
-        out = dispatch.compiled_op("pool_probs")(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                         temperature, top_k, delta, top_p)
+        out = dispatch.pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                                     temperature, top_k, delta, top_p)
     return PooledProbs(*out)
 
 
@@ -180,8 +181,9 @@ def sampling_probs(
         return _reference.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
                                            temperature=temperature, top_k=top_k, top_p=top_p)
     if chosen == "triton":
-        return dispatch.triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-    return dispatch.compiled_op("sampling_probs")(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+        return dispatch.triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p,
+                                                         kernel=dispatch.triton_pool_kernel())
+    return dispatch.pool_op("sampling_probs", chosen)(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
 
 
 # ---- the decoders' fast path ----------------------------------------------------------------
@@ -191,13 +193,13 @@ def sampling_probs_unchecked(logits: torch.Tensor, uncond_logits: Optional[torch
                              backend: Optional[str] = None) -> torch.Tensor:
     """`sampling_probs` with settings checked once by the caller (a `Sampling`), straight to the
     registered op on cpu/cuda."""
-    if dispatch.runs_compiled("sampling_probs", backend, logits.device):
+    chosen = dispatch.resolve_for("sampling_probs", backend, logits.device)
+    if chosen in ("cpu", "cuda"):
         uncond = None if uncond_logits is None else uncond_logits.contiguous()
-        return torch.ops.specdec.sampling_probs(logits.contiguous(), uncond, float(cfg_scale), float(temperature),
-                                                int(top_k), float(top_p))
+        return dispatch.pool_op("sampling_probs", chosen)(logits.contiguous(), uncond, float(cfg_scale),
+                                                          float(temperature), int(top_k), float(top_p))
     return sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale, temperature=temperature,
-                          top_k=top_k, top_p=top_p, backend=dispatch.resolve_for("sampling_probs", backend,
-                                                                                 logits.device))
+                          top_k=top_k, top_p=top_p, backend=chosen)
 
 
 def pool_probs_unchecked(logits: torch.Tensor, tokens: torch.Tensor, neighbors: Optional[torch.Tensor],
@@ -207,17 +209,17 @@ def pool_probs_unchecked(logits: torch.Tensor, tokens: torch.Tensor, neighbors: 
     read-back) on cpu/cuda: the decoders' tokens come from the samplers, the table was built by
     specdec.neighbors. `settings`: (cfg_scale, temperature, top_k, top_p), checked by the caller."""
     cfg_scale, temperature, top_k, top_p = settings
-    if dispatch.runs_compiled("pool_probs", backend, logits.device):
+    chosen = dispatch.resolve_for("pool_probs", backend, logits.device)
+    if chosen in ("cpu", "cuda"):
         logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
             logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
         if neighbors is not None:
             neighbors = (neighbors.to(torch.int32) if neighbors.dtype == torch.int64 else neighbors).contiguous()
         delta = None if delta is None else float(delta)
-        return PooledProbs(*torch.ops.specdec.pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                                         temperature, top_k, delta, top_p))
+        return PooledProbs(*dispatch.pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale,
+                                                                   temperature, top_k, delta, top_p))
     return pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
-                      temperature=temperature, top_k=top_k, top_p=top_p, delta=delta,
-                      backend=dispatch.resolve_for("pool_probs", backend, logits.device))
+                      temperature=temperature, top_k=top_k, top_p=top_p, delta=delta, backend=chosen)
 
 
 # ---- torch.library registration -------------------------------------------------------------
@@ -231,8 +233,19 @@ def _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, t
     return logits.new_empty(logits.shape, dtype=torch.float32)
 
 
+def _fake_pool_probs_variant(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p,
+                             variant):
+    return _fake_pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p)
+
+
+def _fake_sampling_probs_variant(logits, uncond_logits, cfg_scale, temperature, top_k, top_p, variant):
+    return _fake_sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+
+
 dispatch.register("pool_probs", _fake_pool_probs, lambda: dispatch.triton("pooling").pool_probs)
 dispatch.register("sampling_probs", _fake_sampling_probs, lambda: dispatch.triton("pooling").sampling_probs)
+dispatch.register("pool_probs_variant", _fake_pool_probs_variant)            # CUDA only (SPECDEC_CUDA_POOL)
+dispatch.register("sampling_probs_variant", _fake_sampling_probs_variant)
 
 __all__ = ["PooledProbs", "pool_args", "pool_probs", "pool_probs_unchecked", "sampling_args", "sampling_probs",
            "sampling_probs_unchecked"]

@@ -304,9 +304,10 @@ def sample_residual(
         return _reference.sample_residual(p, q, uniforms)
     seed = 0 if uniforms is not None else philox_seed(generator, p.device)
     if chosen == "triton":
-        out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0)
+        out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0,
+                                                              kernel=dispatch.triton_pool_kernel())
     else:
-        out = dispatch.compiled_op("sample_residual")(p, q, uniforms, seed, 0)
+        out = dispatch.pool_op("sample_residual", chosen)(p, q, uniforms, seed, 0)
     return SampleResult(*out)
 
 
@@ -315,10 +316,12 @@ def sample_residual(
 def sample_residual_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor,
                               backend: Optional[str] = None) -> SampleResult:
     """`sample_residual` with caller-supplied uniforms, without the value checks on cpu/cuda."""
-    if dispatch.runs_compiled("sample_residual", backend, p.device):
+    chosen = dispatch.resolve_for("sample_residual", backend, p.device)
+    if chosen in ("cpu", "cuda"):
         q = None if q is None else q.float().contiguous()
-        return SampleResult(*torch.ops.specdec.sample_residual(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
-    return sample_residual(p, q, uniforms=uniforms, backend=dispatch.resolve_for("sample_residual", backend, p.device))
+        op = dispatch.pool_op("sample_residual", chosen)
+        return SampleResult(*op(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
+    return sample_residual(p, q, uniforms=uniforms, backend=chosen)
 
 
 def verify_grid_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], rule: str, *, tau: Optional[float] = None,
@@ -353,7 +356,12 @@ def _fake_sample_residual(p, q, uniforms, seed, offset):
 
 
 dispatch.register("verify_grid", _fake_verify_grid, lambda: dispatch.triton("verification").verify_grid)
+def _fake_sample_residual_variant(p, q, uniforms, seed, offset, variant):
+    return _fake_sample_residual(p, q, uniforms, seed, offset)
+
+
 dispatch.register("sample_residual", _fake_sample_residual, lambda: dispatch.triton("verification").sample_residual)
+dispatch.register("sample_residual_variant", _fake_sample_residual_variant)   # CUDA only (SPECDEC_CUDA_POOL)
 
 __all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "philox_seed", "sample_residual", "sample_residual_args",
            "sample_residual_unchecked", "uniforms_arg", "verify_grid", "verify_grid_args", "verify_grid_unchecked"]

@@ -6,11 +6,9 @@
 - when the extension was built with CUDA, its fatbinary holds sm_90a machine code (cuobjdump);
 - the attention kernels' machine code: 16-bit programs issue tensor-core instructions (HMMA or
   HGMMA in the SASS), float32 programs none (IEEE dots), and nothing spills to local memory
-  (benchmarks/machine_code.py reads cuobjdump -res-usage / -sass, and writes the same as a table).
+  (benchmarks/machine/MC.py reads cuobjdump -res-usage / -sass, and writes the same as a table).
 """
 import importlib.util
-import json
-import os
 import pkgutil
 import subprocess
 import sys
@@ -22,64 +20,19 @@ import specdec
 import specdec.triton_kernels
 
 TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
-from helpers import ROOT  # noqa: E402
+from helpers import ROOT, machine_code as _machine_code  # noqa: E402
 
-
-def _load_machine_code():
-    path = os.path.join(ROOT, "benchmarks", "machine_code.py")
-    spec = importlib.util.spec_from_file_location("machine_code", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-machine_code = _load_machine_code()
-
-_LOWER_SCRIPT = r"""
-import importlib, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-mod = importlib.import_module("specdec.triton_kernels." + sys.argv[1])
-results = []
-for spec in getattr(mod, "LOWERING_SPECS", []):
-    fn, signature, constexprs = spec[:3]
-    options = spec[3] if len(spec) > 3 else {}
-    # spec[4]: arguments a typical launch specialises as multiples of 16 (aligned tensors, V % 16 == 0)
-    aligned = spec[4] if len(spec) > 4 else ()
-    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    k = triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options=options)
-    ptx = k.asm["ptx"]
-    cubin = f"{sys.argv[2]}/{len(results)}.cubin"
-    with open(cubin, "wb") as f:
-        f.write(k.asm["cubin"])
-    results.append({"kernel": fn.__name__, "target": ".target sm_90a" in ptx, "cubin": cubin,
-                    "config": {k: v for k, v in constexprs.items() if k.isupper()} | options,
-                    "cubin_bytes": len(k.asm["cubin"]), "mma": ("mma" in ptx) or ("wgmma" in ptx),
-                    # Attention programs: 16-bit dots must reach the tensor cores, float32 ones must not.
-                    "expect_tensor_cores": None if "DOT_FP32" not in constexprs else not constexprs["DOT_FP32"],
-                    "aligned": bool(aligned)})
-print(json.dumps(results))
-"""
-
-
-def _env_without_interpreter():
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    return env
-
-
+MC = _machine_code()
 _LOWERED = {}
 
 
 def _lowered(module, tmp_path_factory):
     """Lowering results of one module, computed once per session (lowering is the slow part)."""
     if module not in _LOWERED:
-        out = tmp_path_factory.mktemp(f"lower-{module}")
-        proc = subprocess.run([sys.executable, "-c", _LOWER_SCRIPT, module, str(out)], capture_output=True,
-                              text=True, env=_env_without_interpreter(), timeout=1200)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        _LOWERED[module] = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = MC.lower_triton(module, str(tmp_path_factory.mktemp(f"lower-{module}")))
+        if "skip" in result:
+            pytest.skip(f"Triton cannot lower for sm_90a here: {result['skip']}")
+        _LOWERED[module] = result["rows"]
     return _LOWERED[module]
 
 
@@ -91,39 +44,29 @@ def test_triton_kernels_lower_to_sm90a(module, tmp_path_factory):
     if module.startswith("_"):
         return
     assert results, f"specdec.triton_kernels.{module} lists no LOWERING_SPECS"
-    tool = machine_code.cuobjdump()
-    sass = tool is not None and machine_code.sass_available()
+    tool = MC.cuobjdump()
+    sass = tool is not None and MC.sass_available()
     for r in results:
-        assert r["target"], f"{r['kernel']} was not lowered for sm_90a"
+        assert r["sm_90a"], f"{r['kernel']} was not lowered for sm_90a"
         assert r["cubin_bytes"] > 0, f"{r['kernel']} produced no cubin"
         if tool is not None:
-            usage = machine_code.res_usage(r["cubin"])
+            usage = MC.res_usage(r["cubin"])
             # A few words of stack frame are harmless; spilled tiles were 600 B to 9.8 KB per thread.
             assert usage and max(u["STACK"] for u in usage) <= 64, f"{r['kernel']} {r['config']} spills: {usage}"
         if sass and r["expect_tensor_cores"] is not None:
-            ops = sum(sum(c.values()) for c in machine_code.sass_opcodes(r["cubin"]).values())
+            ops = sum(sum(c.values()) for c in MC.sass_opcodes(r["cubin"]).values())
             if r["expect_tensor_cores"]:
                 assert ops > 0, f"{r['kernel']} {r['config']}: no HMMA/HGMMA in the SASS of a 16-bit program"
             else:
                 assert ops == 0, f"{r['kernel']} {r['config']}: tensor-core ops in a float32 (IEEE) program"
 
 
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("sass_report", os.path.join(ROOT, "benchmarks", "sass_report.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SASS = _sass_report()
-
-
 def _cuobjdump():
-    return SASS.tool("cuobjdump")
+    return MC.tool("cuobjdump")
 
 
 def _sass_tools_or_skip():
-    missing = [t for t in ("cuobjdump", "nvdisasm") if SASS.tool(t) is None]
+    missing = [t for t in ("cuobjdump", "nvdisasm") if MC.tool(t) is None]
     if missing:
         pytest.skip(f"{' and '.join(missing)} not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
@@ -134,15 +77,15 @@ def test_triton_pooling_kernels_use_128bit_loads(module, tmp_path_factory):
     V = 16384) the row-streaming loads of pool_probs, sampling_probs and sample_residual are
     128-bit (LDG.E.128), and no config spills (checked for all specs above)."""
     _sass_tools_or_skip()
-    rows = [r for r in _lowered(module, tmp_path_factory) if r["kernel"] in SASS.TRITON_POOLING]
+    rows = [r for r in _lowered(module, tmp_path_factory) if r["kernel"] in MC.TRITON_POOLING]
     assert rows, f"no pooling kernel among the LOWERING_SPECS of {module}"
     assert any(r["aligned"] for r in rows), "no aligned launch config is lowered"
     for r in rows:
-        (text,) = SASS.sass_functions(r["cubin"]).values()
-        (usage,) = SASS.res_usage(r["cubin"]).values()
-        assert not SASS.spills(usage), f"{r['kernel']} {r['config']} spills: {usage}"
+        (text,) = MC.sass_functions(r["cubin"]).values()
+        (usage,) = MC.usage_by_function(r["cubin"]).values()
+        assert not MC.spills(usage), f"{r['kernel']} {r['config']} spills: {usage}"
         if r["aligned"]:
-            assert SASS.LDG_128.search(text), f"{r['kernel']} {r['config']}: no LDG.E.128 in its SASS"
+            assert MC.LDG_128.search(text), f"{r['kernel']} {r['config']}: no LDG.E.128 in its SASS"
 
 
 @pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")
@@ -153,10 +96,10 @@ def test_cuda_pooling_kernels_use_128bit_loads_and_do_not_spill(arch):
     _sass_tools_or_skip()
     if arch[3:] not in [a.replace(".", "") for a in specdec.build_info()["cuda_archs"]]:
         pytest.skip(f"extension not built for {arch}")
-    rows = SASS.cuda_rows(specdec.ops.dispatch.extension().__file__, arch)
-    assert {r["kernel"] for r in rows} == set(SASS.CUDA_POOLING), sorted({r["kernel"] for r in rows})
+    rows = MC.cuda_rows(specdec.ops.dispatch.extension().__file__, arch)
+    assert {r["kernel"] for r in rows} == set(MC.CUDA_POOLING), sorted({r["kernel"] for r in rows})
     for r in rows:
-        assert not SASS.spills(r), f"{r['symbol']} spills: {r}"
+        assert not MC.spills(r), f"{r['symbol']} spills: {r}"
         if "smem" in r["kernel"]:
             assert r["ldg128"] > 0, f"{r['symbol']}: no LDG.E.128 in its {arch} SASS"
 
@@ -175,10 +118,10 @@ def test_cuda_kernels_compiled_for_sm90a():
 
 def _cuda_attention_kernels():
     so = specdec.ops.dispatch.extension().__file__
-    usage = machine_code.res_usage(so)
-    names = machine_code.demangle([u["function"] for u in usage])
-    return so, [(u, machine_code.cuda_attention_kernel(n)) for u, n in zip(usage, names)
-                if machine_code.cuda_attention_kernel(n) is not None]
+    usage = MC.res_usage(so)
+    names = MC.demangle([u["function"] for u in usage])
+    return so, [(u, MC.cuda_attention_kernel(n)) for u, n in zip(usage, names)
+                if MC.cuda_attention_kernel(n) is not None]
 
 
 @pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")
@@ -204,10 +147,10 @@ def test_cuda_attention_kernels_never_spill():
 def test_cuda_attention_kernels_use_tensor_cores_for_16_bit_only():
     """cuobjdump -sass: every half/bfloat16 instantiation of the split kernel (decode and prefill
     blocks) issues HMMA; the float32 ones none (the contract's IEEE dots)."""
-    if _cuobjdump() is None or not machine_code.sass_available():
+    if _cuobjdump() is None or not MC.sass_available():
         pytest.skip("cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     so, kernels = _cuda_attention_kernels()
-    sass = machine_code.sass_opcodes(so)
+    sass = MC.sass_opcodes(so)
     checked = 0
     for u, (kernel, dtype, dp, wm) in kernels:
         if kernel != "split_attention_kernel":

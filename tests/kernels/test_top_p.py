@@ -314,7 +314,7 @@ def test_cuda_shared_memory_kernels_match_the_reference(monkeypatch, v, dtype):
 
     if not specdec.build_info()["cuda_kernels"]:
         pytest.skip("extension built without CUDA kernels")
-    monkeypatch.setenv("SPECDEC_CUDA_POOL_V2", "1")
+    monkeypatch.setenv("SPECDEC_CUDA_POOL", "v2")
     logits, uncond, tokens = _rows(11, 6, v, dtype, True)
     neighbors = torch.randint(0, v, (v, 16), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     for kw in (dict(), dict(top_k=50), dict(top_p=0.8), dict(top_k=100, top_p=0.5, delta=0.2)):

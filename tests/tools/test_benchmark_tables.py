@@ -84,7 +84,7 @@ def _record_engine():
     import sys
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))     # it imports bench_helpers
-    spec = importlib.util.spec_from_file_location("record_engine", os.path.join(ROOT, "benchmarks", "record_engine.py"))
+    spec = importlib.util.spec_from_file_location("record_engine", os.path.join(ROOT, "benchmarks", "decoders", "record_engine.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -109,7 +109,7 @@ def test_an_engine_run_stopped_early_keeps_what_each_cell_measured():
     assert rows["ar", "compiled"]["s_per_image"] is None and rows["ar", "compiled"]["images_per_s"] is None
     assert rows["mulo", "compiled"]["s_per_image"] == 0.125 and rows["mulo", "compiled"]["speedup_vs_ar"] is None
     data = {"kind": "specdec-engine", "datetime": "2026-12-01T00:00:00", "machine": "test machine",
-            "command": "python benchmarks/record_engine.py", "threads": 1, "num_images": 4,
+            "command": "python benchmarks/decoders/record_engine.py", "threads": 1, "num_images": 4,
             "rows": list(rows.values()), "stopped_early": True}
     text = "\n".join(mr.render_engine(data, "engine.json"))
     assert "Stopped early by a time limit" in text
@@ -142,7 +142,7 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
     import types
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("record_scaling", os.path.join(ROOT, "benchmarks", "record_scaling.py"))
+    spec = importlib.util.spec_from_file_location("record_scaling", os.path.join(ROOT, "benchmarks", "decoders", "record_scaling.py"))
     rs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rs)
     stats = lambda fed: types.SimpleNamespace(stats=types.SimpleNamespace(target_tokens_fed=fed, images=2))  # noqa
@@ -157,7 +157,7 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
                                     5.0)
     assert rows[1]["pass_ratio_vs_ar"] == 256 / 25 and rows[1]["tokens_fed_per_image"] == 300
     data = {"kind": "specdec-scaling", "datetime": "2026-12-02T00:00:00", "machine": "test machine",
-            "command": "python benchmarks/record_scaling.py", "threads": 1, "num_images": 2, "rows": rows}
+            "command": "python benchmarks/decoders/record_scaling.py", "threads": 1, "num_images": 2, "rows": rows}
     mr = _make_results()
     text = "\n".join(mr.render_scaling(data, "s.json"))
     assert "| 32x32 | mulo | 40.0 | 300 | 25.60x | 90.0 | 5.0 | 0.700 | 0.250 | 0.125 | 4.00x | 4.00x |" in text
@@ -168,14 +168,14 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
 
 
 def test_real_size_record_runs_and_renders(monkeypatch):
-    """benchmarks/record_real_size.py on LlamaGen-XL's real width cut to one layer (random bf16
+    """benchmarks/decoders/record_real_size.py on LlamaGen-XL's real width cut to one layer (random bf16
     weights): the cost curve (1 token and the whole 24x24 grid), the AR step, one MuLo-SD decode,
     the parameter count at full depth (GPT-XL: 0.77B), and make_results.py's table of it."""
     import sys
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     spec = importlib.util.spec_from_file_location("record_real_size",
-                                                  os.path.join(ROOT, "benchmarks", "record_real_size.py"))
+                                                  os.path.join(ROOT, "benchmarks", "decoders", "record_real_size.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     saved = {}

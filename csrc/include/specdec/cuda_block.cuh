@@ -6,21 +6,23 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "specdec/pool_math.h"
 
 namespace specdec {
 
-// SPECDEC_CUDA_POOL_V2=1 selects the pooling kernels that stage each row in shared memory with
-// 128-bit loads (pool_probs, sampling_probs, sample_residual). Off by default: those kernels
-// have been compiled (sm_80, sm_90a) and checked in SASS, but have never run on a GPU. Read at
-// every launch, so a test can switch it with os.environ.
-inline bool pool_v2_enabled() {
-  const char* e = std::getenv("SPECDEC_CUDA_POOL_V2");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
+// Which kernels pool_probs, sampling_probs and sample_residual run on CUDA: the `variant` argument of
+// the pool_probs_variant / sampling_probs_variant / sample_residual_variant ops, chosen in Python
+// (specdec/ops.py reads SPECDEC_CUDA_POOL; the plain ops always run kStreamed).
+//   0 kStreamed: rows streamed from global memory, bisections: the default, run on H200s;
+//   1 kStaged ("v2"): rows staged once in shared memory with 128-bit loads, bisections;
+//   2 kRadix ("radix"): staged rows, radix-select thresholds (specdec/radix_select.cuh); rows too
+//     large for shared memory stream with the same selection. sample_residual has no selection:
+//     kRadix runs its kStaged kernel.
+// kStaged and kRadix have been compiled (sm_80, sm_90a) and checked in SASS, never run on a GPU.
+enum class PoolVariant : int64_t { kStreamed = 0, kStaged = 1, kRadix = 2 };
+constexpr bool is_pool_variant(int64_t v) { return v >= 0 && v <= 2; }
+#define SPECDEC_POOL_VARIANTS "0 (default: rows streamed), 1 (v2: rows staged in shared memory) or 2 (radix)"
 
 namespace cuda {
 

@@ -351,7 +351,7 @@ def test_load_pretrained_folder(tmp_path):
 def test_compiled_passes_give_the_eager_tokens(family):
     """compile=True on both stages (GLM-Image's decoder layers and the M-RoPE positions inside the
     compiled graphs, fullgraph): the same preview and target as eager, prompts of two lengths in
-    one batch (what benchmarks/record_real_size.py --compile runs on a GPU)."""
+    one batch (what benchmarks/decoders/record_real_size.py --compile runs on a GPU)."""
     kw = dict(prompts=prompts(), seed=3, batch_size=2)
     eager = decode("ar", family, **kw)
     compiled = decode("ar", family, compile=True, **kw)

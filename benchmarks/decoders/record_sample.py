@@ -4,7 +4,7 @@ same samples.npz, and keeps wall time and images/s of each, with the machine, da
 the load average around each run, as benchmarks/results/sample-<method>-<N>-<stamp>.json
 (rendered into RESULTS.md by make_results.py).
 
-    python benchmarks/record_sample.py [--method mulo] [--num-images 1000] [--nproc 2] [--keep DIR]
+    python benchmarks/decoders/record_sample.py [--method mulo] [--num-images 1000] [--nproc 2] [--keep DIR]
 """
 import argparse
 import datetime
@@ -17,7 +17,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import device_description  # noqa: E402
 
@@ -62,7 +62,7 @@ def main(argv=None):
               "cpu_count": os.cpu_count(), "method": args.method, "num_images": args.num_images, "seed": 0,
               "family": "embedded default (specdec.models.default())", "npz_identical": identical, "runs": runs}
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(HERE, "results", f"sample-{args.method}-{args.num_images}-{stamp}.json")
+    out = os.path.join(os.path.dirname(HERE), "results", f"sample-{args.method}-{args.num_images}-{stamp}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(record, f, indent=2)

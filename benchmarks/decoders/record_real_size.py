@@ -25,9 +25,9 @@ mean nothing here, the cost curve is the point (it turns the pass counts of trai
 wall-clock at real size). The cost curves of every model are measured first, then the decodes, so
 a run cut short keeps the curves.
 
-    python benchmarks/record_real_size.py [--layers 2] [--models llamagen-xl,janus-pro-1b,glm-image]
+    python benchmarks/decoders/record_real_size.py [--layers 2] [--models llamagen-xl,janus-pro-1b,glm-image]
         [--methods ar,sd,lantern,sjd,zipar,mulo,ssd] [--decode-models ...] [--repeats 3] [--threads 1]
-    python benchmarks/record_real_size.py --device cuda --compile --layers 8     # CUDA graphs
+    python benchmarks/decoders/record_real_size.py --device cuda --compile --layers 8     # CUDA graphs
 
 Kept as benchmarks/results/real-size-<machine>-<stamp>.json (rendered by make_results.py). A run
 stopped by SIGTERM (gpu_check.sh's step timeout) saves what it measured, marked `stopped_early`.
@@ -46,8 +46,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import device_description, save_record  # noqa: E402
 
@@ -351,7 +350,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads or 1)
     started = datetime.datetime.now(datetime.timezone.utc)
     record = dict(kind="specdec-real-size", datetime=started.isoformat(), machine=device_description(),
-                  command="python benchmarks/record_real_size.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  command="python benchmarks/decoders/record_real_size.py " + " ".join(sys.argv[1:] if argv is None else argv),
                   device=str(device), compile=args.compile, dtype="bfloat16", threads=torch.get_num_threads(),
                   layers=args.layers, models=[], loadavg_1_5_15_before=list(os.getloadavg()),
                   note="random weights: pass counts and acceptance mean nothing; the seconds per pass are the point")

@@ -5,7 +5,7 @@ target pass (specdec.profiling.count_host_syncs over one counted batch), and the
 time. Speed-ups are against `ar` in the same mode and batch size, in the same run. Kept as
 benchmarks/results/engine-<machine>-<stamp>.json (rendered into RESULTS.md by make_results.py).
 
-    python benchmarks/record_engine.py [--num-images N] [--batch-sizes 1,16] [--methods ...]
+    python benchmarks/decoders/record_engine.py [--num-images N] [--batch-sizes 1,16] [--methods ...]
         [--compiled-methods ...] [--device cuda]
 
 Each cell is warmed up at its batch shape first (most of the compilation happens there; a bucket
@@ -28,7 +28,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record, synchronize  # noqa: E402
 

@@ -6,7 +6,7 @@ class accuracy (beside the real-vs-real FD of as many images), wall seconds per 
 benchmarks/results/scaling-<machine>-<stamp>.json (make_results.py renders the table and
 scaling.png).
 
-    python benchmarks/record_scaling.py [--num-images 100] [--grids 8,16,32] [--modes eager,compiled]
+    python benchmarks/decoders/record_scaling.py [--num-images 100] [--grids 8,16,32] [--modes eager,compiled]
 """
 import argparse
 import datetime
@@ -16,7 +16,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
 

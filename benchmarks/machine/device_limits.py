@@ -1,7 +1,7 @@
 """The two ceilings every GPU figure is compared with, measured once on the device at hand:
 device-to-device copy bandwidth (bytes read + written per second) and the bf16 matrix rate.
 
-    python benchmarks/device_limits.py [OUT.json]
+    python benchmarks/machine/device_limits.py [OUT.json]
 
 Timed with CUDA events after warm-up, median of repeats, on random data (never zeros).
 On a machine without a GPU it prints {"device": null}.

@@ -15,7 +15,7 @@ so a slow spell of a shared machine falls on all of them), and reports per metho
   about in proportion to its tokens, so a method that feeds several times AR's 256 tokens has a low
   ceiling whatever its host work costs.
 
-    python benchmarks/record_graph_time.py [--num-images 8] [--methods ar,mulo,ssd,zipar,sjd]
+    python benchmarks/decoders/record_graph_time.py [--num-images 8] [--methods ar,mulo,ssd,zipar,sjd]
         [--warmup 10] [--threads 1]
 
 CPU only: on a GPU a graph call returns before the graph has run. Kept as
@@ -31,7 +31,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
 

@@ -2,7 +2,7 @@
 table, with the machine, date and command, as benchmarks/results/compare-<machine>-<stamp>.json
 (rendered into RESULTS.md by make_results.py beside the kernel figures).
 
-    python benchmarks/record_compare.py [--num-images N] [extra `specdec compare` arguments]
+    python benchmarks/decoders/record_compare.py [--num-images N] [extra `specdec compare` arguments]
 """
 import argparse
 import datetime
@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import device_description, save_record  # noqa: E402
 
