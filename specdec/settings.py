@@ -33,8 +33,7 @@ class Sampling:
             raise ValueError(f"cfg_scale must be a finite number, got {self.cfg_scale!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
+        check_int(self.top_k, "top_k")
         if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                 or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be a float in (0, 1], got {self.top_p!r}")
@@ -58,6 +57,14 @@ class Sampling:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value, name: str, minimum: int = 0) -> int:
+    """`value` if it is an int (not a bool) >= `minimum`, else a ValueError naming `name`: the
+    check of every count among the settings and the methods' options."""
+    if not _is_int(value) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -86,14 +93,12 @@ class RunSettings:
     def __post_init__(self):
         if not _is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
-        if not _is_int(self.first_index) or self.first_index < 0:
-            raise ValueError(f"first_index must be an int >= 0, got {self.first_index!r}")
+        check_int(self.first_index, "first_index")
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a specdec Sampling, got {type(self.sampling).__name__}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {self.backend!r}")
-        if not _is_int(self.batch_size) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        check_int(self.batch_size, "batch_size", 1)
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
         if self.progress is not None and not callable(self.progress):
@@ -105,4 +110,4 @@ class RunSettings:
         return self.sampling if self.sampling is not None else Sampling()
 
 
-__all__ = ["BACKENDS", "RunSettings", "Sampling"]
+__all__ = ["BACKENDS", "RunSettings", "Sampling", "check_int"]

@@ -18,7 +18,7 @@ import torch
 from specdec.decoding.sd import check_chunk, speculative_decode
 from specdec.decoding.speculative import Relaxation
 from specdec.neighbors import knn_table
-from specdec.settings import RunSettings
+from specdec.settings import RunSettings, check_int
 
 
 # The tables of the last few codebooks: a decoder call builds its table from the codebook, and
@@ -54,9 +54,7 @@ def check_delta(delta) -> float:
 
 
 def check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0, got {k!r}")
-    return k
+    return check_int(k, "k")
 
 
 @dataclass(frozen=True)

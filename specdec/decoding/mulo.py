@@ -51,7 +51,7 @@ from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import check_window, zipar_grid
 from specdec.ops.verification import sample_residual_unchecked
-from specdec.settings import RunSettings, Sampling
+from specdec.settings import RunSettings, Sampling, check_int
 
 DRAFTING = ("serial", "zipar")
 RESAMPLING = ("islands", "raster")
@@ -85,16 +85,14 @@ class MuloOptions:
 
     def __post_init__(self):
         check_tau(self.tau)
-        if isinstance(self.radius, bool) or not isinstance(self.radius, int) or self.radius < 0:
-            raise ValueError(f"radius must be an int >= 0, got {self.radius!r}")
+        check_int(self.radius, "radius")
         check_k(self.k)
         check_delta(self.delta)
         if self.upsample not in _up.MODES:
             raise ValueError(f"upsample must be one of {', '.join(_up.MODES)}, got {self.upsample!r}")
         if self.drafting not in DRAFTING:
             raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+        check_int(self.window, "window", 1)
         if self.resample not in RESAMPLING:
             raise ValueError(f"resample must be one of {', '.join(RESAMPLING)}, got {self.resample!r}")
         if self.draft not in DRAFTS:

@@ -20,13 +20,11 @@ from specdec.decoding import heads as _heads
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.compiled import record_compile_s, runner_for
 from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, Relaxation, raster_speculate
-from specdec.settings import RunSettings
+from specdec.settings import RunSettings, check_int
 
 
 def check_chunk(chunk) -> int:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
-    return chunk
+    return check_int(chunk, "chunk", 1)
 
 
 @dataclass(frozen=True)

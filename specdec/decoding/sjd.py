@@ -30,7 +30,7 @@ from specdec.decoding.speculative import padded_block
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.ops.verification import sample_residual_unchecked, verify_grid_unchecked
-from specdec.settings import RunSettings
+from specdec.settings import RunSettings, check_int
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,7 @@ class SJDOptions:
     window: int = 16   #: future slots guessed and verified per pass
 
     def __post_init__(self):
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+        check_int(self.window, "window", 1)
 
 
 def _long(values, device) -> torch.Tensor:

@@ -69,7 +69,7 @@ from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_spec
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.ops.verification import verify_grid_unchecked
-from specdec.settings import RunSettings
+from specdec.settings import RunSettings, check_int
 
 COMMIT = ("write", "verify")
 
@@ -82,9 +82,7 @@ def _check_bound(value, name: str):
 
 
 def check_rounds(rounds) -> int:
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-        raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
-    return rounds
+    return check_int(rounds, "rounds")
 
 
 @dataclass(frozen=True)
@@ -102,10 +100,8 @@ class SSDOptions:
 
     def __post_init__(self):
         check_rounds(self.rounds)
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ValueError(f"chunk must be an int >= 1, got {self.chunk!r}")
-        if isinstance(self.vertical_heads, bool) or not isinstance(self.vertical_heads, int) or self.vertical_heads < 1:
-            raise ValueError(f"vertical_heads must be an int >= 1, got {self.vertical_heads!r}")
+        check_int(self.chunk, "chunk", 1)
+        check_int(self.vertical_heads, "vertical_heads", 1)
         if self.commit not in COMMIT:
             raise ValueError(f"commit must be one of {', '.join(COMMIT)}, got {self.commit!r}")
         _check_bound(self.max_tail, "max_tail")

@@ -22,7 +22,7 @@ from specdec.decoding.compiled import record_compile_s, runner_for
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
 from specdec.decoding.uploads import to_device
-from specdec.settings import RunSettings
+from specdec.settings import RunSettings, check_int
 
 
 def check_window(window, width: int) -> int:
@@ -36,8 +36,7 @@ class ZipAROptions:
     window: int = 4   #: tokens of row i before row i + 1 starts (at most the grid width)
 
     def __post_init__(self):
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
+        check_int(self.window, "window", 1)
 
 
 def schedule(H: int, W: int, window: int, device) -> list:
