@@ -119,7 +119,9 @@ class _FakeProc:
 
 def test_train_all_schedules_two_jobs_after_their_inputs():
     _FakeProc.log = []
-    ticks = {"vq": 2, "classifier": 1, "target": 5, "drafter": 2, "sd_drafter": 2, "ssd": 2, "upsampler": 3}
+    ticks = {"vq": 2, "classifier": 1, "target": 5, "drafter": 2, "sd_drafter": 2, "ssd": 2, "upsampler": 3,
+             "target32": 6, "sd_drafter32": 3, "ssd32": 2, "upsampler32": 3}
+    assert set(ticks) == set(train_main.SCRIPTS)
 
     def start(name):
         _FakeProc.log.append(("start", name))
