@@ -630,6 +630,45 @@ SD_INLINE vf probs_of(const RowStats& st, vf lv) {
   return st.select ? select_v(okey_v(lv) >= (vu{} + st.thr), p, splat(0.0f)) : p;
 }
 
+// W float32 values table[ids] (ids valid).
+SD_INLINE vf gather(const float* table, vi ids) {
+#if defined(SPECDEC_X86_AVX512)
+  return reinterpret_cast<vf>(_mm512_i32gather_ps(reinterpret_cast<__m512i>(ids), table, 4));
+#elif defined(SPECDEC_X86_AVX2)
+  return reinterpret_cast<vf>(_mm256_i32gather_ps(table, reinterpret_cast<__m256i>(ids), 4));
+#else
+  vf r;
+  for (int j = 0; j < W; ++j) r[j] = table[ids[j]];
+  return r;
+#endif
+}
+
+// The guided logits of W valid ids: gathered from the row buffer, or recomputed from the inputs
+// (still in cache) with the operations of the streaming pass.
+template <class T>
+SD_INLINE vf logits_at(const RowStats& st, const RowScratch& s, const T* c, const T* u, const PoolRows& a, vi ids) {
+  if (st.stored) return gather(s.l, ids);
+  vf x;
+  if constexpr (sizeof(T) == 4) {
+    x = gather(reinterpret_cast<const float*>(c), ids);
+    if (u != nullptr) x = guide_v(x, gather(reinterpret_cast<const float*>(u), ids), a.cfg_scale);
+    if (a.temperature != 1.0f) x = x / a.temperature;
+  } else {
+    for (int j = 0; j < W; ++j) x[j] = logit_at<T>(st, s, c, u, a, ids[j]);
+  }
+  return x;
+}
+
+template <class Nb>
+SD_INLINE vi load_ids(const Nb* p) {
+  if constexpr (sizeof(Nb) == 2) {
+    typedef int16_t vs __attribute__((vector_size(W * sizeof(int16_t))));
+    return __builtin_convertvector(load_as<vs>(p), vi);
+  } else {
+    return load_as<vi>(p);
+  }
+}
+
 template <class T, class Nb>
 RowErrors pool_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const RowScratch& s) {
   RowErrors err;
@@ -637,6 +676,7 @@ RowErrors pool_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const Ro
   const T* cond = static_cast<const T*>(a.cond);
   const T* uncond = static_cast<const T*>(a.uncond);
   const Nb* nb = static_cast<const Nb*>(a.neighbors);
+  const bool all_neighbors = a.delta == kInf;  // delta=None: the sum of all K
   for (int64_t r = begin; r < end; ++r) {
     const int64_t x = a.tokens64 ? static_cast<const int64_t*>(a.tokens)[r * a.token_stride]
                                  : static_cast<const int32_t*>(a.tokens)[r * a.token_stride];
@@ -655,37 +695,58 @@ RowErrors pool_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const Ro
     const float px = probs_of(st, splat(logit_at<T>(st, s, c, u, a, x)))[0];
     float moved = 0.0f;
     if (nb != nullptr) {
+      // W neighbours at a time: ids checked, logits gathered, probabilities computed together.
+      // S_m: the prefix sums in neighbour order. A batch whose end stays <= delta is taken whole;
+      // the batch where the sum passes delta is walked one neighbour at a time, as the scalar
+      // definition (an out-of-range id is an error only when reached, the first sum above delta
+      // ends the walk). Sums are float32; the order within a batch may differ from the scalar
+      // one by rounding.
       const Nb* row_nb = nb + x * a.k;
+      const vi lanes = iota();
+      vf all = splat(0.0f);  // delta=None: per-lane sums of every batch
       float inclusive = 0.0f;
-      bool stop = false;
-      for (int64_t j0 = 0; j0 < a.k && !stop; j0 += W) {
-        // W neighbours' probabilities at once ...
+      bool stopped = false;
+      for (int64_t j0 = 0; j0 < a.k && !stopped; j0 += W) {
         const int cnt = static_cast<int>(imin(W, a.k - j0));
-        alignas(64) float lg[W];
-        alignas(64) float pv[W];
-        bool ok_id[W];
-        for (int t = 0; t < W; ++t) {
-          const int64_t y = t < cnt ? static_cast<int64_t>(row_nb[j0 + t]) : -1;
-          ok_id[t] = y >= 0 && y < v;
-          lg[t] = ok_id[t] ? logit_at<T>(st, s, c, u, a, y) : kNegInf;
+        vi ids;
+        if (cnt == W) {
+          ids = load_ids<Nb>(row_nb + j0);
+        } else {
+          for (int t = 0; t < W; ++t) ids[t] = t < cnt ? static_cast<int32_t>(row_nb[j0 + t]) : 0;
         }
-        store_as(pv, probs_of(st, load_as<vf>(lg)));
-        // ... then their prefix sums in neighbour order, as the scalar definition: an
-        // out-of-range id is an error only when reached, and the first sum above delta ends it.
-        for (int t = 0; t < cnt; ++t) {
-          if (!ok_id[t]) {
-            err.bad_neighbor = x;
-            stop = true;
-            break;
-          }
-          inclusive += pv[t];
-          if (!(inclusive <= a.delta)) {
-            stop = true;
-            break;
-          }
+        const vi present = lanes < cnt;
+        const vi valid = (ids >= 0) & (ids < static_cast<int32_t>(v));
+        const bool bad = any(present & ~valid);
+        const vi safe = select_i(valid, ids, vi{});
+        const vf lg = select_v(present & valid, logits_at<T>(st, s, c, u, a, safe), splat(kNegInf));
+        const vf p = probs_of(st, lg);
+        if (all_neighbors && !bad) {
+          all = all + p;
+          continue;
+        }
+        if (all_neighbors) inclusive = hsum(all);  // a bad id in this batch: walk up to it
+        const float batch = hsum(p);
+        if (!bad && inclusive + batch <= a.delta) {
+          inclusive += batch;
           moved = inclusive;
+          continue;
+        }
+        alignas(64) float pv[W];
+        alignas(64) int32_t ok[W];
+        store_as(pv, p);
+        store_as(ok, valid);
+        for (int t = 0; t < cnt && !stopped; ++t) {
+          if (!ok[t]) {
+            err.bad_neighbor = x;
+            stopped = true;
+          } else {
+            inclusive += pv[t];
+            stopped = !(inclusive <= a.delta);
+            if (!stopped) moved = inclusive;
+          }
         }
       }
+      if (all_neighbors && !stopped) moved = hsum(all);
     }
     a.pooled[r] = px + moved;
     a.p_token[r] = px;
