@@ -373,17 +373,142 @@ Stream stream_any(const T* c, const T* u, int64_t v, float cfg, float temperatur
                              : stream_row<T, kStore, kSum, false, false>(c, u, v, cfg, temperature, l);
 }
 
+// W float32 values table[ids] (ids valid).
+SD_INLINE vf gather(const float* table, vi ids) {
+#if defined(SPECDEC_X86_AVX512)
+  return reinterpret_cast<vf>(_mm512_i32gather_ps(reinterpret_cast<__m512i>(ids), table, 4));
+#elif defined(SPECDEC_X86_AVX2)
+  return reinterpret_cast<vf>(_mm256_i32gather_ps(table, reinterpret_cast<__m256i>(ids), 4));
+#else
+  vf r;
+  for (int j = 0; j < W; ++j) r[j] = table[ids[j]];
+  return r;
+#endif
+}
+
 // ---- step 2: top-k by radix select -----------------------------------------------------------------
 
 // Digits of the ordered key, most significant first: 11, 11 and 10 bits.
 constexpr int kDigitShift[3] = {21, 10, 0};
 constexpr uint32_t kDigitMask[3] = {0x7ff, 0x7ff, 0x3ff};
 
+// Radix select on a candidate list: ck / ci hold the ordered keys and ids of the nc entries that
+// may still be the k-th largest (the need-th largest among them), all of whose keys agree with
+// the candidates' bucket in the digits before `level`. Entries of higher buckets go to the kept
+// list (kv, ki, *nk; their logits from l), the rest narrow down digit by digit. Returns the
+// threshold key; every candidate left is kept (ties at the threshold).
+uint32_t radix_on_list(int level, uint32_t* ck, int32_t* ci, int64_t nc, int64_t need, const float* l, float* kv,
+                       int32_t* ki, int64_t* nk_io, int64_t* hist) {
+  int64_t nk = *nk_io;
+  for (; level < 3 && nc > need; ++level) {
+    const int shift = kDigitShift[level];
+    const uint32_t mask = kDigitMask[level];
+    __builtin_memset(hist, 0, sizeof(int64_t) * (mask + 1));
+    uint32_t dmax = 0;
+    for (int64_t c = 0; c < nc; ++c) {
+      const uint32_t d = (ck[c] >> shift) & mask;
+      ++hist[d];
+      dmax = d > dmax ? d : dmax;
+    }
+    uint32_t bb = dmax;
+    while (hist[bb] < need) need -= hist[bb--];
+    // Vector filter (no branch per candidate): higher digits to the kept list, the bucket's own
+    // stay, in place (writes land at or before what was read).
+    int64_t m = 0;
+    const vu bv = vu{} + bb;
+    const vi lanes = iota();
+    for (int64_t c = 0; c < nc; c += W) {
+      const vu key = load_as<vu>(ck + c);
+      const vi id = load_as<vi>(ci + c);
+      const vi valid = (lanes + static_cast<int32_t>(c)) < static_cast<int32_t>(nc);
+      const vi safe = select_i(valid, id, vi{});
+      const vu d = (key >> shift) & mask;
+      const uint32_t gt = mask_bits((d > bv) & valid);
+      const uint32_t eq = mask_bits((d == bv) & valid);
+      if (gt != 0) {
+        compress(kv + nk, gather(l, safe), gt);
+        nk += compress(ki + nk, safe, gt);
+      }
+      compress(ck + m, key, eq);
+      m += compress(ci + m, id, eq);
+    }
+    nc = m;
+  }
+  // Either every candidate is kept (nc == need) or all share one key (all 32 bits decided): the
+  // threshold is their smallest key, and they are all kept (ties at the threshold).
+  uint32_t thr = 0xffffffffu;
+  for (int64_t c = 0; c < nc; ++c) {
+    thr = ck[c] < thr ? ck[c] : thr;
+    kv[nk] = l[ci[c]];
+    ki[nk++] = ci[c];
+  }
+  *nk_io = nk;
+  return thr;
+}
+
+// The r-th largest (1 <= r <= n) of n keys, by the same radix walk with 8-bit digits; keys is
+// overwritten. For the pivot sample only (a few hundred keys).
+uint32_t kth_largest_key(uint32_t* keys, int64_t n, int64_t r, int64_t* hist) {
+  uint32_t prefix = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    __builtin_memset(hist, 0, sizeof(int64_t) * 256);
+    for (int64_t c = 0; c < n; ++c) ++hist[(keys[c] >> shift) & 0xff];
+    uint32_t b = 255;
+    while (hist[b] < r) r -= hist[b--];
+    int64_t m = 0;
+    for (int64_t c = 0; c < n; ++c)
+      if (((keys[c] >> shift) & 0xff) == b) keys[m++] = keys[c];
+    n = m;
+    prefix |= b << shift;
+  }
+  return prefix;
+}
+
+// Pivot for long rows with a small k: kPivotSample keys at a fixed stride, and the key of rank
+// about 1.25 * k * kPivotSample / v + 8 among them, so that (unless the row's order is adversarial
+// to the stride) clearly more than k entries of the row are at or above it, and few beyond.
+constexpr int64_t kPivotSample = 512;
+constexpr int64_t kPivotMinRow = 4096;
+
 // The ordered key of the k-th largest of l[0, v) (0 < k < v; l padded with -inf) whose maximum has
 // key umax. Writes every entry with a key >= it (ties at the threshold included) to
 // kept_val / kept_idx and returns the key; *kept_n is their count.
+//
+// Digits of 11, 11 and 10 bits. The first is histogrammed over the row, unless a pivot key g from
+// a strided sample leaves at least k entries at or above it: then one vector pass copies those
+// entries (a few times k) to the candidate list and only they are histogrammed. Either way the
+// threshold is the exact k-th largest key: the pivot only chooses which entries are counted, and
+// a pivot with fewer than k entries above it is dropped.
 uint32_t select_top_k(const float* l, int64_t v, int64_t k, uint32_t umax, const RowScratch& s, int64_t* kept_n) {
   int64_t* hist = s.hist;
+  float* kv = s.kept_val;
+  int32_t* ki = s.kept_idx;
+  uint32_t* ck = s.cand_key;
+  int32_t* ci = s.cand_aux;
+  const vi lanes = iota();
+  int64_t nk = 0, nc = 0;
+  if (v >= kPivotMinRow && k * 8 <= v) {
+    uint32_t* sample = reinterpret_cast<uint32_t*>(s.weights);
+    const int64_t stride = v / kPivotSample;
+    for (int64_t j = 0; j < kPivotSample; ++j) sample[j] = okey_s(l[j * stride]);
+    const int64_t rank = imin(kPivotSample, (k * kPivotSample * 5) / (4 * v) + 8);
+    const vu g = vu{} + kth_largest_key(sample, kPivotSample, rank, hist);
+    for (int64_t i = 0; i < v; i += W) {
+      const vu key = okey_v(load_as<vf>(l + i));
+      const vi idx = lanes + static_cast<int32_t>(i);
+      const uint32_t sel = mask_bits((key >= g) & (idx < static_cast<int32_t>(v)));
+      if (sel != 0) {
+        compress(ck + nc, key, sel);
+        nc += compress(ci + nc, idx, sel);
+      }
+    }
+    if (nc >= k) {
+      const uint32_t thr = radix_on_list(0, ck, ci, nc, k, l, kv, ki, &nk, hist);
+      *kept_n = nk;
+      return thr;
+    }
+    nc = 0;
+  }
   __builtin_memset(hist, 0, sizeof(int64_t) * kHistBins);
   int64_t i = 0;
   for (; i + W <= v; i += W) {
@@ -397,12 +522,6 @@ uint32_t select_top_k(const float* l, int64_t v, int64_t k, uint32_t umax, const
   uint32_t b = umax >> 21;
   while (hist[b] < need) need -= hist[b--];
   // One pass: higher buckets are kept, the k-th's bucket becomes the candidate list.
-  float* kv = s.kept_val;
-  int32_t* ki = s.kept_idx;
-  uint32_t* ck = s.cand_key;
-  int32_t* ci = s.cand_aux;
-  int64_t nk = 0, nc = 0;
-  const vi lanes = iota();
   const vu bv = vu{} + b;
   for (i = 0; i < v; i += W) {
     const vf x = load_as<vf>(l + i);
@@ -417,40 +536,7 @@ uint32_t select_top_k(const float* l, int64_t v, int64_t k, uint32_t umax, const
     compress(ck + nc, key, eq);
     nc += compress(ci + nc, idx, eq);
   }
-  // The next digits on the candidates only.
-  for (int level = 1; level < 3 && nc > need; ++level) {
-    const int shift = kDigitShift[level];
-    const uint32_t mask = kDigitMask[level];
-    __builtin_memset(hist, 0, sizeof(int64_t) * (mask + 1));
-    uint32_t dmax = 0;
-    for (int64_t c = 0; c < nc; ++c) {
-      const uint32_t d = (ck[c] >> shift) & mask;
-      ++hist[d];
-      dmax = d > dmax ? d : dmax;
-    }
-    uint32_t bb = dmax;
-    while (hist[bb] < need) need -= hist[bb--];
-    int64_t m = 0;
-    for (int64_t c = 0; c < nc; ++c) {
-      const uint32_t d = (ck[c] >> shift) & mask;
-      if (d > bb) {
-        kv[nk] = l[ci[c]];
-        ki[nk++] = ci[c];
-      } else if (d == bb) {
-        ck[m] = ck[c];
-        ci[m++] = ci[c];
-      }
-    }
-    nc = m;
-  }
-  // Either every candidate is kept (nc == need) or all share one key (all 32 bits decided): the
-  // threshold is their smallest key, and they are all kept (ties at the threshold).
-  uint32_t thr = 0xffffffffu;
-  for (int64_t c = 0; c < nc; ++c) {
-    thr = ck[c] < thr ? ck[c] : thr;
-    kv[nk] = l[ci[c]];
-    ki[nk++] = ci[c];
-  }
+  const uint32_t thr = radix_on_list(1, ck, ci, nc, need, l, kv, ki, &nk, hist);
   *kept_n = nk;
   return thr;
 }
@@ -513,12 +599,16 @@ uint32_t select_top_p(const float* vals, int64_t n, float m, double top_p, const
     }
     uint32_t bb = dmax;
     while (bb > 0 && inside_nucleus(above + hist[bb], threshold)) above += hist[bb--];
-    int64_t k = 0;
-    for (int64_t c = 0; c < nc; ++c) {
-      if (((ck[c] >> shift) & mask) == bb) {
-        ck[k] = ck[c];
-        cw[k++] = cw[c];
-      }
+    int64_t k = 0;  // the bucket's candidates stay, in place (vector filter, no branch per entry)
+    const vu bv = vu{} + bb;
+    const vi lanes = iota();
+    for (int64_t c = 0; c < nc; c += W) {
+      const vu key = load_as<vu>(ck + c);
+      const vi wc = load_as<vi>(cw + c);
+      const vi valid = (lanes + static_cast<int32_t>(c)) < static_cast<int32_t>(nc);
+      const uint32_t eq = mask_bits((((key >> shift) & mask) == bv) & valid);
+      compress(ck + k, key, eq);
+      k += compress(cw + k, wc, eq);
     }
     nc = k;
   }
@@ -628,19 +718,6 @@ SD_INLINE float logit_at(const RowStats& st, const RowScratch& s, const T* c, co
 SD_INLINE vf probs_of(const RowStats& st, vf lv) {
   const vf p = exp_v(lv - st.lse);
   return st.select ? select_v(okey_v(lv) >= (vu{} + st.thr), p, splat(0.0f)) : p;
-}
-
-// W float32 values table[ids] (ids valid).
-SD_INLINE vf gather(const float* table, vi ids) {
-#if defined(SPECDEC_X86_AVX512)
-  return reinterpret_cast<vf>(_mm512_i32gather_ps(reinterpret_cast<__m512i>(ids), table, 4));
-#elif defined(SPECDEC_X86_AVX2)
-  return reinterpret_cast<vf>(_mm256_i32gather_ps(table, reinterpret_cast<__m256i>(ids), 4));
-#else
-  vf r;
-  for (int j = 0; j < W; ++j) r[j] = table[ids[j]];
-  return r;
-#endif
 }
 
 // The guided logits of W valid ids: gathered from the row buffer, or recomputed from the inputs
