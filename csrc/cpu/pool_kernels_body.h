@@ -188,7 +188,7 @@ SD_INLINE int64_t hsum(vl x) {
 
 // e^x on every lane: x = q ln2 + s with q = round(x log2 e) (the 1.5 * 2^23 trick) and ln2 in two
 // parts (Cody-Waite), e^s by SLEEF's expf polynomial (|s| <= ln2 / 2, about 1 ulp); x is clamped
-// to [-104, 88] (NaN to -104). Fused multiply-adds where the instruction set has them: exp is not
+// to [-104, 88] (NaN to -104; every caller's argument is <= 0: l - max, l - lse). Fused multiply-adds where the instruction set has them: exp is not
 // one of the contract's exactly rounded steps (probabilities agree "to float32 rounding"), and no
 // decision (kept set, token) depends on it. Returns e^s in [0.7, 1.42] and q; the callers put 2^q
 // in the exponent bits, so no floating-point operation here makes a subnormal number (which costs
@@ -869,16 +869,16 @@ void sampling_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const Row
       }
       continue;
     }
+    if (!st.select) {
+      for (int64_t i = 0; i < full; i += W) store_as(out + i, exp_v(load_as<vf>(s.l + i) - lse));
+      if (full < v) store_tail(out + full, exp_v(load_as<vf>(s.l + full) - lse), v - full);
+      continue;
+    }
     const vu thr = vu{} + st.thr;
     for (int64_t i = 0; i < v; i += W) {
       const vf x = load_as<vf>(s.l + i);
-      vf p;
-      if (!st.select) {
-        p = exp_v(x - lse);
-      } else {
-        const vi keep = okey_v(x) >= thr;
-        p = any(keep) ? select_v(keep, exp_v(x - lse), splat(0.0f)) : splat(0.0f);
-      }
+      const vi keep = okey_v(x) >= thr;
+      const vf p = any(keep) ? select_v(keep, exp_v(x - lse), splat(0.0f)) : splat(0.0f);
       if (i + W <= v) {
         store_as(out + i, p);
       } else {
