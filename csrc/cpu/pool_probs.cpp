@@ -12,10 +12,6 @@
 #include <cstdint>
 #include <limits>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "pool_kernels.h"
 #include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
@@ -55,24 +51,6 @@ cpu::PoolRows rows_of(const at::Tensor& logits, const std::optional<at::Tensor>&
 
 // Work per row for the parallel grain: about ten element-operations per logit.
 int64_t row_work(int64_t v) { return 10 * v; }
-
-// A large output is written once, row by row, right after its allocation: with 4 KiB pages its
-// first-touch page faults cost more than the kernel itself (about 14 ms for 64 MiB on a 2-core
-// Xeon, against 4 ms with 2 MiB pages). Ask the kernel for transparent huge pages on the
-// untouched part of the buffer, as c10's allocator does under THP_MEM_ALLOC_ENABLE=1. Advice
-// only: without THP (or on other systems) nothing changes.
-void advise_huge_pages(void* data, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)data;
-  (void)bytes;
-#endif
-}
 
 }  // namespace
 
@@ -126,7 +104,6 @@ at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::
   at::Tensor probs = at::empty({n, v}, logits.options().dtype(at::kFloat));
   cpu::PoolRows a = rows_of(logits, uncond_logits, cfg_scale, temperature, top_k, top_p);
   a.probs = probs.data_ptr<float>();
-  advise_huge_pages(a.probs, n * v * static_cast<int64_t>(sizeof(float)));
   const cpu::Kernels& kern = cpu::kernels();
   at::parallel_for(0, n, grain_for(row_work(v)), [&](int64_t begin, int64_t end) {
     kern.sampling_rows(a, begin, end, cpu::thread_scratch(v));
