@@ -31,7 +31,10 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         # The CPU ceilings, when a benchmark of this run measured them (bench_kernel_peers.py:
         # copy bandwidth with its own thread count). A key of its own: make_results.py reads
         # specdec_limits as GPU figures.
-        from device_limits import CPU_LIMITS
+        try:
+            from machine.device_limits import CPU_LIMITS
+        except ImportError:
+            from device_limits import CPU_LIMITS
 
         if CPU_LIMITS:
             machine_info["specdec_cpu_limits"] = CPU_LIMITS[max(CPU_LIMITS)]

@@ -10,16 +10,18 @@
 // specdec/pool_math.h and specdec/verify_math.h (no FMA: the build's -ffp-contract=off), so every
 // lane equals the scalar value bit for bit and every discrete decision (kept set, token id) is
 // the reference's. Only exp() differs from the reference's libm/Sleef exp by an ulp or two
-// (probabilities "to float32 rounding"); it is the same function on every instruction set here.
+// (probabilities "to float32 rounding"); it uses FMA where the instruction set has it, so its
+// last bit may also differ between the builds.
 //
 // One row of pool_probs or sampling_probs:
 //  1. stream: one read of the cond (and uncond) row, guided logits formed in registers, NaN/+inf
 //     found, per-lane maxima, and (without top-k/top-p) per-lane online sums of exp(l - max);
 //     the logits are kept in a per-thread buffer only when a later pass needs them;
-//  2. top-k (0 < k < V): radix select of the k-th largest ordered key: a 2048-bin histogram of the
-//     key's top 11 bits over the row, one compaction pass that writes the entries of higher
-//     buckets to the kept list and those of the k-th's bucket to a candidate list, then the next
-//     11 and the last 10 bits on the candidates only (3 digits, 2 passes over the row);
+//  2. top-k (0 < k < V): radix select of the k-th largest ordered key, digits of 11, 11 and 10
+//     bits: either one vector pass keeps the entries at or above a pivot from a strided sample
+//     (long rows, k <= V / 8) and all digits run on those candidates, or the first digit's
+//     2048-bin histogram is taken over the row and one compaction pass writes the entries of
+//     higher buckets to the kept list and those of the k-th's bucket to the candidates;
 //  3. top-p (< 1): the same radix walk over the kept entries with int64 sums of the fixed-point
 //     weights in the bins, narrowing to the bucket where the weight strictly above crosses
 //     top_p * total (pool_math.h's rule), then a compaction of the entries at or above the cut;
