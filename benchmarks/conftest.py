@@ -27,5 +27,13 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 
         _LIMITS = _LIMITS or measure()
         machine_info["specdec_limits"] = _LIMITS
+    else:
+        # The CPU ceilings, when a benchmark of this run measured them (kernels/bench_kernel_peers.py:
+        # copy bandwidth with its own thread count). A key of its own: make_results.py reads
+        # specdec_limits as GPU figures.
+        from machine.device_limits import CPU_LIMITS
+
+        if CPU_LIMITS:
+            machine_info["specdec_cpu_limits"] = CPU_LIMITS[max(CPU_LIMITS)]
     machine_info["specdec_build"] = {k: v for k, v in specdec.build_info().items() if k != "backends_cpu_tensors"}
     machine_info["torch_threads"] = torch.get_num_threads()

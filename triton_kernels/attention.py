@@ -136,7 +136,7 @@ def _launch_config(nq: int, d: int, *, fp32_dots: bool, tree: bool):
     speed: on an H200 the float32 verification shape ran 8.9 ms at 64x64 tiles (9.8 KB of stack
     per thread). IEEE float32 dots are FMA loops that hold their operands in registers, so they
     take smaller tiles than tensor-core dots; the packed tree mask costs a 16-bit program its
-    64-wide key tile. tests/test_build.py lowers these configs and fails any that spills."""
+    64-wide key tile. tests/kernels/test_build.py lowers these configs and fails any that spills."""
     block_d = max(16, triton.next_power_of_2(d))
     if fp32_dots:
         block_m = min(32, max(16, triton.next_power_of_2(nq)))
@@ -342,7 +342,7 @@ _MERGE_ROWS = 16
 
 
 def _lowering_specs():
-    """(kernel, signature, constexprs, options) that tests/test_build.py lowers to sm_90a: the
+    """(kernel, signature, constexprs, options) that tests/kernels/test_build.py lowers to sm_90a: the
     launch configs of the shapes that matter (one query; a 1024-query verification block) at
     each head dim, for 16-bit and float32 dots, with every mask input present."""
     specs = []

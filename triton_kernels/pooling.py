@@ -661,7 +661,7 @@ def _onchip_config(v: int, itemsize: int, aligned: bool):
     """(ONCHIP, BLOCK_V, num_warps) of an onchip launch: whole rows up to ONCHIP_MAX_V in registers
     at 16 logits per thread (4 to 32 warps; at most 16 warps where the rows are not 16-byte aligned,
     whose scalar loads need more registers: 32 warps spill there), longer rows streamed by 8
-    warps. tests/test_pool_gpu_machine_code.py checks these launch configs for spills."""
+    warps. tests/kernels/test_pool_gpu_machine_code.py checks these launch configs for spills."""
     if v <= ONCHIP_MAX_V:
         block = triton.next_power_of_2(v)
         warps = min(max(block // 512, 4), 32 if aligned else 16)
@@ -750,11 +750,11 @@ _ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def _lowering_specs():
-    """(kernel, signature, constexprs, options, aligned) that tests/test_build.py lowers to sm_90a.
+    """(kernel, signature, constexprs, options, aligned) that tests/kernels/test_build.py lowers to sm_90a.
 
     `aligned` names the arguments the launcher specialises as multiples of 16 at a typical call
     (16-byte aligned tensors, V = 16384): with them Triton may emit 128-bit loads, which
-    tests/test_build.py checks in the SASS. A spec without them is the unaligned fallback."""
+    tests/kernels/test_build.py checks in the SASS. A spec without them is the unaligned fallback."""
     specs = []
     pool_aligned = ("logits_ptr", "uncond_ptr", "tokens_ptr", "neighbors_ptr", "pooled_ptr", "p_token_ptr",
                     "row_max_ptr", "row_lse_ptr", "V", "stride", "ustride")

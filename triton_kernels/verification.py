@@ -294,7 +294,7 @@ ONCHIP_MAX_V = 16384  # 32 entries of p (and q) per thread at 16 warps
 def _onchip_options(v: int) -> dict:
     """BLOCK_V and launch options of _sample_residual_onchip_kernel: 32 entries per thread (4 to 16
     warps) and the whole register file of one program for ptxas (at 32 warps and 64 registers the
-    int64 prefix sums spill; tests/test_pool_gpu_machine_code.py checks these configs)."""
+    int64 prefix sums spill; tests/kernels/test_pool_gpu_machine_code.py checks these configs)."""
     block = triton.next_power_of_2(v)
     warps = min(max(block // 1024, 4), 16)
     return {"BLOCK_V": block, "num_warps": warps, "maxnreg": min(255, 65536 // (32 * warps)),
@@ -326,7 +326,7 @@ _LAUNCH_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}
 
 
 def _lowering_specs():
-    """(kernel, signature, constexprs, options[, aligned]) that tests/test_build.py lowers to sm_90a
+    """(kernel, signature, constexprs, options[, aligned]) that tests/kernels/test_build.py lowers to sm_90a
     (aligned: the arguments a typical launch specialises as multiples of 16, see pooling.py)."""
     specs = []
     for ratio in (False, True):

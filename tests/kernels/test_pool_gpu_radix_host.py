@@ -3,7 +3,7 @@ the host: the header's sequential version walks the same 4 passes of 8-bit digit
 same per-lane bin picks (32 lanes of 8 bins) as the device code, so its keys are checked here against
 the reference on fresh random rows, without a GPU. What it cannot check is the device-only part: the
 block-strided histogram with shared-memory atomics, the warp scans and the broadcast of the pick
-(tests/test_pool_gpu_cuda.py runs those where a GPU is present).
+(tests/kernels/test_pool_gpu_cuda.py runs those where a GPU is present).
 
 Compiled with the system C++ compiler (skipped where there is none) with -ffp-contract=off, like the
 CPU extension, so the fixed-point top-p weights round as in the reference.

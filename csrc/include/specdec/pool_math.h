@@ -12,8 +12,16 @@
 
 #if defined(__CUDACC__)
 #define SPECDEC_HD __host__ __device__ __forceinline__
+#define SPECDEC_HD_ALWAYS_INLINE __host__ __device__ __forceinline__
 #else
 #define SPECDEC_HD inline
+#if defined(__GNUC__) || defined(__clang__)
+// Templates the CPU kernels instantiate on SIMD vectors (csrc/cpu/pool_kernels_body.h): always
+// inlined, so each instruction-set build of the kernels gets its own vector code.
+#define SPECDEC_HD_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define SPECDEC_HD_ALWAYS_INLINE inline
+#endif
 #endif
 
 namespace specdec {
@@ -67,20 +75,32 @@ SPECDEC_HD bool kept_by_top_k(float l, int32_t threshold_key) {
 //          f = t - n in (-0.5, 0.5], 2^f by a degree-7 Taylor polynomial; w = 0 for t < -32;
 //   keep v  iff  double(sum of w over keys > key(v)) < top_p * double(sum of all w).
 // The max has w = 2^30 exactly, so the argmax and its ties are always kept.
-SPECDEC_HD int64_t top_p_weight(float l, float row_max) {
-  const float t = (l - row_max) * 1.4426950216293335f;
-  if (!(t >= -32.0f)) return 0;  // -inf (masked) tokens and negligible ones weigh nothing
-  const int32_t n = static_cast<int32_t>(t - 0.5f);  // truncation toward zero
-  const float f = t - static_cast<float>(n);
-  float p = 1.5252733646775596e-05f;
-  p = p * f + 0.0001540352968731895f;
+//
+// top_p_exp2 is the polynomial alone, on a float or on a vector of floats (the CPU kernels' SIMD
+// lanes compute the weights with it, csrc/cpu/pool_kernels_body.h), so there is one definition of
+// its operations and their order. f * c7 is c7 * f exactly (IEEE multiplication commutes).
+template <class F>
+SPECDEC_HD_ALWAYS_INLINE F top_p_exp2(F f) {
+  F p = f * 1.5252733646775596e-05f + 0.0001540352968731895f;
   p = p * f + 0.0013333557872101665f;
   p = p * f + 0.009618128649890423f;
   p = p * f + 0.05550410971045494f;
   p = p * f + 0.24022650718688965f;
   p = p * f + 0.6931471824645996f;
   p = p * f + 1.0f;
-  return static_cast<int64_t>(p * 1073741824.0f) >> (-n);
+  return p;
+}
+
+constexpr float kTopPLog2e = 1.4426950216293335f;  // float32(log2(e))
+constexpr float kTopPScale = 1073741824.0f;        // 2^30
+
+SPECDEC_HD int64_t top_p_weight(float l, float row_max) {
+  const float t = (l - row_max) * kTopPLog2e;
+  if (!(t >= -32.0f)) return 0;  // -inf (masked) tokens and negligible ones weigh nothing
+  const int32_t n = static_cast<int32_t>(t - 0.5f);  // truncation toward zero
+  const float f = t - static_cast<float>(n);
+  const float p = top_p_exp2(f);
+  return static_cast<int64_t>(p * kTopPScale) >> (-n);
 }
 
 // The nucleus threshold of a row whose weights sum to `total`: one IEEE double product.

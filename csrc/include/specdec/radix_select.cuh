@@ -1,6 +1,6 @@
 // Radix select of kernel 1's two thresholds for the CUDA kernels of the "radix" pool variant (opt-in;
 // NEVER RUN ON A GPU, only compiled and checked in SASS), with a sequential host version that runs
-// the same steps for the tests (tests/test_pool_gpu_radix_host.py compiles this header with g++).
+// the same steps for the tests (tests/kernels/test_pool_gpu_radix_host.py compiles this header with g++).
 //
 // Both thresholds are ordered keys (pool_math.h: ordered_key), read here as unsigned numbers
 // u = key ^ 0x80000000 with the same order, 8 bits at a time from the top: 4 passes over the row,
