@@ -65,6 +65,9 @@ STEPS=(
   "engine|150|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
   "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py tests/kernels/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
   "pool_paths|180|$PY benchmarks/kernels/pool_paths.py $OUT/pool_paths.json"
+  # The kernels against torch.compile of their reference, SDPA, FlexAttention and FlashInfer where
+  # it imports (only when asked: GPU_CHECK_STEPS="... peers"; the headline shape, N 1024, V 16384).
+  "peers|200|env SPECDEC_PEERS=headline $PY benchmarks/run.py --peers"
   # Real model sizes with random weights (only when asked: GPU_CHECK_STEPS="... real_size"): the
   # cost of a target pass against the tokens fed, compiled with CUDA graphs.
   "real_size|240|$PY benchmarks/decoders/record_real_size.py --device cuda --compile --layers 4 --tokens 1,16,64,256 --decode-models none"
@@ -76,7 +79,7 @@ SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare
 [[ "$SELECTED" == pool ]] && SELECTED="build pool_tests pool_paths"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
-                benchmarks/kernels/pool_paths.py benchmarks/decoders/record_real_size.py
+                benchmarks/kernels/pool_paths.py benchmarks/kernels/bench_kernel_peers.py benchmarks/decoders/record_real_size.py
                 tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py)
 
 if [[ $DRY == 1 ]]; then

@@ -378,6 +378,47 @@ def render_real_size(data, name):
     return lines + [""]
 
 
+#: bench_kernel_peers.py's groups: "kernel peers <case>"; the baseline peer of each case.
+PEERS_GROUP, PEERS_BASELINE = "kernel peers ", "torch.compile(reference)"
+
+
+def render_peers(data, name):
+    """One line per case: specdec's kernel against torch.compile of the op's reference (the lead),
+    its GB/s and share of the copy bandwidth measured in the same run, and the other peers."""
+    info = data.get("machine_info", {})
+    cpu = info.get("specdec_cpu_limits") or {}
+    gpu = info.get("specdec_limits") or {}
+    date = data.get("datetime", "unknown date")[:19].replace("T", " ")
+    limits = (f"copy bandwidth {cpu['copy_bandwidth_gbs']} GB/s (read + write) with {cpu.get('threads', '?')} threads, "
+              f"fp32 matmul {cpu.get('fp32_matmul_gflops', '?')} GFLOP/s" if cpu.get("copy_bandwidth_gbs") else
+              f"copy bandwidth {gpu['copy_bandwidth_gbs']} GB/s (read + write), bf16 matmul "
+              f"{gpu.get('bf16_matmul_tflops', '?')} TFLOP/s" if gpu.get("copy_bandwidth_gbs") else "no ceilings measured")
+    lines = [f"## {date} UTC — {info.get('specdec_device', '?')}: kernels against what a user would use instead", "",
+             f"File `results/{name}`. Measured in the same run: {limits}. Peers of a case run interleaved "
+             "on the same inputs (benchmarks/kernels/bench_kernel_peers.py); lead = the compiled reference's "
+             "median / specdec's.", "",
+             "| case | specdec | torch.compile(reference) | lead | specdec GB/s | share of copy bandwidth | others |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    groups = OrderedDict()
+    for b in data.get("benchmarks", []):
+        if (b.get("group") or "").startswith(PEERS_GROUP):
+            groups.setdefault(b["group"][len(PEERS_GROUP):], {})[b["extra_info"]["backend"]] = b
+    for case, peers in groups.items():
+        ours = [(n, b) for n, b in peers.items() if n.startswith("specdec")]
+        if not ours:
+            continue
+        ours_name, ours_b = min(ours, key=lambda nb: _median(nb[1]))
+        ref = peers.get(PEERS_BASELINE)
+        lead = f"{_median(ref) / _median(ours_b):.2f}x" if ref else "-"
+        share = ours_b["extra_info"].get("copy_share")
+        others = ", ".join(f"{n} {_fmt_time(_median(b))}" for n, b in peers.items()
+                           if n not in (ours_name, PEERS_BASELINE))
+        lines.append(f"| {case} | {_fmt_time(_median(ours_b))} ({ours_name[len('specdec '):]}) | "
+                     f"{_fmt_time(_median(ref)) if ref else '-'} | {lead} | {ours_b['extra_info'].get('gbs', '-')} | "
+                     f"{'-' if share is None else f'{100 * share:.0f}%'} | {others or '-'} |")
+    return lines + [""]
+
+
 #: The kinds of results file, in the order RESULTS.md shows them: (kind, title in the index).
 KINDS = [("kernel-peers", "kernels against what a user would use instead"),
          ("scaling", "gains against resolution"), ("real-size", "real model sizes, random weights"),
@@ -389,7 +430,7 @@ _BY_TAG = {"specdec-compare": "compare", "specdec-sample": "sample", "specdec-en
 
 def kind_of(data, name: str) -> str:
     """The kind of a results file: its `kind` tag, or for a pytest-benchmark file `kernel-peers`
-    (the group against torch.compile, SDPA, FlashInfer: files named peers-*) or `kernels`."""
+    (`run.py --peers`: files named peers-*) or `kernels`."""
     if isinstance(data, dict) and data.get("kind") in _BY_TAG:
         return _BY_TAG[data["kind"]]
     return "kernel-peers" if name.startswith("peers-") else "kernels"
@@ -404,7 +445,7 @@ def machine_of(data) -> str:
 
 RENDER = {"scaling": render_scaling, "real-size": render_real_size, "compare": render_compare,
           "sample": render_sample, "engine": render_engine, "graph-time": render_graph_time, "kernels": render_run,
-          "kernel-peers": render_run}
+          "kernel-peers": render_peers}
 
 
 def newest_per_kind(files) -> list:

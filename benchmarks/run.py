@@ -1,10 +1,16 @@
-"""Run every benchmarks/*/bench_*.py with pytest-benchmark, then the end-to-end `specdec compare`
-(benchmarks/decoders/record_compare.py; SPECDEC_BENCH_E2E=0 skips it, SPECDEC_BENCH_IMAGES sets its
-image count), keep the JSON under benchmarks/results/, and regenerate benchmarks/RESULTS.md
-from all kept JSON files.
+"""Run the kernel microbenchmarks (benchmarks/*/bench_*.py) with pytest-benchmark, then the
+end-to-end `specdec compare` (benchmarks/decoders/record_compare.py; SPECDEC_BENCH_E2E=0 skips it,
+SPECDEC_BENCH_IMAGES sets its image count), keep the JSON under benchmarks/results/, and regenerate
+benchmarks/RESULTS.md from all kept JSON files.
 
-    python benchmarks/run.py                 # all benchmarks
+    python benchmarks/run.py                 # all microbenchmarks and the end-to-end compare
     python benchmarks/run.py -k pool_probs   # extra arguments go to pytest
+    python benchmarks/run.py --peers         # the kernels against torch.compile of their reference
+                                             # (and SDPA, FlexAttention, FlashInfer): peers-*.json
+
+The peers (kernels/bench_kernel_peers.py) are a run of their own: they time many shapes against
+compiled peers, and RESULTS.md shows them as their own table, first. SPECDEC_PEERS=headline keeps
+the headline shape (N 1024, V 16384, CFG on).
 """
 import datetime
 import os
@@ -25,17 +31,24 @@ def machine_tag() -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
+PEERS = os.path.join("kernels", "bench_kernel_peers.py")
+
+
 def main(argv):
+    peers = "--peers" in argv
+    argv = [a for a in argv if a != "--peers"]
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = os.path.join(HERE, "results", f"{machine_tag()}-{stamp}.json")
-    cmd = [sys.executable, "-m", "pytest", HERE, "-o", "python_files=bench_*.py", "-p", "no:cacheprovider",
+    # make_results.py tells the peers' files from the microbenchmarks' by this prefix.
+    out = os.path.join(HERE, "results", f"{'peers-' if peers else ''}{machine_tag()}-{stamp}.json")
+    target = [PEERS] if peers else [HERE, f"--ignore={os.path.join(HERE, PEERS)}"]
+    cmd = [sys.executable, "-m", "pytest", *target, "-o", "python_files=bench_*.py", "-p", "no:cacheprovider",
            "-q", "--benchmark-only", f"--benchmark-json={out}", "--benchmark-columns=median,iqr,rounds",
            *argv]
     rc = subprocess.call(cmd, cwd=HERE)
     if rc != 0:
         return rc
-    if os.environ.get("SPECDEC_BENCH_E2E", "1") == "1":  # the end-to-end `specdec compare` table
+    if not peers and os.environ.get("SPECDEC_BENCH_E2E", "1") == "1":  # the end-to-end `specdec compare` table
         rc = subprocess.call([sys.executable, os.path.join(HERE, "decoders", "record_compare.py")])
         if rc != 0:
             return rc

@@ -32,8 +32,7 @@ token, outputs written), the achieved GB/s and its share of the machine's copy b
 measured in this run with the same thread count (machine/device_limits.py); attention entries also
 GFLOP/s (dense-equivalent) and the share of the float32 (CPU) / bf16 (GPU) matrix rate.
 
-    python -m pytest benchmarks/kernels/bench_kernel_peers.py --benchmark-only --benchmark-json=OUT.json
-    python benchmarks/kernels/bench_kernel_peers.py OUT.json      # the table as markdown
+    python benchmarks/run.py --peers     # results/peers-<machine>-<date>.json, then RESULTS.md
 """
 import gc
 import json
@@ -438,43 +437,3 @@ def test_attention_peers(benchmark, case, peer, limits):
     info = dict(case=f"tree_attention {name}", op="tree_attention", bytes=nbytes, flops=4 * b * hq * nq * nk * d,
                 dtype="bfloat16" if DEVICE == "cuda" else "float32")
     _time_peer(benchmark, peers, peer, 5 if nq > 1 else 20, info, limits)
-
-
-# ---- the table ------------------------------------------------------------------------------------
-
-def table(data) -> str:
-    """Markdown: one line per case, specdec against the compiled reference (and the others)."""
-    info = data.get("machine_info", {})
-    cpu = info.get("specdec_cpu_limits") or {}
-    groups = {}
-    for b in data.get("benchmarks", []):
-        if not (b.get("group") or "").startswith(GROUP):
-            continue
-        groups.setdefault(b["group"][len(GROUP) + 1:], {})[b["extra_info"]["backend"]] = b
-    lines = [f"{info.get('specdec_device', '?')}; {cpu.get('threads', info.get('torch_threads', '?'))} threads; "
-             f"copy bandwidth {cpu.get('copy_bandwidth_gbs', '?')} GB/s (read + write), fp32 matmul "
-             f"{cpu.get('fp32_matmul_gflops', '?')} GFLOP/s; {data.get('datetime', '?')[:19]} UTC", "",
-             "| case | specdec ms | torch.compile(reference) ms | lead | specdec GB/s | share of copy bw | others |",
-             "|---|---:|---:|---:|---:|---:|---|"]
-
-    def ms(b):
-        return (b["extra_info"].get("device_median_s") or b["stats"]["median"]) * 1e3
-
-    for case, peers in groups.items():
-        ours = next((b for name, b in peers.items() if name.startswith("specdec")), None)
-        ref = peers.get("torch.compile(reference)")
-        others = ", ".join(f"{name} {ms(b):.3g} ms" for name, b in peers.items()
-                           if not name.startswith("specdec") and name != "torch.compile(reference)")
-        if ours is None:
-            continue
-        lead = f"{ms(ref) / ms(ours):.2f}x" if ref else "-"
-        share = ours["extra_info"].get("copy_share")
-        lines.append(f"| {case} | {ms(ours):.3g} | {ms(ref):.3g} | {lead} | {ours['extra_info'].get('gbs', '-')} | "
-                     f"{'-' if share is None else f'{100 * share:.0f}%'} | {others} |" if ref else
-                     f"| {case} | {ms(ours):.3g} | - | - | {ours['extra_info'].get('gbs', '-')} | - | {others} |")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        print(table(json.load(f)))

@@ -22,36 +22,17 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+BENCHMARKS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(BENCHMARKS))
+sys.path.insert(0, BENCHMARKS)
+
+from machine.device_limits import cuda_event_ms, measure  # noqa: E402
 
 VARIANTS = {"cuda": 0, "cuda-v2": 1, "cuda-radix": 2}
-
-
-def _time_ms(fn, warmup=2, repeats=10):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def copy_bandwidth_gbs(nbytes=1 << 30):
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _time_ms(lambda: dst.copy_(src), warmup=3, repeats=10)
-    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def pool_paths(logits, uncond, tokens, neighbors, kw):
@@ -122,7 +103,7 @@ def main(argv=None):
     record = {"kind": "pool_paths", "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "command": "python benchmarks/kernels/pool_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "rows_n": args.rows, "k": args.neighbors, "copy_gbs": round(copy_bandwidth_gbs(), 1), "rows": []}
+              "rows_n": args.rows, "k": args.neighbors, "copy_gbs": measure(copy_bytes=1 << 30)["copy_bandwidth_gbs"], "rows": []}
 
     def save():
         with open(args.out, "w") as f:
@@ -140,7 +121,7 @@ def main(argv=None):
             row = {"op": op, "V": v, "top_k": top_k, "top_p": top_p, "path": path}
             try:
                 row["agrees"] = _agrees(op, fn(), want)
-                ms = _time_ms(fn)
+                ms = cuda_event_ms(fn, repeats=10, warmup=2)
                 row.update(ms=round(ms, 4), gbs=round(nbytes / (ms * 1e-3) / 1e9, 1))
                 row["share"] = round(row["gbs"] / record["copy_gbs"], 3)
             except Exception as exc:  # a failing path is reported, the others still run

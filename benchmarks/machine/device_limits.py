@@ -22,7 +22,10 @@ import time
 import torch
 
 
-def _time_ms(fn, repeats):
+def cuda_event_ms(fn, repeats: int, warmup: int = 0) -> float:
+    """Median milliseconds of `fn` on the current CUDA stream, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -40,15 +43,11 @@ def measure(copy_bytes: int = 2 << 30, matmul_n: int = 8192, repeats: int = 10) 
     props = torch.cuda.get_device_properties(0)
     src = torch.randn(copy_bytes // 4, device="cuda")
     dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    copy_ms = _time_ms(lambda: dst.copy_(src), repeats)
+    copy_ms = cuda_event_ms(lambda: dst.copy_(src), repeats, warmup=3)
     del src, dst
     a = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    mm_ms = _time_ms(lambda: a @ b, repeats)
+    mm_ms = cuda_event_ms(lambda: a @ b, repeats, warmup=3)
     return {
         "device": torch.cuda.get_device_name(0),
         "multiprocessors": props.multi_processor_count,

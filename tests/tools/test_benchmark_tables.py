@@ -32,6 +32,41 @@ def test_ratios_are_against_the_groups_baseline():
     assert "baseline" not in text
 
 
+def test_the_peers_table_leads_against_the_compiled_reference_and_shares_the_copy_bandwidth():
+    mr = _make_results()
+    case = "kernel peers pool_probs N1024 V16384 top_k=0"
+    data = {"datetime": "2026-12-02T06:00:00", "machine_info": {
+                "specdec_device": "test machine", "specdec_cpu_limits": {"copy_bandwidth_gbs": 20.0, "threads": 2}},
+            "benchmarks": [_bench(case, "torch.compile(reference)", 0.060, baseline=True),
+                           _bench(case, "specdec cpu", 0.015, gbs=8.0, copy_share=0.4),
+                           _bench(case, "specdec reference", 0.300),
+                           _bench("kernel peers tree_attention x", "sdpa dense mask", 0.003)]}
+    text = "\n".join(mr.render_peers(data, "peers-x.json"))
+    assert "copy bandwidth 20.0 GB/s (read + write) with 2 threads" in text
+    assert ("| pool_probs N1024 V16384 top_k=0 | 15.00 ms (cpu) | 60.00 ms | 4.00x | 8.0 | 40% | "
+            "specdec reference 300.00 ms |") in text
+    assert "tree_attention" not in text                  # a case without a specdec entry has no line
+
+
+def test_run_py_writes_the_peers_to_a_file_of_their_own(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_run", os.path.join(ROOT, "benchmarks", "run.py"))
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    calls = []
+    monkeypatch.setattr(run.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    monkeypatch.setattr(run, "machine_tag", lambda: "m")
+    assert run.main(["--peers", "-k", "pool"]) == 0
+    peers_cmd = calls[0]
+    assert run.PEERS in peers_cmd and "-k" in peers_cmd and "--peers" not in peers_cmd
+    assert os.path.basename(next(a for a in peers_cmd if a.startswith("--benchmark-json="))).startswith("peers-m-")
+    assert not any("record_compare" in str(c) for c in calls)   # the peers run has no end-to-end step
+    calls.clear()
+    monkeypatch.setenv("SPECDEC_BENCH_E2E", "0")
+    assert run.main([]) == 0
+    assert any(a.startswith("--ignore=") and a.endswith(run.PEERS) for a in calls[0])
+    assert os.path.basename(next(a for a in calls[0] if a.startswith("--benchmark-json="))).startswith("m-")
+
+
 def _compare(path, num_images, when, methods):
     import json
 
