@@ -137,7 +137,7 @@ setup(
     cmdclass=cmdclass,
     install_requires=["torch", "numpy", "Pillow", "safetensors"],
     # The embedded default model family (specdec.models.default()) ships its trained weights.
-    package_data={"specdec": ["weights/*.safetensors"]},
+    package_data={"specdec": ["weights/*.safetensors", "weights/grid32/*.safetensors"]},
     extras_require={
         "triton": ["triton"],
         "test": ["pytest", "hypothesis", "pytest-benchmark"],
