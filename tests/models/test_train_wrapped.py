@@ -148,3 +148,27 @@ def test_upsampler_for_glm_image(glm_folder, tmp_path, keep_threads):
     with pytest.raises(SystemExit, match="does not divide the target 4x3"):
         train_main.main(["upsampler", "--model", str(glm_folder), "--height", "128", "--width", "96", "--prompts",
                          str(glm_folder / "small.txt"), "--samples", "1", "--steps", "1", "--out", str(out)])
+
+
+def test_glm_image_from_the_command_line(tmp_path, keep_threads, capsys):
+    """The README's GLM-Image commands on a tiny GLM-Image saved with its processor in one folder:
+    SSD heads distilled from text prompts at a size, then `specdec generate` with ssd and with
+    MuLo-SD drafted by the model's own preview, each writing the target grids for the pipeline."""
+    from glm_image_models import tiny_glm_image, tiny_processor
+    from specdec.models.hf.glm_image import prior_token_ids
+
+    folder = tmp_path / "glm-ar"
+    tiny_glm_image(seed=1).save_pretrained(str(folder))
+    tiny_processor(chat_template=True).save_pretrained(str(folder))
+    (tmp_path / "prompts.txt").write_text("a red fox\nblue sky\n")
+    size = ["--height", "768", "--width", "512"]         # a 24x16 target after a 19x13 preview
+    train_main.main(["ssd", "--model", str(folder), *size, "--prompts", str(tmp_path / "prompts.txt"),
+                     "--samples", "2", "--steps", "2", "--batch-size", "8", "--out", str(tmp_path / "heads")])
+    heads = str(tmp_path / "heads" / "ssd_heads.safetensors")
+    for method, extra in (("ssd", ["--heads", heads]), ("mulo", [])):
+        out = tmp_path / f"{method}.pt"
+        assert cli.main(["generate", "--model", str(folder), *size, "--prompt", "a red fox", "--method", method,
+                         *extra, "--num", "2", "--seed", "0", "--quiet", "--out", str(out)]) == 0, capsys.readouterr().err
+        tokens = torch.load(str(out))["tokens"]
+        assert tokens.shape == (2, 24, 16) and int(tokens.max()) < 16384
+        assert prior_token_ids(tokens).shape == (2, 4 * 24 * 16)
