@@ -2,8 +2,11 @@
 import pytest
 import torch
 
+from specdec import decoding
+from specdec.decoding.runner import ModelRunner
 from specdec.models import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
+from specdec.profiling import count_host_syncs
 
 
 def tiny_gpt(grid, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int = 2, classes: int = 3,
@@ -87,3 +90,45 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class LoopCounter:
+    """Counts a decode's host round trips, less those of its per-batch set-up (the argument checks
+    at the API boundary and the model's checks in each prefill, target's and drafter's, which run
+    once per batch and not per pass, and `also`: more (owner, name) set-up such as a tokenizer's
+    checks when the images are made), and its target passes (a batched pass counts once)."""
+
+    def __init__(self, monkeypatch, target, also=()):
+        from specdec.decoding import batching
+
+        self.setup, self.passes, self.count = 0, 0, None
+        for owner, name in ((batching, "check_classes"), (ModelRunner, "prefill"), *also):
+            monkeypatch.setattr(owner, name, self._setup(getattr(owner, name)))
+        forward = ModelRunner.forward
+
+        def counted(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            return forward(runner, *args, **kwargs)
+
+        monkeypatch.setattr(ModelRunner, "forward", counted)
+        prefill = ModelRunner.prefill
+
+        def counted_prefill(runner, *args, **kwargs):
+            self.passes += runner.model is target
+            return prefill(runner, *args, **kwargs)
+
+        monkeypatch.setattr(ModelRunner, "prefill", counted_prefill)
+
+    def _setup(self, fn):
+        def excluded(*args, **kwargs):
+            before = self.count.round_trips
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.setup += self.count.round_trips - before
+        return excluded
+
+    def decode(self, *args, **kwargs):
+        with count_host_syncs() as self.count:
+            out = decoding.decode(*args, **kwargs)
+        return out, self.count.round_trips - self.setup

@@ -4,7 +4,7 @@ back to the host once the prefill is done."""
 import pytest
 import torch
 
-from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from decoding_models import LoopCounter, TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
@@ -161,47 +161,6 @@ def test_ar_reads_nothing_back_after_the_prefill(fam, batch):
     assert x.shape == (batch, 16) and runner.forwards == 16
 
 
-class _LoopCounter:
-    """Counts a decode's host round trips, less those of its per-batch set-up (the argument checks
-    at the API boundary and the model's checks in each prefill, target's and drafter's, which run
-    once per batch and not per pass), and its target passes (a batched pass counts once)."""
-
-    def __init__(self, monkeypatch, target):
-        from specdec.decoding import batching
-
-        self.setup, self.passes, self.count = 0, 0, None
-        for owner, name in ((batching, "check_classes"), (ModelRunner, "prefill")):
-            monkeypatch.setattr(owner, name, self._setup(getattr(owner, name)))
-        forward = ModelRunner.forward
-
-        def counted(runner, *args, **kwargs):
-            self.passes += runner.model is target
-            return forward(runner, *args, **kwargs)
-
-        monkeypatch.setattr(ModelRunner, "forward", counted)
-        prefill = ModelRunner.prefill
-
-        def counted_prefill(runner, *args, **kwargs):
-            self.passes += runner.model is target
-            return prefill(runner, *args, **kwargs)
-
-        monkeypatch.setattr(ModelRunner, "prefill", counted_prefill)
-
-    def _setup(self, fn):
-        def excluded(*args, **kwargs):
-            before = self.count.round_trips
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.setup += self.count.round_trips - before
-        return excluded
-
-    def decode(self, *args, **kwargs):
-        with count_host_syncs() as self.count:
-            out = decoding.decode(*args, **kwargs)
-        return out, self.count.round_trips - self.setup
-
-
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("method,options", VARIANTS, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}"
                                                            for m, o in VARIANTS])
@@ -214,7 +173,7 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
         pytest.skip("ar's budget is 0 per token (test_ar_reads_nothing_back_after_the_prefill)")
     tokens = decoding.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
                              batch_size=batch, **options).tokens
-    counter = _LoopCounter(monkeypatch, fam.target)
+    counter = LoopCounter(monkeypatch, fam.target)
     out, round_trips = counter.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
                                       batch_size=batch, **options)
     assert torch.equal(out.tokens, tokens)       # the counted decode is an ordinary one
@@ -263,7 +222,7 @@ def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, m
     the batch), while stats still count a shared pass once per image."""
     alone = [decoding.decode(method, fam, CLASSES[i:i + 1], seed=6, first_index=i, sampling=SAMPLING, **options)
              for i in range(3)]
-    counter = _LoopCounter(monkeypatch, fam.target)
+    counter = LoopCounter(monkeypatch, fam.target)
     batched, _ = counter.decode(method, fam, CLASSES[:3], seed=6, sampling=SAMPLING, batch_size=3, **options)
     assert counter.passes < sum(r.stats.target_forwards for r in alone)
     assert batched.stats.target_forwards == 3 * counter.passes

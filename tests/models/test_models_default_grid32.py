@@ -1,10 +1,12 @@
 """The shipped 32x32-token family (`default(grid=32)`, 64x64 px): it loads offline, every method
 decodes its grid in batches, MuLo-SD drafts it with the 16x16 target, and a batch gives each image
 the tokens it gets alone (batch-invariant numerics; the C++ kernels, which compute each row alone)
-for ar, mulo and ssd."""
+for ar, mulo and ssd, and the speculative loops keep the engine's budget of host round trips at
+1,024 tokens."""
 import pytest
 import torch
 
+from decoding_models import LoopCounter
 from specdec import decoding
 from specdec.models import ARImageModel, default, sample_ar
 from specdec.numerics import batch_invariant
@@ -69,3 +71,13 @@ def test_a_32x32_batch_gives_each_image_the_tokens_it_gets_alone(family, method)
     if method == "mulo":   # drafted by the 16x16 target: far fewer target passes than tokens
         assert batched.stats.draft_forwards > 0
         assert batched.stats.target_forwards < 2 * 32 * 32 / 4
+
+
+@pytest.mark.parametrize("method", ["mulo", "ssd"])
+def test_at_1024_tokens_a_speculative_decode_reads_back_at_most_once_per_target_pass(family, monkeypatch, method):
+    # Making the images at the end checks the codes once per batch (VQTokenizer.embed_codes): not the loop's.
+    counter = LoopCounter(monkeypatch, family.target, also=[(type(family.tokenizer), "decode")])
+    out, round_trips = counter.decode(method, family, CLASSES, seed=1, sampling=SAMPLING, backend="cpu", batch_size=2)
+    assert out.tokens.shape == (2, 32, 32)
+    assert counter.passes == out.stats.target_forwards // 2
+    assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
