@@ -74,7 +74,7 @@ def main(argv=None) -> None:
     model.eval()
     test, _ = load_split("test", args.data)
     with torch.no_grad():
-        for size in (32, 16):
+        for size in (64, 32, 16):   # 64: the 32x32-token family's images
             x = to_model_images(test[:2000], size)
             codes = model.encode(x)
             mse = F.mse_loss(model.decode(codes), x).item()
