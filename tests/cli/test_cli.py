@@ -105,3 +105,15 @@ def test_unset_sampling_flags_keep_the_familys_own_sampling():
     assert cli._sampling(parse(), glm) == Sampling(temperature=0.9, top_p=0.75)
     assert cli._sampling(parse("--top-k", "16"), glm) == Sampling(temperature=0.9, top_p=0.75, top_k=16)
     assert cli._sampling(parse(), None) == decoding.DEFAULT_SAMPLING
+
+
+def test_generate_on_the_32x32_family(tmp_path, capsys):
+    """--grid 32 decodes the 32x32-token family: 64x64 px images, MuLo-SD drafted by the 16x16 target."""
+    from PIL import Image
+
+    png = tmp_path / "g32.png"
+    assert cli.main(["generate", "--grid", "32", "--method", "mulo", "--class", "7", "--num", "2", "--seed", "0",
+                     "--out", str(png)]) == 0
+    # two 64 px images side by side, drawn at scale 2 with 2 px gaps: (2 (128 + 2) + 2, 128 + 4)
+    assert Image.open(png).size == (262, 132)
+    assert "target passes/image" in capsys.readouterr().out
