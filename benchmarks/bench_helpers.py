@@ -147,3 +147,30 @@ def pedantic_one_thread(benchmark, fn, *, rounds: int, warmup_rounds: int = 1):
         torch.set_num_threads(threads)
     benchmark.extra_info["threads"] = 1
     return result
+
+
+def attention_inputs(b, hq, hkv, nq, nk, d, *, dtype, holes: bool, tree: bool = False, device="cpu") -> dict:
+    """tree_attention's inputs for one shape, the same on every run (seed 0): q [B, Hq, Nq, D] at the
+    last Nq of Nk raster slots; `holes`: a quarter of the earlier slots invalid (the queries' own
+    always valid); `tree`: the Nq queries a binary tree at depths after the prefix (tree_mask)."""
+    from specdec import masks
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hq, nq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
+    kv_pos = torch.arange(nk).expand(b, nk).contiguous()
+    q_pos = kv_pos[:, nk - nq:].contiguous()
+    kv_valid = tree_mask = None
+    if holes:
+        kv_valid = torch.rand(b, nk, generator=g) > 0.25
+        kv_valid[:, nk - nq:] = True
+    if tree:
+        parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, nq)])  # a binary tree
+        t = masks.tree_from_parents(parents)
+        tree_mask = t.tree_mask.expand(b, nq, -1).contiguous()
+        q_pos = (nk - nq + t.depth).expand(b, nq).contiguous()
+        kv_pos = torch.cat([torch.arange(nk - nq), nk - nq + t.depth]).expand(b, nk).contiguous()
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return dict(q=move(q), k=move(k), v=move(v), q_pos=move(q_pos), kv_pos=move(kv_pos),
+                kv_valid=move(kv_valid), tree_mask=move(tree_mask))

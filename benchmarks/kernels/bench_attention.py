@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from bench_helpers import backend_params, bench_devices, record_device_time, synchronize
+from bench_helpers import attention_inputs, backend_params, bench_devices, record_device_time, synchronize
 from specdec import masks, ops
 
 SHAPES = [
@@ -39,27 +39,8 @@ if torch.cuda.is_available():
 
 def _inputs(shape, device):
     name, b, hq, hkv, nq, nk, d, tree = shape
-    g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if name.endswith("bf16") else torch.float32
-    q = torch.randn(b, hq, nq, d, generator=g).to(dtype)
-    k = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
-    v = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
-    kv_pos = torch.arange(nk).expand(b, nk).contiguous()
-    q_pos = kv_pos[:, nk - nq:].contiguous()
-    kv_valid = None
-    tree_mask = None
-    if "holes" in name:
-        kv_valid = torch.rand(b, nk, generator=g) > 0.25
-        kv_valid[:, nk - nq:] = True
-    if tree:
-        parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, nq)])  # a binary tree
-        t = masks.tree_from_parents(parents)
-        tree_mask = t.tree_mask.expand(b, nq, -1).contiguous()
-        q_pos = (nk - nq + t.depth).expand(b, nq).contiguous()
-        kv_pos = torch.cat([torch.arange(nk - nq), nk - nq + t.depth]).expand(b, nk).contiguous()
-    move = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return dict(q=move(q), k=move(k), v=move(v), q_pos=move(q_pos), kv_pos=move(kv_pos),
-                kv_valid=move(kv_valid), tree_mask=move(tree_mask))
+    return attention_inputs(b, hq, hkv, nq, nk, d, dtype=dtype, holes="holes" in name, tree=tree, device=device)
 
 
 def _flops(shape):

@@ -43,7 +43,7 @@ import warnings
 import pytest
 import torch
 
-from bench_helpers import bench_devices, record_device_time, synchronize
+from bench_helpers import attention_inputs, bench_devices, record_device_time, synchronize
 
 from machine import device_limits
 
@@ -251,19 +251,8 @@ def _residual_peers(case):
 
 def _attention_inputs(case):
     name, b, hq, hkv, nq, nk, d, holes = case
-    g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    q = torch.randn(b, hq, nq, d, generator=g).to(dtype)
-    k = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
-    v = torch.randn(b, hkv, nk, d, generator=g).to(dtype)
-    kv_pos = torch.arange(nk).expand(b, nk).contiguous()
-    q_pos = kv_pos[:, nk - nq:].contiguous()
-    kv_valid = None
-    if holes:
-        kv_valid = torch.rand(b, nk, generator=g) > 0.25
-        kv_valid[:, nk - nq:] = True
-    move = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    return dict(q=move(q), k=move(k), v=move(v), q_pos=move(q_pos), kv_pos=move(kv_pos), kv_valid=move(kv_valid))
+    return attention_inputs(b, hq, hkv, nq, nk, d, dtype=dtype, holes=holes, device=DEVICE)
 
 
 def _attention_peers(case):
