@@ -40,13 +40,13 @@ def test_the_32x32_family_loads_offline_with_the_16x16_target_as_its_drafter(fam
 
 
 def test_the_32x32_target_draws_the_requested_classes(family):
-    classes = torch.arange(10)
+    classes = torch.arange(10).repeat(2)
     tokens = sample_ar(family.target, classes, cfg_scale=2.0, generator=torch.Generator().manual_seed(0))
-    assert tokens.shape == (10, 32, 32)
+    assert tokens.shape == (20, 32, 32)
     images = family.decode(tokens)
-    assert images.shape == (10, 1, 64, 64)
+    assert images.shape == (20, 1, 64, 64)
     report = family.evaluator.evaluate(images, classes)
-    assert report.class_accuracy >= 0.3, report   # chance is 0.1; the measured figure is in docs/models.md
+    assert report.class_accuracy >= 0.2, report   # chance is 0.1; 0.32 on 100 images (docs/models.md)
 
 
 @pytest.mark.parametrize("method", [m for m in decoding.METHODS if m not in ("ar", "mulo", "ssd")])
