@@ -35,28 +35,25 @@ from machine.device_limits import cuda_event_ms, measure  # noqa: E402
 VARIANTS = {"cuda": 0, "cuda-v2": 1, "cuda-radix": 2}
 
 
-def pool_paths(logits, uncond, tokens, neighbors, kw):
+def _paths(op: str, args) -> dict:
+    """{path: callable} of pool_probs or sampling_probs: the CUDA default kernel and its variants,
+    and the two Triton kernels, all on the same arguments."""
     from specdec.triton_kernels import pooling
 
-    args = (logits, tokens, neighbors, uncond, kw["cfg_scale"], 1.0, kw["top_k"], kw["delta"], kw["top_p"])
-    paths = {name: (lambda v=v: torch.ops.specdec.pool_probs(*args) if v == 0 else
-                    torch.ops.specdec.pool_probs_variant(*args, v)) for name, v in VARIANTS.items()}
-    for kernel in ("default", "onchip"):
-        paths["triton" if kernel == "default" else "triton-onchip"] = (
-            lambda kernel=kernel: pooling.pool_probs(*args, kernel=kernel))
+    default, variant = getattr(torch.ops.specdec, op), getattr(torch.ops.specdec, f"{op}_variant")
+    paths = {name: (lambda v=v: default(*args) if v == 0 else variant(*args, v)) for name, v in VARIANTS.items()}
+    for kernel, name in (("default", "triton"), ("onchip", "triton-onchip")):
+        paths[name] = lambda kernel=kernel: getattr(pooling, op)(*args, kernel=kernel)
     return paths
+
+
+def pool_paths(logits, uncond, tokens, neighbors, kw):
+    return _paths("pool_probs", (logits, tokens, neighbors, uncond, kw["cfg_scale"], 1.0, kw["top_k"], kw["delta"],
+                                 kw["top_p"]))
 
 
 def sampling_paths(logits, uncond, kw):
-    from specdec.triton_kernels import pooling
-
-    args = (logits, uncond, kw["cfg_scale"], 1.0, kw["top_k"], kw["top_p"])
-    paths = {name: (lambda v=v: torch.ops.specdec.sampling_probs(*args) if v == 0 else
-                    torch.ops.specdec.sampling_probs_variant(*args, v)) for name, v in VARIANTS.items()}
-    for kernel in ("default", "onchip"):
-        paths["triton" if kernel == "default" else "triton-onchip"] = (
-            lambda kernel=kernel: pooling.sampling_probs(*args, kernel=kernel))
-    return paths
+    return _paths("sampling_probs", (logits, uncond, kw["cfg_scale"], 1.0, kw["top_k"], kw["top_p"]))
 
 
 def residual_paths(p, q, u):
