@@ -142,17 +142,23 @@ SD_INLINE int popcount(uint32_t bits) { return __builtin_popcount(bits); }
 
 // Writes the lanes selected by `bits` to dst[0, popcount) in lane order and returns the count.
 // May write up to W elements: destinations have a vector of slack.
-SD_INLINE int compress(float* dst, vf x, uint32_t bits) {
-#if defined(SPECDEC_X86_AVX512)
-  _mm512_storeu_ps(dst, _mm512_maskz_compress_ps(static_cast<__mmask16>(bits), reinterpret_cast<__m512>(x)));
-  return popcount(bits);
-#else
+#if !defined(SPECDEC_X86_AVX512)
+template <typename T, typename V>
+SD_INLINE int compress_lanes(T* dst, V x, uint32_t bits) {
   int n = 0;
   for (int j = 0; j < W; ++j) {
     dst[n] = x[j];
     n += (bits >> j) & 1;
   }
   return n;
+}
+#endif
+SD_INLINE int compress(float* dst, vf x, uint32_t bits) {
+#if defined(SPECDEC_X86_AVX512)
+  _mm512_storeu_ps(dst, _mm512_maskz_compress_ps(static_cast<__mmask16>(bits), reinterpret_cast<__m512>(x)));
+  return popcount(bits);
+#else
+  return compress_lanes(dst, x, bits);
 #endif
 }
 SD_INLINE int compress(int32_t* dst, vi x, uint32_t bits) {
@@ -160,12 +166,7 @@ SD_INLINE int compress(int32_t* dst, vi x, uint32_t bits) {
   _mm512_storeu_si512(dst, _mm512_maskz_compress_epi32(static_cast<__mmask16>(bits), reinterpret_cast<__m512i>(x)));
   return popcount(bits);
 #else
-  int n = 0;
-  for (int j = 0; j < W; ++j) {
-    dst[n] = x[j];
-    n += (bits >> j) & 1;
-  }
-  return n;
+  return compress_lanes(dst, x, bits);
 #endif
 }
 SD_INLINE int compress(uint32_t* dst, vu x, uint32_t bits) {
