@@ -103,7 +103,7 @@ AttentionOut tree_attention_split_cuda(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& tree_mask, std::optional<double> scale,
                                        int64_t warps_m, int64_t splits);
 // (dtype, padded head dim, warps_m, dynamic shared-memory bytes, keys per step) of every
-// instantiation of that kernel, for benchmarks/machine_code.py's report.
+// instantiation of that kernel, for benchmarks/machine/machine_code.py's report.
 using SplitConfig = std::tuple<std::string, int64_t, int64_t, int64_t, int64_t>;
 std::vector<SplitConfig> tree_attention_split_configs();
 #endif
