@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "output_cache.h"
 #include "pool_kernels.h"
 #include "specdec/cpu_parallel.h"
 #include "specdec_ops.h"
@@ -101,7 +102,8 @@ at::Tensor sampling_probs_cpu(const at::Tensor& logits, const std::optional<at::
                   std::nullopt, top_p);
   TORCH_CHECK_VALUE(logits.device().is_cpu(), "logits must be a CPU tensor for the cpu backend");
   const int64_t n = logits.size(0), v = logits.size(1);
-  at::Tensor probs = at::empty({n, v}, logits.options().dtype(at::kFloat));
+  // Every element of every row is written (NaN rows too), as the reused block requires.
+  at::Tensor probs = cpu::empty_reused_output({n, v});
   cpu::PoolRows a = rows_of(logits, uncond_logits, cfg_scale, temperature, top_k, top_p);
   a.probs = probs.data_ptr<float>();
   const cpu::Kernels& kern = cpu::kernels();
