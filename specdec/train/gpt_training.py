@@ -37,7 +37,7 @@ RECIPES = {
     # The 32x32-token family: the same VQ on the images up-sampled 2x (64x64 px), written to
     # weights/grid32/ as target.safetensors and sd_drafter.safetensors.
     "target32": dict(image_size=64, config=dict(dim=128, n_layer=3, n_head=4, multiple_of=32, grid_size=32),
-                     steps=800, batch=16, lr=2e-3, file="target", folder=GRID32),
+                     steps=2400, batch=16, lr=2e-3, file="target", folder=GRID32),
     "sd_drafter32": dict(image_size=64, config=dict(dim=64, n_layer=2, n_head=4, multiple_of=32, grid_size=32),
                          steps=600, batch=16, lr=3e-3, file="sd_drafter", folder=GRID32),
 }
