@@ -42,3 +42,13 @@ def machine_code():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def assert_probs_match(got, want):
+    """sampling_probs' contract against the reference: the kept set (probability > 0) exactly,
+    probabilities to float32 rounding, NaN rows as NaN."""
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN rows differ"
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok] > 0, want[ok] > 0), "kept set differs from the reference"
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6, equal_nan=True)

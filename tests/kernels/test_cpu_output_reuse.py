@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdec
+from helpers import assert_probs_match
 from specdec.reference import pooling as ref
 
 pytestmark = pytest.mark.skipif(not specdec.build_info()["cpu_kernels"], reason="C++ extension not built")
@@ -30,12 +31,8 @@ def _inputs(seed):
 
 
 def _assert_matches_reference(got, logits, uncond, top_k, top_p):
-    want = ref.sampling_probs(logits, uncond_logits=uncond, cfg_scale=2.0 if uncond is not None else 1.0,
-                              top_k=top_k, top_p=top_p)
-    assert torch.equal(torch.isnan(got), torch.isnan(want))
-    ok = ~torch.isnan(want)
-    assert torch.equal(got[ok] > 0, want[ok] > 0), "kept set differs from the reference"
-    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6, equal_nan=True)
+    assert_probs_match(got, ref.sampling_probs(logits, uncond_logits=uncond,
+                                               cfg_scale=2.0 if uncond is not None else 1.0, top_k=top_k, top_p=top_p))
 
 
 # top_k 0: the dense softmax; 2000: few kept (zeros, then the kept ids); 8000 and top_p 0.9: the

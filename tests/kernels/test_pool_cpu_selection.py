@@ -23,6 +23,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import specdec
+from helpers import assert_probs_match
 from specdec.reference import pooling as ref
 from specdec.reference import verification as ref_v
 
@@ -63,15 +64,6 @@ def _row_values(draw_seed, n, v, palette, neg_inf_frac, dtype):
 
 def _kept(p):
     return p > 0
-
-
-def assert_probs_match(got, want):
-    """The contract: the kept set exactly, probabilities to float32 rounding, NaN rows as NaN."""
-    assert got.dtype == torch.float32 and got.shape == want.shape
-    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN rows differ"
-    ok = ~torch.isnan(want)
-    assert torch.equal(_kept(got[ok]), _kept(want[ok])), "kept set differs from the reference"
-    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6, equal_nan=True)
 
 
 def _sampling(logits, uncond, **kw):
