@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from specdec.decoding import api
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
-                                  method_options, options_as_kwargs, options_for)
+                                  family_options, method_options, options_as_kwargs, options_for)
 from specdec.decoding.ar import AROptions
 from specdec.decoding.lantern import LanternOptions
 from specdec.decoding.mulo import MuloOptions
@@ -30,4 +30,5 @@ from specdec.settings import RunSettings, Sampling
 
 __all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "LanternOptions", "METHODS", "MuloOptions",
            "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions", "SJDOptions", "SSDOptions", "Sampling",
-           "ZipAROptions", "check_method", "concat_results", "decode", "method_options", "options_as_kwargs", "options_for"]
+           "ZipAROptions", "check_method", "concat_results", "decode", "family_options",
+           "method_options", "options_as_kwargs", "options_for"]

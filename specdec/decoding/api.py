@@ -3,8 +3,9 @@
 It picks the pieces a method needs from a model family (`specdec.models.ModelFamily`: target,
 drafter, sd_drafter, tokenizer, ssd_heads, codebook, upsampler, its own sampling), splits the
 keyword arguments into run settings (`RunSettings`), models given explicitly, and the method's
-options (its frozen dataclass, `OPTIONS[method]`, whose defaults are the one table of defaults;
-`preset=` starts from a named variant such as the published reading), and calls the method's
+options (its frozen dataclass, `OPTIONS[method]`, whose defaults are the one table of defaults,
+under the family's own tuned values, `ModelFamily.options`; `preset=` applies a named variant
+such as the published reading), and calls the method's
 module. A family with a preview stage (GLM-Image) is decoded in two stages
 (specdec.decoding.stages).
 """
@@ -54,22 +55,34 @@ def method_options(method: str) -> list:
     return fields + list(RESOURCES[method])
 
 
-def options_for(method: str, preset: Optional[str] = None, **overrides):
-    """The method's options dataclass: its defaults (or the named preset), with `overrides`; an
-    unknown name is a ValueError listing the accepted ones."""
+def family_options(family, method: str) -> dict:
+    """The option defaults `family` sets for `method` (`ModelFamily.options`: values tuned on that
+    family's own models, such as MuLo-SD's tau on the 32x32 family); {} when it sets none."""
+    own = _field(family, "options") if family is not None else None
+    return dict((own or {}).get(check_method(method), {}))
+
+
+def options_for(method: str, preset: Optional[str] = None, family=None, **overrides):
+    """The method's options dataclass: its defaults, then the family's own defaults for it
+    (`family_options`), then the named preset's published values where they differ from the
+    defaults, then `overrides`; an unknown name is a ValueError listing the accepted ones."""
     cls = OPTIONS[check_method(method)]
-    if preset is None:
-        base = cls()
-    elif preset in PRESETS[method]:
-        base = PRESETS[method][preset]
-    else:
+    if preset is not None and preset not in PRESETS[method]:
         known = ", ".join(sorted(PRESETS[method])) or "none"
         raise ValueError(f"{method} has no preset {preset!r}; its presets: {known}")
     fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}; it accepts: "
-                         f"{', '.join(method_options(method))}")
+    own = family_options(family, method)
+    for source, names in (("the family's options", own), ("", overrides)):
+        unknown = sorted(set(names) - fields)
+        if unknown:
+            where = f" ({source})" if source else ""
+            raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}{where}; it accepts: "
+                             f"{', '.join(method_options(method))}")
+    base = cls(**own)
+    if preset is not None:
+        published, plain = PRESETS[method][preset], cls()
+        base = dataclasses.replace(base, **{f: getattr(published, f) for f in fields
+                                           if getattr(published, f) != getattr(plain, f)})
     return dataclasses.replace(base, **overrides)
 
 
@@ -156,7 +169,7 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     given = {k: options.pop(k) for k in RESOURCES[method] + ("tokenizer",) if k in options}
     if method == "mulo":
         _mulo_defaults(family, given, options, preset)
-    opts = options_for(method, preset, **options)
+    opts = options_for(method, preset, family, **options)
     resources = _resources(method, family, given, opts)
     if preview is None:
         if preview_method != "ar" or preview_options:
@@ -201,5 +214,5 @@ def _conditions(target, classes, prompts, negative_prompts):
     return Prompts(list(prompts), None if negative_prompts is None else list(negative_prompts))
 
 
-__all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "check_method", "decode", "method_options",
-           "options_as_kwargs", "options_for"]
+__all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "check_method", "decode", "family_options",
+           "method_options", "options_as_kwargs", "options_for"]

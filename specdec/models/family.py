@@ -10,7 +10,9 @@ both stages; MuLo-SD drafts with it), `drafter`
 ARImageModel on the target's grid for sd / lantern), `ssd_heads` (SSD's heads sized to the
 target's hidden_dim), `upsampler` (MuLo-SD's learned up-sampler for this codebook), `codebook`
 (code vectors for the neighbour tables of LANTERN and MuLo-SD: the tokenizer's unless given) and
-`sampling` (the family's own sampling defaults). `tokenizer` turns token grids [B, h, w] into
+`sampling` (the family's own sampling defaults) and `options` (the family's own option defaults
+per method, values tuned on its models: `{"mulo": {"tau": 0.02}}`; a caller's options override
+them). `tokenizer` turns token grids [B, h, w] into
 images [B, C, H, W] in [-1, 1].
 """
 from __future__ import annotations
@@ -37,6 +39,8 @@ class ModelFamily:
     codebook: Optional[torch.Tensor] = None
     #: the family's sampling defaults (None: specdec.decoding.DEFAULT_SAMPLING)
     sampling: Optional[Sampling] = None
+    #: per method, option defaults tuned on this family's models (None or {}: the methods' own)
+    options: Optional[Dict[str, dict]] = None
     evaluator: Optional[Any] = None             #: quality figures (the embedded family's classifier)
     processor: Optional[Any] = None             #: a transformers processor (text prompts)
     class_names: Optional[Tuple[str, ...]] = None

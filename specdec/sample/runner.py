@@ -74,7 +74,7 @@ def resolve(family, req: Request, device: torch.device) -> Job:
             flag = "--" + name.replace("_", "-")
             raise SampleError(f"--set {name}: a run setting, not an option of {req.method}: give it as {flag}")
     try:
-        options = decoding.options_for(req.method, **req.options)
+        options = decoding.options_for(req.method, family=family, **req.options)
     except ValueError as e:
         raise SampleError(f"--set: {e}") from None
     run = dataclasses.replace(req.run, progress=None, first_index=0,
