@@ -293,6 +293,11 @@ def render_scaling(data, name):
                      f"{r['tokens_fed_per_image']:.0f} | {r['pass_ratio_vs_ar']:.2f}x | {r['fd']:.1f} | "
                      f"{r['fd_real']:.1f} | {r['class_accuracy']:.3f} | {wall('eager')} | {wall('compiled')} | "
                      f"{wall('eager', 'speedup_vs_ar', '{:.2f}x')} | {wall('compiled', 'speedup_vs_ar', '{:.2f}x')} |")
+    own = sorted({(r["grid"], r["method"], ", ".join(f"{k}={v}" for k, v in sorted(r["family_options"].items())))
+                  for r in data["rows"] if r.get("family_options")})
+    if own:
+        lines += ["", "Options the family sets (tuned on its own models; every other option at the method's default): "
+                  + "; ".join(f"{g}x{g} {m}: {o}" for g, m, o in own) + "."]
     return lines + ["", f"![Target passes saved against ar, by grid]({SCALING_PLOT})", ""]
 
 

@@ -289,7 +289,8 @@ def cmd_generate_model(args) -> int:
 # ---------------------------------------------------------------------------------------------
 
 def cmd_compare(args) -> int:
-    from specdec.compare import COMPARE_TURN, format_table, run_compare
+    from specdec import decoding
+    from specdec.compare import COMPARE_TURN, format_table, method_of, run_compare
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
@@ -307,6 +308,10 @@ def cmd_compare(args) -> int:
     print(f"{args.num_images} images (classes 0..{fam.target.num_classes - 1} in turn), seed {args.seed}, "
           f"CFG {sampling.cfg_scale}, {batching}, {'compiled' if args.compile else 'eager'}, "
           f"{torch.get_num_threads()} CPU thread(s) on {args.device}; speed-ups against ar in this run")
+    own = [f"{m} {k}={v}" for m in dict.fromkeys(map(method_of, methods))
+           for k, v in decoding.family_options(fam, m).items() if k not in options.get(m, {})]
+    if own:
+        print("the family's own options: " + ", ".join(own))
     print(format_table(rows, fd_real))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)

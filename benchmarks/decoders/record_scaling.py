@@ -36,8 +36,11 @@ def family_at(grid: int, device="cpu"):
     return default(device, grid=grid)
 
 
-def scaling_rows(grid: int, mode: str, rows: list, results: dict, fd_real) -> list:
-    """The record's rows of one (grid, mode) run of `specdec.compare.run_compare`."""
+def scaling_rows(grid: int, mode: str, rows: list, results: dict, fd_real, fam=None) -> list:
+    """The record's rows of one (grid, mode) run of `specdec.compare.run_compare` on `fam` (each
+    row names the option defaults the family sets for its method)."""
+    from specdec.decoding import family_options
+
     out = []
     ar = next((r for r in rows if r["method"] == "ar"), None)
     for r in rows:
@@ -47,7 +50,8 @@ def scaling_rows(grid: int, mode: str, rows: list, results: dict, fd_real) -> li
                     "tokens_fed_per_image": stats.target_tokens_fed / stats.images,
                     "pass_ratio_vs_ar": ar["target_forwards"] / r["target_forwards"] if ar else None,
                     "wall_s_per_image": r["wall_s"], "speedup_vs_ar": r["speedup"],
-                    "fd": r["fd"], "class_accuracy": r["class_accuracy"], "fd_real": fd_real})
+                    "fd": r["fd"], "class_accuracy": r["class_accuracy"], "fd_real": fd_real,
+                    "family_options": family_options(fam, r["method"])})
     return out
 
 
@@ -75,7 +79,7 @@ def main(argv=None):
             run = RunSettings(seed=0, compile=mode == "compiled", sampling=DEFAULT_SAMPLING)
             print(f"grid {grid}x{grid}, {mode}: {', '.join(methods)}", flush=True)
             table, results, fd_real = run_compare(fam, methods, args.num_images, run, {})
-            rows += scaling_rows(grid, mode, table, results, fd_real)
+            rows += scaling_rows(grid, mode, table, results, fd_real, fam)
             for r in rows[-len(methods):]:
                 print(f"  {r['method']:8s} {r['target_passes_per_image']:7.1f} passes  "
                       f"{r['pass_ratio_vs_ar']:6.2f}x fewer  FD {r['fd']:7.1f}  acc {r['class_accuracy']:.3f}  "

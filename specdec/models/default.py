@@ -77,6 +77,19 @@ def _heads(path: str):
 GRID32 = "grid32"
 
 
+#: Option defaults tuned on the 32x32 family, each by a sweep on seed 1 (the reported runs use
+#: seed 0; docs/experiments.md, "Gains against resolution"):
+#: - MuLo-SD's tau: at the 16x16 family's 0.05 this target's rejection windows join into islands
+#:   of about 90 positions, resampled one token per pass (94 target passes per image); 0.02 needs
+#:   39 at the same FD and class accuracy (0.01: 24 passes, 0.005: 16, quality unchanged too).
+#: - SSD's bounds: tokens more than max_tail = 24 positions behind (three quarters of a row here)
+#:   are kept as last judged, which costs this target half its FD again (322 against ar's 217);
+#:   unbounded tails judge every token under its final context but the last group's, and 16
+#:   passes close most of that one: FD 220 at 119 passes (8 passes: FD 229 at 111; 24: 215 at
+#:   127). The price is on a CPU: every pass re-feeds the open tail (27,000 tokens per image).
+GRID32_OPTIONS = {"mulo": {"tau": 0.02}, "ssd": {"max_tail": None, "final_passes": 16}}
+
+
 def load_embedded(folder: str = WEIGHTS_DIR, device="cpu", grid: int = 16) -> ModelFamily:
     """An embedded family from `folder` (the files `python -m specdec.train all` writes): the
     16x16-token family, or with grid=32 the 32x32-token one (its target, same-grid drafter, SSD
@@ -102,8 +115,9 @@ def load_embedded(folder: str = WEIGHTS_DIR, device="cpu", grid: int = 16) -> Mo
     for m in (tokenizer, target, drafter, sd_drafter, heads):
         m.to(device).eval().requires_grad_(False)
     upsampler = load_upsampler(_path(own, "upsampler.safetensors"), device=device)
+    options = None if grid == 16 else {m: dict(o) for m, o in GRID32_OPTIONS.items()}
     return ModelFamily(target, tokenizer=tokenizer, drafter=drafter, sd_drafter=sd_drafter, ssd_heads=heads,
-                       upsampler=upsampler, evaluator=evaluator, class_names=CLASS_NAMES, info=info)
+                       upsampler=upsampler, evaluator=evaluator, class_names=CLASS_NAMES, info=info, options=options)
 
 
 _CACHE: Dict[Tuple[str, str, int], ModelFamily] = {}

@@ -83,6 +83,17 @@ def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
     assert rows[0]["target_forwards"] == 16
 
 
+def test_compare_decodes_with_the_familys_own_options_and_names_them(monkeypatch, capsys, tmp_path):
+    fam = TinyFamily()
+    fam.options = {"mulo": {"tau": 0.0, "radius": 2}}
+    monkeypatch.setattr(cli, "_family", lambda args: fam)
+    assert cli.main(["compare", "--methods", "ar,mulo", "--num-images", "2", "--quiet", "--out-dir", str(tmp_path),
+                     "--json", str(tmp_path / "t.json"), "--set", "mulo.radius=1"]) == 0
+    assert "the family's own options: mulo tau=0.0\n" in capsys.readouterr().out    # radius: the caller's
+    rows = json.loads((tmp_path / "t.json").read_text())
+    assert rows[1]["target_forwards"] == 2          # tau 0: prefill and one verification pass
+
+
 def test_top_p_flag_reaches_the_sampling_settings():
     args = cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0", "--out", "x.png",
                                           "--top-k", "50", "--top-p", "0.8"])

@@ -172,7 +172,8 @@ def test_sigterm_stops_an_engine_run_so_that_it_saves():
 
 def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
     """record_scaling.py's rows (from run_compare's, with the tokens fed from each result's stats)
-    render one line per grid and method with its eager and compiled wall times, and the plot."""
+    render one line per grid and method with its eager and compiled wall times, the options a family
+    sets, and the plot."""
     import sys
     import types
 
@@ -188,15 +189,19 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
                       "class_accuracy": 0.6},
                      {"method": "mulo", "target_forwards": passes, "wall_s": wall / 4, "speedup": 4.0, "fd": 90.0,
                       "class_accuracy": 0.7}]
+            fam = types.SimpleNamespace(options={"mulo": {"tau": 0.02}} if grid == 32 else None)
             rows += rs.scaling_rows(grid, mode, table, {"ar": stats(2 * (grid * grid - 1)), "mulo": stats(2 * 300)},
-                                    5.0)
+                                    5.0, fam)
     assert rows[1]["pass_ratio_vs_ar"] == 256 / 25 and rows[1]["tokens_fed_per_image"] == 300
+    assert rows[1]["family_options"] == {} and rows[-1]["family_options"] == {"tau": 0.02}
     data = {"kind": "specdec-scaling", "datetime": "2026-12-02T00:00:00", "machine": "test machine",
             "command": "python benchmarks/decoders/record_scaling.py", "threads": 1, "num_images": 2, "rows": rows}
     mr = _make_results()
     text = "\n".join(mr.render_scaling(data, "s.json"))
     assert "| 32x32 | mulo | 40.0 | 300 | 25.60x | 90.0 | 5.0 | 0.700 | 0.250 | 0.125 | 4.00x | 4.00x |" in text
     assert "| 16x16 | ar | 256.0 | 255 | 1.00x |" in text
+    assert "Options the family sets (tuned on its own models; every other option at the method's default): " \
+           "32x32 mulo: tau=0.02." in text
     pytest.importorskip("matplotlib")
     with open(mr.plot_scaling(data, str(tmp_path / "s.png")), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
