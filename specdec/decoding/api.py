@@ -121,14 +121,17 @@ def _mulo_defaults(family, given: dict, options: dict, preset) -> None:
     """MuLo-SD's defaults that depend on the family: on a family with a preview stage and no
     drafter model, the preview is the draft (draft="preview"); without a trained up-sampler the
     draft is up-sampled in pixel space through the family's VQ (the paper's pipeline), or by
-    token-space nearest when the family has no pixel decoder."""
-    if ("draft" not in options and given.get("drafter") is None and _field(family, "drafter") is None
+    token-space nearest when the family has no pixel decoder. What the family's own options set
+    (`family_options`) counts as given."""
+    own = family_options(family, "mulo")
+    chosen = {**own, **options}
+    if ("draft" not in chosen and given.get("drafter") is None and _field(family, "drafter") is None
             and _field(family, "preview") is not None):
         options["draft"] = "preview"
-    if preset is not None or "upsample" in options:
+    if preset is not None or "upsample" in chosen:
         return
     net = given.get("upsampler", _field(family, "upsampler"))
-    if net is not None and options.get("draft") == "preview":
+    if net is not None and options.get("draft", own.get("draft")) == "preview":
         # A family's up-sampler serves the preview/target sizes whose ratio is its factor; at
         # other sizes (GLM-Image 19x13 -> 36x24) the preview is up-sampled token by token.
         (H, W), (h, w) = _field(family, "target").grid, _field(family, "preview").grid

@@ -56,6 +56,19 @@ def test_decode_uses_the_familys_tau_and_the_caller_overrides_it():
                                                     tau=2.0).tokens)
 
 
+def test_a_familys_upsample_is_not_replaced_by_the_pixel_default():
+    """Without a learned up-sampler `decode` up-samples in pixel space unless an up-sampler is
+    chosen; one the family chose counts as chosen."""
+    fam = family_with({"mulo": {"upsample": "nearest"}})
+    fam.upsampler = None
+    plain = TinyFamily()
+    plain.upsampler = None
+    own = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING)
+    nearest = decoding.decode("mulo", plain, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest")
+    pixel = decoding.decode("mulo", plain, CLASSES, seed=2, sampling=SAMPLING)
+    assert torch.equal(own.tokens, nearest.tokens) and not torch.equal(own.tokens, pixel.tokens)
+
+
 def test_compare_decodes_with_the_familys_options():
     fam = family_with({"mulo": {"tau": 0.0}})
     _, results, _ = run_compare(fam, ["mulo"], 2, RunSettings(seed=0, sampling=SAMPLING), {})
