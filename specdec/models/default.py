@@ -77,18 +77,14 @@ def _heads(path: str):
 GRID32 = "grid32"
 
 
-#: Option defaults tuned on the 32x32 family, each by a sweep on seed 1 (the reported runs use
-#: seed 0; docs/experiments.md, "Gains against resolution"):
+#: Option defaults tuned on the 32x32 family, each chosen by a sweep on seed 1 (the reported runs
+#: use seed 0; docs/experiments.md, "How the 32x32 family's options were chosen"):
 #: - MuLo-SD's tau: at the 16x16 family's 0.05 this target's rejection windows join into islands
-#:   of about 90 positions, resampled one token per pass (94 target passes per image); 0.02 needs
-#:   39 at the same FD and class accuracy (0.01: 24 passes, 0.005: 16, quality unchanged too).
-#: - SSD's bounds: tokens more than max_tail = 24 positions behind (three quarters of a row here)
-#:   are kept as last judged, which costs this target half its FD again (322 against ar's 217);
-#:   unbounded tails judge every token under its final context but the last group's, and 16
-#:   passes close part of that one: FD 220 at 119 passes (8 passes: FD 229 at 111; 24: 215 at
-#:   127). On 600 images of seed 0 that is FD +29% of ar's at 8.65x fewer passes, against +89%
-#:   with the bounds. The price is on a CPU: every pass re-feeds the open tail (26,000 tokens
-#:   per image), so it is slower than ar there.
+#:   resampled one token per pass (94 target passes per image); 0.02 needs 39 at the same quality.
+#: - SSD's bounds: max_tail=24 is three quarters of a row here, and the tokens it keeps as last
+#:   judged cost far more FD than at 16x16; unbounded, every token but the last group's open tail
+#:   is judged under its final context, and 16 passes close part of that tail. Every pass re-feeds
+#:   the open tail, so on a CPU this SSD is slower than ar.
 GRID32_OPTIONS = {"mulo": {"tau": 0.02}, "ssd": {"max_tail": None, "final_passes": 16}}
 
 
