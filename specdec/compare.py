@@ -89,7 +89,8 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
         if out_dir and out.images is not None:
             images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
         if out_dir and method_of(m) == "mulo" and out.images is not None:
-            images.save_mulo_maps(out.images, s.extra["accept_image"], s.extra["islands"],
+            # MuLo-SD judges each batch once: its acceptance maps are one per image, in order
+            images.save_mulo_maps(out.images, torch.cat(s.acceptance_maps), s.method_stats.islands,
                                   os.path.join(out_dir, f"{m}_maps.png"))
     base = next((r for r in rows if r["method"] == "ar"), None)
     if base is not None:

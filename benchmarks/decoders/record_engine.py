@@ -97,7 +97,6 @@ def engine_rows(results: dict) -> list:
 def main(argv=None):
     from specdec import decoding
     from specdec.models import default
-    from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
@@ -124,14 +123,10 @@ def main(argv=None):
              if mode == "eager" or m in compiled]
     started = datetime.datetime.now(datetime.timezone.utc)
 
-    def settings(b, mode, **kw):
-        """The run settings of a cell (built once per cell and call)."""
-        return RunSettings(batch_size=b, compile=mode == "compiled", **kw)
-
     results = {}
     stop_on_sigterm()
     try:
-        measure(cells, results, fam, classes, passes, options, args, max(batch_sizes))
+        measure(cells, results, fam, classes, passes, args, max(batch_sizes))
         stopped = False
     except Stopped:
         stopped = True
@@ -144,7 +139,14 @@ def main(argv=None):
         sys.exit(128 + signal.SIGTERM)     # a stopped run is not a finished one
 
 
-def measure(cells, results, fam, classes, passes, options, args, per_round):
+def settings(b: int, mode: str, **kw):
+    """The run settings of a cell: its batch size and mode."""
+    from specdec.settings import RunSettings
+
+    return RunSettings(batch_size=b, compile=mode == "compiled", **kw)
+
+
+def measure(cells, results, fam, classes, passes, args, per_round):
     """Warm up every cell, then time them, methods taking turns; fills `results` as it goes."""
     from specdec import decoding
     from specdec.profiling import count_host_syncs
@@ -153,7 +155,7 @@ def measure(cells, results, fam, classes, passes, options, args, per_round):
         t = time.perf_counter()
         out = decoding.decode(m, fam, classes[:b], run=settings(b, mode, seed=10_000))
         synchronize(args.device)
-        compile_s = sum(out.stats.extra.get("compile_s", [0.0])) if mode == "compiled" else 0.0
+        compile_s = sum(out.stats.compile_s) if mode == "compiled" else 0.0
         # One counted batch (the counter slows it: not timed). torch.compile does not run under a
         # dispatch mode, so a compiled cell is counted eagerly: the loop around the compiled step is
         # the same, and the step itself (fullgraph=True) cannot hold a host read.
@@ -176,12 +178,13 @@ def measure(cells, results, fam, classes, passes, options, args, per_round):
                 r = results[(m, b, mode)]
                 # A speculative method may meet a new bucket width in a timed batch: its compile
                 # time (the first call of that graph) goes to compile_s, not to the image time.
-                late = sum(out.stats.extra.get("compile_s", [0.0])) if mode == "compiled" else 0.0
+                late = sum(out.stats.compile_s) if mode == "compiled" else 0.0
                 r["compile_s"] = round(r["compile_s"] + late, 2)
                 r["wall_s"] += out.stats.wall_s - late
                 r["images"] += out.stats.images
                 r["target_forwards"] += out.stats.target_forwards
         print(f"timed {min(start + per_round, args.num_images)}/{args.num_images} images per cell", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -272,7 +272,7 @@ def decode_each(fam, conditions, args, neighbors, entry):
         out = decoding.decode(method, fam, conditions.get("classes"), prompts=conditions.get("prompts"),
                               seed=0, batch_size=1, compile=args.compile, **options.get(method, {}))
         s = out.stats
-        compile_s = float(sum(s.extra.get("compile_s", [0.0])))
+        compile_s = float(sum(s.compile_s))
         entry["decodes"].append(dict(method=method, wall_s=s.wall_s, compile_s=compile_s,
                                      target_passes=s.target_forwards, draft_passes=s.draft_forwards,
                                      tokens=s.tokens))

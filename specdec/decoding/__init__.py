@@ -6,12 +6,15 @@
     out = dec.decode("mulo", fam, classes=[0, 1, 2], seed=0, tau=0.05)
     out.tokens, out.images, out.stats          # grids, decoded images, DecodeStats
 
-Each method has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`) whose
-`decode(target, conditions, *, <its models>, options=<its options>, run=RunSettings(...))` takes
-the models explicitly; `decode(method, family, ...)` (specdec.decoding.api) picks the pieces a
-method needs from a model family. The engine is split by job: `runner` (a model with its cache),
-`compiled` (the same through torch.compile), `streams` (one random stream per image), `uploads`
-(host data to the device), `draws` (kernels with the streams' uniforms), `batching`, `results`.
+Each method has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`), a policy
+over the engine's round state, whose `decode(target, conditions, *, <its models>, options=<its
+options>, run=RunSettings(...))` takes the models explicitly; `decode(method, family, ...)`
+(specdec.decoding.api) picks the pieces a method needs from a model family through the module's
+hooks. The engine is split by job: `engine` (a batch's round state: streams, runners, the
+read-accept-commit step, statistics), `runner` (a model with its cache), `compiled` (the same
+through torch.compile), `streams` (one random stream per image), `uploads` (host data to the
+device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of shared passes),
+`drafters` (what proposes tokens for raster speculation), `batching`, `results`.
 """
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
 """`decode(method, family, ...)`: the one-line face of the decoders.
 
-It picks the pieces a method needs from a model family (`specdec.models.ModelFamily`: target,
-drafter, sd_drafter, tokenizer, ssd_heads, codebook, upsampler, its own sampling), splits the
-keyword arguments into run settings (`RunSettings`), models given explicitly, and the method's
-options (its frozen dataclass, `OPTIONS[method]`, whose defaults are the one table of defaults,
-under the family's own tuned values, `ModelFamily.options`; `preset=` applies a named variant
-such as the published reading), and calls the method's
-module. A family with a preview stage (GLM-Image) is decoded in two stages
+It splits the keyword arguments into run settings (`RunSettings`), models given explicitly, and
+the method's options (`resolve`: its frozen dataclass, `OPTIONS[method]`, whose defaults are the
+one table of defaults, under the family's own tuned values, `ModelFamily.options`; `preset=`
+applies a named variant such as the published reading), takes the models the method needs from a
+model family (`specdec.models.ModelFamily`) through its module's hooks, and calls the module.
+Nothing here knows a method: each module says what it takes (`TAKES`, `resources`), the defaults
+it derives from a family (`family_defaults`) and whether it decodes a preview stage itself
+(`decodes_preview`). A family with a preview stage (GLM-Image) is decoded in two stages
 (specdec.decoding.stages).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 
@@ -21,8 +22,10 @@ from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling
 
-METHODS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
+#: The methods, each one module (its options, presets, the models it takes and its decode): adding
+#: a method is adding its module here.
 _MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, "mulo": mulo, "ssd": ssd}
+METHODS = tuple(_MODULES)
 
 #: Each method's options dataclass; its defaults are the defaults (tuned on the embedded family
 #: where a paper leaves a value open; docs/experiments.md).
@@ -31,9 +34,9 @@ OPTIONS = {m: module.OPTIONS for m, module in _MODULES.items()}
 #: Named variants of a method's options where the published reading differs from the default.
 PRESETS: Dict[str, Dict[str, object]] = {m: module.PRESETS for m, module in _MODULES.items()}
 
-#: The models each method takes besides its target (keyword arguments of its module's decode).
-RESOURCES = {"ar": (), "sd": ("drafter", "heads"), "lantern": ("drafter", "heads", "codebook", "neighbors"),
-             "sjd": (), "zipar": (), "mulo": ("drafter", "upsampler", "codebook", "neighbors"), "ssd": ("heads",)}
+#: The models each method takes besides its target (keyword arguments of its module's decode):
+#: each module's `TAKES`.
+RESOURCES = {m: tuple(module.TAKES) for m, module in _MODULES.items()}
 
 #: Sampling used when neither the run nor the family sets one (CFG as the embedded models were
 #: trained for it).
@@ -95,51 +98,57 @@ def _field(family, name: str):
     return family.get(name) if isinstance(family, dict) else getattr(family, name, None)
 
 
-def _resources(method: str, family, given: dict, options) -> dict:
-    """The models the method takes: those given explicitly, else the family's."""
-    res = {"tokenizer": given.get("tokenizer", _field(family, "tokenizer"))}
-    for name in RESOURCES[method]:
-        res[name] = given.get(name)
-    if method in ("sd", "lantern") and res["drafter"] is None and res["heads"] is None:
-        # The family's same-grid drafter model; without one, SSD's horizontal heads draft (Medusa-style).
-        res["drafter"] = _field(family, "sd_drafter")
-        if res["drafter"] is None:
-            res["heads"] = _field(family, "ssd_heads")
-    if method in ("lantern", "mulo") and res["neighbors"] is None and res["codebook"] is None:
-        res["codebook"] = _field(family, "codebook")
-    if method == "mulo":
-        own = _field(family, "preview" if options.draft == "preview" else "drafter")
-        res["drafter"] = res["drafter"] if res["drafter"] is not None else own
-        if options.upsample == "learned" and res["upsampler"] is None:
-            res["upsampler"] = _field(family, "upsampler")
-    if method == "ssd" and res["heads"] is None:
-        res["heads"] = _field(family, "ssd_heads")
-    return res
+class _Family:
+    """What a method's hooks see of a family (a `ModelFamily` or a dict): its models and settings
+    by name, None where it has none."""
+
+    def __init__(self, family):
+        self._family = family
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None if self._family is None else _field(self._family, name)
 
 
-def _mulo_defaults(family, given: dict, options: dict, preset) -> None:
-    """MuLo-SD's defaults that depend on the family: on a family with a preview stage and no
-    drafter model, the preview is the draft (draft="preview"); without a trained up-sampler the
-    draft is up-sampled in pixel space through the family's VQ (the paper's pipeline), or by
-    token-space nearest when the family has no pixel decoder. What the family's own options set
-    (`family_options`) counts as given."""
-    own = family_options(family, "mulo")
-    chosen = {**own, **options}
-    if ("draft" not in chosen and given.get("drafter") is None and _field(family, "drafter") is None
-            and _field(family, "preview") is not None):
-        options["draft"] = "preview"
-    if preset is not None or "upsample" in chosen:
-        return
-    net = given.get("upsampler", _field(family, "upsampler"))
-    if net is not None and options.get("draft", own.get("draft")) == "preview":
-        # A family's up-sampler serves the preview/target sizes whose ratio is its factor; at
-        # other sizes (GLM-Image 19x13 -> 36x24) the preview is up-sampled token by token.
-        (H, W), (h, w) = _field(family, "target").grid, _field(family, "preview").grid
-        if not (H % h == 0 and W % w == 0 and H // h == W // w == getattr(net, "factor", None)):
-            net = None
-    if net is None:
-        has_vq = given.get("tokenizer", _field(family, "tokenizer")) is not None
-        options["upsample"] = "pixel" if has_vq else "nearest"
+class Resolved(NamedTuple):
+    """A decode's settings resolved against a family (`resolve`)."""
+
+    run: RunSettings       #: the run settings, the sampling filled in
+    given: dict            #: the models given explicitly (the method's `TAKES`, tokenizer)
+    options: object        #: the method's options dataclass
+
+
+def resolve(method: str, family, *, run: Optional[RunSettings] = None, preset: Optional[str] = None,
+            **kwargs) -> Resolved:
+    """Split `decode`'s keyword arguments into run settings (over `run`'s; the sampling defaults
+    to the family's own, else DEFAULT_SAMPLING), the models given explicitly, and the method's
+    options: its defaults, the defaults it derives from the family (its module's
+    `family_defaults` hook, if any), the family's own options, the preset, then the caller's
+    (`options_for`). `decode` and `specdec sample` resolve their settings here."""
+    module = _MODULES[check_method(method)]
+    run = dataclasses.replace(run or RunSettings(), **{k: kwargs.pop(k) for k in RUN_FIELDS if k in kwargs})
+    if run.sampling is None:
+        run = dataclasses.replace(run, sampling=_field(family, "sampling") or DEFAULT_SAMPLING)
+    given = _given(module, kwargs)
+    family_defaults = getattr(module, "family_defaults", None)
+    if family_defaults is not None:
+        family_defaults(_Family(family), given, kwargs, preset)
+    return Resolved(run, given, options_for(method, preset, family, **kwargs))
+
+
+def _given(module, kwargs: dict) -> dict:
+    """The models among kwargs (taken out of it): those the method takes, and the tokenizer."""
+    return {k: kwargs.pop(k) for k in tuple(module.TAKES) + ("tokenizer",) if k in kwargs}
+
+
+def _resources(module, family, given: dict, options) -> dict:
+    """The models the method takes: those given explicitly, else the family's (the module's
+    `resources` hook; without one, only those given), and the tokenizer."""
+    view = _Family(family)
+    hook = getattr(module, "resources", None)
+    res = hook(view, given, options) if hook is not None else {k: given.get(k) for k in module.TAKES}
+    return {"tokenizer": given.get("tokenizer", view.tokenizer), **res}
 
 
 def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None,
@@ -159,42 +168,39 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 
     A family with a preview stage (`family.preview`, GLM-Image) is decoded in two stages: the
     preview grid with `preview_method` (default "ar"; its options in `preview_options`), then
-    the target grid with `method`; `mulo` drafts with the preview itself (draft="preview", the
-    default on such a family without a drafter model). The result's `preview` holds the preview
-    grids (specdec.decoding.stages)."""
-    check_method(method)
+    the target grid with `method`; a method that decodes the preview itself (its module's
+    `decodes_preview(options)`: `mulo` with draft="preview", the default on such a family
+    without a drafter model) runs both. The result's `preview` holds the preview grids
+    (specdec.decoding.stages)."""
     check_method(preview_method)
+    module = _MODULES[check_method(method)]
     target = _field(family, "target")
     preview = _field(family, "preview")
-    run = dataclasses.replace(run or RunSettings(), **{k: options.pop(k) for k in RUN_FIELDS if k in options})
-    if run.sampling is None:
-        run = dataclasses.replace(run, sampling=_field(family, "sampling") or DEFAULT_SAMPLING)
-    given = {k: options.pop(k) for k in RESOURCES[method] + ("tokenizer",) if k in options}
-    if method == "mulo":
-        _mulo_defaults(family, given, options, preset)
-    opts = options_for(method, preset, family, **options)
-    resources = _resources(method, family, given, opts)
+    run, given, opts = resolve(method, family, run=run, preset=preset, **options)
+    resources = _resources(module, family, given, opts)
     if preview is None:
         if preview_method != "ar" or preview_options:
             raise ValueError("preview_method and preview_options are for a family with a preview stage (GLM-Image)")
-        return _MODULES[method].decode(target, _conditions(target, classes, prompts, negative_prompts), **resources,
-                                       options=opts, run=run)
+        return module.decode(target, _conditions(target, classes, prompts, negative_prompts), **resources,
+                             options=opts, run=run)
     stages.check_preview_stage(preview, target)
     # Prompts are encoded by the preview stage; the target stage's conditions add the preview.
     conditions = _conditions(preview, classes, prompts, negative_prompts)
-    if method == "mulo" and opts.draft == "preview":
-        return mulo.decode(target, conditions, **resources, options=opts, run=run)
+    decodes_preview = getattr(module, "decodes_preview", None)
+    if decodes_preview is not None and decodes_preview(opts):
+        return module.decode(target, conditions, **resources, options=opts, run=run)
     # The preview stage takes models of its own only when given in preview_options (the family's
     # drafters and heads are for the target grid); neighbour tables use the family's codebook.
+    first_module = _MODULES[preview_method]
     first_kw = dict(preview_options or {})
-    first_given = {k: first_kw.pop(k) for k in RESOURCES[preview_method] + ("tokenizer",) if k in first_kw}
+    first_given = _given(first_module, first_kw)
     first_opts = options_for(preview_method, None, **first_kw)
-    first_res = _resources(preview_method, {"codebook": _field(family, "codebook")}, first_given, first_opts)
+    first_res = _resources(first_module, {"codebook": _field(family, "codebook")}, first_given, first_opts)
     # the progress callback counts images once: after their target stage
-    first = _MODULES[preview_method].decode(preview, conditions, **first_res, options=first_opts,
-                                            run=dataclasses.replace(run, progress=None))
-    second = _MODULES[method].decode(target, target.condition_on_preview(conditions, first.tokens), **resources,
-                                     options=opts, run=stages.target_stage_run(run))
+    first = first_module.decode(preview, conditions, **first_res, options=first_opts,
+                                run=dataclasses.replace(run, progress=None))
+    second = module.decode(target, target.condition_on_preview(conditions, first.tokens), **resources,
+                           options=opts, run=stages.target_stage_run(run))
     return stages.combine(first, second)
 
 
@@ -217,5 +223,5 @@ def _conditions(target, classes, prompts, negative_prompts):
     return Prompts(list(prompts), None if negative_prompts is None else list(negative_prompts))
 
 
-__all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "check_method", "decode", "family_options",
-           "method_options", "options_as_kwargs", "options_for"]
+__all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "Resolved", "check_method", "decode",
+           "family_options", "method_options", "options_as_kwargs", "options_for", "resolve"]

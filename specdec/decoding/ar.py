@@ -14,10 +14,9 @@ from typing import Optional
 import torch
 
 from specdec.decoding.batching import run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner, TokenStep
-from specdec.decoding.streams import step_uniforms
+from specdec.decoding.streams import ImageStreams, step_uniforms
 from specdec.settings import RunSettings
 
 
@@ -27,7 +26,7 @@ class AROptions:
 
 
 @torch.no_grad()
-def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=None, x=None, start: int = 0,
+def sample_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams, *, start_out=None, x=None, start: int = 0,
                 end=None, step: Optional[TokenStep] = None) -> torch.Tensor:
     """Raster AR over runner's grid for B classes -> int64 [B, H*W].
 
@@ -41,13 +40,13 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, start_out=No
     out = start_out if start_out is not None else runner.prefill(classes)
     if x is None:
         x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
-    x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], gen, runner.backend)
+    x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], streams, runner.backend)
     step = step or runner.token_step()
     # Everything the loop touches stays on the device: the position is a tensor filled in place
     # and the step returns the next tokens as a tensor (no host read per token). The uniforms of
     # every step are drawn before the loop (the same numbers as drawn step by step).
     pos = torch.zeros(1, dtype=torch.long, device=runner.device)
-    us = step_uniforms(gen, max(0, end - start - 1), B, runner.device)
+    us = step_uniforms(streams, max(0, end - start - 1), B, runner.device)
     for u in range(start + 1, end):
         pos.fill_(u - 1)
         x[:, u] = step(x[:, u - 1:u], pos, us[u - start - 1], reach=u - 1)
@@ -59,21 +58,15 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
     """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch). With
     `run.compile` each step (model pass + sampling) runs through torch.compile
     (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
-    stats.extra["compile_s"] (0 for shapes compiled by an earlier call: the compiled step is kept
-    on the model), and is part of wall_s of the batch that paid it."""
-    sampling = run.sampling_or_default
-
-    def decode_batch(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
-        x = sample_grid(runner, cls, gen, step=runner.token_step())
-        stats.target_forwards = runner.forwards * cls.shape[0]
-        stats.target_tokens_fed = runner.fed * cls.shape[0]
-        if run.compile:
-            record_compile_s(stats, runner)
-        return x
+    stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is kept on the
+    model), and is part of wall_s of the batch that paid it."""
+    def decode_batch(cls, engine):
+        runner = engine.runner(target)
+        return sample_grid(runner, cls, engine.streams, step=runner.token_step())
 
     return run_batches("ar", target, conditions, decode_batch, run, tokenizer)
 
 
 OPTIONS = AROptions
 PRESETS = {}
+TAKES = ()   #: no model besides the target

@@ -1,6 +1,7 @@
-"""Decoding in batches: `run_batches` splits the conditions into batches, gives each image its own
-random stream, times each batch and sums the statistics; the checks of a decoder's common
-arguments (the model's protocol, the conditions) happen here, once per call."""
+"""Decoding in batches: `run_batches` splits the conditions into batches, gives each batch an
+`Engine` (its images' streams, runners and statistics), times each batch and joins the
+statistics; the checks of a decoder's common arguments (the model's protocol, the conditions)
+happen here, once per call."""
 from __future__ import annotations
 
 import time
@@ -8,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from specdec.decoding.engine import Engine
 from specdec.decoding.results import DecodeResult, DecodeStats
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
@@ -36,32 +38,36 @@ def check_classes(model, classes):
 
 def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,
                 tokenizer=None) -> DecodeResult:
-    """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b],
-    streams, stats) -> tokens [b, H*W]` with `streams = ImageStreams(run.seed, first_index + i ..
-    first_index + i + b - 1)`, one random stream per image. Image i depends only on (seed,
+    """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b], engine)
+    -> tokens [b, H*W]`, where `engine` (specdec.decoding.engine.Engine) holds the batch's round
+    state: one random stream per image (`ImageStreams(run.seed, first_index + i ..)`), its runners
+    and its statistics, which it completes when the batch ends. Image i depends only on (seed,
     first_index + i), whatever the batch size: a run of N images split into calls with
     `first_index` set to each call's offset gives the same images as one call. batch_size=1 is
-    the latency setting speculative decoding is for. Each batch is timed; the statistics are
-    summed; the grids are decoded to images with `tokenizer` (not timed); preview grids a decoder
-    lists in `stats.extra["preview"]` become the result's `preview`."""
+    the latency setting speculative decoding is for. Each batch is timed; the grids are decoded
+    to images with `tokenizer` (not timed); preview grids a method decoded itself (the engine's
+    `previews`) become the result's `preview`."""
     check_grid_model(model, "target")
     conditions = check_classes(model, conditions)
     H, W = model.grid
     total = DecodeStats(method)
-    grids = []
+    grids, previews = [], []
     n, step = conditions.shape[0], run.batch_size
     for i in range(0, n, step):
         batch = conditions[i:i + step]
-        stats = DecodeStats(method, images=batch.shape[0], tokens=batch.shape[0] * H * W)
+        engine = Engine(method, run, ImageStreams(run.seed, range(run.first_index + i,
+                                                                  run.first_index + i + batch.shape[0])), (H, W))
         # Decoding is inference: without no_grad a model whose parameters require grad (a
         # transformers checkpoint, say) would record autograd graphs in eager passes, and
         # torch.compile would trace a training graph (a backward beside every compiled pass).
         start = time.perf_counter()
         with torch.no_grad():
-            streams = ImageStreams(run.seed, range(run.first_index + i, run.first_index + i + batch.shape[0]))
-            grids.append(decode_batch(batch, streams, stats).view(-1, H, W).cpu())
+            grids.append(decode_batch(batch, engine).view(-1, H, W).cpu())
+        stats = engine.finish()
         stats.wall_s = time.perf_counter() - start
         total.merge(stats)
+        if engine.previews is not None:
+            previews.append(engine.previews.cpu().long())
         if run.progress is not None:
             run.progress(min(i + step, n))
     tokens = torch.cat(grids)
@@ -69,10 +75,7 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     if tokenizer is not None:
         with torch.no_grad():
             images = tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
-    # A decoder that wrote preview grids (MuLo-SD drafted by the target's own preview) lists them
-    # per image in stats.extra["preview"].
-    preview = torch.stack(total.extra["preview"]).long() if total.extra.get("preview") else None
-    return DecodeResult(tokens, images, total, preview)
+    return DecodeResult(tokens, images, total, torch.cat(previews) if previews else None)
 
 
 __all__ = ["check_classes", "check_grid_model", "run_batches"]

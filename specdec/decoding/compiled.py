@@ -295,12 +295,5 @@ def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = Fal
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 
-def record_compile_s(stats, *runners) -> None:
-    """Append to stats.extra["compile_s"] the compile time the runners' graphs spent since last
-    asked (0 for graphs compiled by an earlier decode; eager runners add nothing)."""
-    total = sum(r.take_compile_s() for r in runners if isinstance(r, CompiledRunner))
-    stats.extra.setdefault("compile_s", []).append(total)
-
-
 __all__ = ["CompiledForward", "CompiledFunction", "CompiledRunner", "bucket_width", "compile_step", "compiled_runner",
-           "mark_cache_static", "record_compile_s", "runner_for"]
+           "mark_cache_static", "runner_for"]

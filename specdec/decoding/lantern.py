@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.decoding import sd
 from specdec.decoding.sd import check_chunk, speculative_decode
 from specdec.decoding.speculative import Relaxation
 from specdec.neighbors import knn_table
@@ -86,3 +87,14 @@ def decode(target, conditions, *, drafter=None, heads=None, codebook=None, neigh
 
 OPTIONS = LanternOptions
 PRESETS = {}
+#: The models lantern takes besides its target: sd's drafter or heads, and the codebook (or a
+#: precomputed neighbour table).
+TAKES = ("drafter", "heads", "codebook", "neighbors")
+
+
+def resources(family, given: dict, options=None) -> dict:
+    """sd's drafter or heads (`sd.resources`), and the neighbours given or the family's codebook."""
+    res = {"codebook": given.get("codebook"), "neighbors": given.get("neighbors"), **sd.resources(family, given)}
+    if res["neighbors"] is None and res["codebook"] is None:
+        res["codebook"] = family.codebook
+    return res

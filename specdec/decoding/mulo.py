@@ -27,15 +27,16 @@ Grids need not be square, nor divide: a drafter or preview grid (h, w) of a targ
 h <= H, w <= W is up-sampled by `nearest` or `pixel` whatever the ratio; `learned` needs
 H = r h and W = r w.
 
-Target passes per image: prefill + one verification + the resampling passes. (Drafting the image
-in several cycles, each continuing from the down-sampled accepted rows, cost more passes and lost
-on FD on the embedded family; it is gone: docs/experiments.md.)
+Target passes per image: prefill + one verification + the resampling passes. A batch's images
+share their passes; each image draws from its own stream. The method's own figures per image
+(islands, resampled positions, the low-resolution drafts) are `MuloStats`, in
+`DecodeStats.method_stats`; the acceptance maps are the engine's (one [B, H, W] map per batch).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -43,14 +44,11 @@ from specdec import masks
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import sample_grid
 from specdec.decoding.batching import check_grid_model, run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
-from specdec.decoding.draws import verify
+from specdec.decoding.engine import Engine, Judgement
 from specdec.decoding.lantern import check_delta, check_k, neighbor_table
 from specdec.decoding.runner import ModelRunner, Outputs
-from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import check_window, zipar_grid
-from specdec.ops.verification import sample_residual_unchecked
 from specdec.settings import RunSettings, Sampling, check_int
 
 DRAFTING = ("serial", "zipar")
@@ -113,7 +111,7 @@ def check_models(target, drafter, upsample: str = "nearest"):
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}: "
                          "MuLo-SD needs one shared codebook")
-    factor = H // h if H % h == 0 and W % w == 0 and H // h == W // w else None
+    factor = _up.target_grid((h, w), (H, W))[1]
     if factor is None and upsample == "learned":
         raise ValueError(f"drafter grid {(h, w)} does not divide the target grid {(H, W)} by one factor r per side: "
                          "the learned up-sampler needs one (upsample='nearest' or 'pixel' take any ratio)")
@@ -133,32 +131,56 @@ def island_schedule(resample: list, islands: list) -> list:
     return [[island[m] for island in order if m < len(island)] for m in range(depth)]
 
 
+@dataclass
+class MuloStats:
+    """MuLo-SD's own figures, one entry per image (`DecodeStats.method_stats`)."""
+
+    num_islands: List[int]              #: islands of R_X
+    resampled: List[int]                #: positions of R_X (resampled by the target)
+    islands: List[torch.Tensor]         #: int32 [H, W] island labels (-1 outside R_X)
+    low_res: List[torch.Tensor]         #: int64 [h, w] low-resolution drafts
+
+
 def _gathered(o: Outputs, rows: list, cols: list) -> Outputs:
     """Outputs [1, n, V] at the (row, column) pairs (host ints) of a batched pass."""
     rr, cc = to_device([rows, cols], o.cond.device, torch.long)
     return o.map(lambda t: t[rr, cc][None])
 
 
-def _draw_at(runner: ModelRunner, x, o: Outputs, picks: list, gen) -> None:
-    """picks: (image, output column, raster position) host triples, each image's in its own
-    order; x[image, position] = a token drawn from that output, image b's uniforms from its stream."""
-    if not picks:
-        return
-    B = x.shape[0]
-    probs = runner.probs(_gathered(o, [b for b, _, _ in picks], [c for _, c, _ in picks]))[0]
-    counts = [0] * B
-    for b, _, _ in picks:
-        counts[b] += 1
-    if isinstance(gen, ImageStreams):
-        u = gen.rand_counts(counts)
-    else:
-        u = torch.rand((len(picks),), generator=gen, dtype=torch.float32)
-    tok = sample_residual_unchecked(probs, None, to_device(u, probs.device), runner.backend).tokens.long()
-    dev = x.device
-    x[tuple(to_device([[b for b, _, _ in picks], [t for _, _, t in picks]], dev, torch.long))] = tok
+def _draw_at(engine: Engine, runner: ModelRunner, x, o: Outputs, picks: list) -> None:
+    """picks: (image, output column, raster position) host triples, the images in order;
+    x[image, position] = a token drawn from that output, image b's uniforms from its stream."""
+    if picks:
+        probs = runner.probs(_gathered(o, [b for b, _, _ in picks], [c for _, c, _ in picks]))[0]
+        engine.redraw(x, [(b, t) for b, _, t in picks], probs)
 
 
-def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: int, end: int) -> list:
+def _resample_pass(engine: Engine, runner: ModelRunner, x, work: dict, *, tree: bool, end: int) -> None:
+    """One shared resampling pass: work[b] = (positions to resolve now, the block of slots fed,
+    which of them are resolved) for the images in it (the others ride along at slot end - 1);
+    `tree`: the blocks hold another island's unresolved token, so a tree mask hides it."""
+    B, dev = x.shape[0], x.device
+    N = max(len(block) for _, block, _ in work.values())
+    pos = to_device([work[b][1] + [end - 1] * (N - len(work[b][1])) if b in work else [end - 1] * N
+                     for b in range(B)], dev, torch.long)
+    mask = None
+    if tree:
+        # A query slot of another island's unresolved token: visible to its own query only
+        # (and rows riding along see themselves only).
+        dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
+        for b, (_, _, trusted) in work.items():
+            dense[b] |= torch.tensor(trusted, dtype=torch.bool)[None, :]
+        mask = masks.pack(to_device(dense, dev))
+    out = runner.forward(x.gather(1, pos), pos, tree_mask=mask)
+    if mask is not None:
+        stale = torch.zeros(B, N, dtype=torch.bool)
+        for b, (_, _, trusted) in work.items():
+            stale[b, :len(trusted)] = torch.tensor([not ok for ok in trusted])
+        runner.invalidate_where(pos, to_device(stale, dev))
+    _draw_at(engine, runner, x, out, [(b, block.index(u - 1), u) for b, (now, block, _) in work.items() for u in now])
+
+
+def _resample(engine: Engine, runner: ModelRunner, x, ver: Outputs, plans: list, *, base: int, end: int) -> list:
     """Resample R_X of every image of the batch in shared passes. plans[b]: None (nothing to
     resample) or (t0, steps, resolved): image b's first position (drawn from the verification
     outputs `ver`, of positions base, base + 1, ...), the positions each later pass resolves, and
@@ -173,9 +195,7 @@ def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: i
     change the length of that reduction, and so the logits' last bit). A row not in a pass rides
     along at slot end - 1 (the block's last slot): only a query at that position sees it, whose
     output predicts a position past the block, which nothing reads."""
-    B = x.shape[0]
-    dev = x.device
-    _draw_at(runner, x, ver, [(b, plan[0] - base, plan[0]) for b, plan in enumerate(plans) if plan], gen)
+    _draw_at(engine, runner, x, ver, [(b, plan[0] - base, plan[0]) for b, plan in enumerate(plans) if plan])
     last = [[plan[0]] if plan else [] for plan in plans]
     depth = max((len(plan[1]) for plan in plans if plan), default=0)
     for m in range(depth):
@@ -189,38 +209,16 @@ def _resample(runner: ModelRunner, x, ver: Outputs, plans: list, gen, *, base: i
         for b, (_, block, trusted) in work.items():
             groups.setdefault(None if all(trusted) else len(block), []).append(b)
         for key in sorted(groups, key=lambda k: -1 if k is None else k):
-            members = groups[key]
-            N = max(len(work[b][1]) for b in members)
-            pos_host = [work[b][1] + [end - 1] * (N - len(work[b][1])) if b in members else [end - 1] * N
-                        for b in range(B)]
-            pos = to_device(pos_host, dev, torch.long)
-            tree = None
-            if key is not None:
-                # A query slot of another island's unresolved token: visible to its own query only
-                # (and rows riding along see themselves only).
-                dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
-                for b in members:
-                    seen = torch.tensor(work[b][2], dtype=torch.bool)
-                    dense[b] |= seen[None, :]
-                tree = masks.pack(to_device(dense, dev))
-            out = runner.forward(x.gather(1, pos), pos, tree_mask=tree)
-            if tree is not None:
-                stale = torch.zeros(B, N, dtype=torch.bool)
-                for b in members:
-                    stale[b, :len(work[b][2])] = torch.tensor([not ok for ok in work[b][2]])
-                runner.invalidate_where(pos, to_device(stale, dev))
-            picks = [(b, work[b][1].index(u - 1), u) for b in members for u in work[b][0]]
-            _draw_at(runner, x, out, picks, gen)
-            for b in members:
-                now = work[b][0]
-                for u in now:
+            _resample_pass(engine, runner, x, {b: work[b] for b in groups[key]}, tree=key is not None, end=end)
+            for b in groups[key]:
+                for u in work[b][0]:
                     plans[b][2][u] = True
-                last[b] = now
+                last[b] = work[b][0]
     return last
 
 
-def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, gen, base: int = 0,
-                    end: int | None = None) -> list:
+def resample_raster(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, base: int = 0,
+                    end: Optional[int] = None) -> list:
     """v1: R_X positions of each image (rpos[b], sorted host ints; empty: nothing to resample)
     one per pass; each pass feeds the token resolved last and the token just before the next
     position (re-encoding a kept token with the corrected context). `ver` holds the verification
@@ -238,11 +236,11 @@ def resample_raster(runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: li
             resolved[t] = False
         resolved[r[0]] = True
         plans.append((r[0], [[u] for u in r[1:]], resolved))
-    return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
+    return _resample(engine, runner, x, ver, plans, base=base, end=HW if end is None else end)
 
 
-def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list, islands: list,
-                     gen, base: int = 0, end: int | None = None) -> list:
+def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list,
+                     islands: list, base: int = 0, end: Optional[int] = None) -> list:
     """v2: every island of R_X advances one token per pass, all islands in one pass. resample[b]
     (bools; None: nothing to resample) and islands[b] (labels) cover image b's grid, on the
     host: the passes' positions, masks and draw counts follow from them alone, so the passes read
@@ -262,7 +260,7 @@ def resample_islands(runner: ModelRunner, x: torch.Tensor, ver: Outputs, resampl
         resolved = [not r for r in R]
         resolved[t0] = True
         plans.append((t0, steps, resolved))
-    return _resample(runner, x, ver, plans, gen, base=base, end=HW if end is None else end)
+    return _resample(engine, runner, x, ver, plans, base=base, end=HW if end is None else end)
 
 
 def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions):
@@ -292,6 +290,82 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
     return factor
 
 
+class MuloPolicy:
+    """MuLo-SD over a batch's engine: draft low, up-sample, verify once, resample R_X. One per
+    decode call (its models and options); `decode_batch` is what `run_batches` runs."""
+
+    def __init__(self, target, drafter, *, tokenizer=None, upsampler=None, neighbors=None,
+                 options: MuloOptions = MuloOptions()):
+        self.target, self.drafter, self.tokenizer, self.upsampler = target, drafter, tokenizer, upsampler
+        self.neighbors, self.o = neighbors, options
+        self.delta = options.delta if neighbors is not None else None
+        self.preview = options.draft == "preview"
+
+    def decode_batch(self, cls, engine: Engine) -> torch.Tensor:
+        # The preview is the target model's own output: its passes are target passes (role
+        # "preview"), its tokens committed tokens, its grids the result's `preview`.
+        drunner = engine.runner(self.drafter, self.o.draft_sampling, role="preview" if self.preview else "drafter")
+        runner = engine.runner(self.target)
+        grids = self.draft(engine, drunner, cls)
+        first = runner.prefill(self.target.condition_on_preview(cls, grids) if self.preview else cls)
+        x = self.upsample(grids, runner)
+        ver, judgement = self.verify(engine, runner, first, x)
+        self.resample(engine, runner, x, ver, judgement)
+        H, W = engine.H, engine.W
+        engine.stats.method_stats = MuloStats(
+            num_islands=list(judgement.num_islands), resampled=[sum(R) for R in judgement.resample],
+            islands=[torch.tensor(isl, dtype=torch.int32).view(H, W) for isl in judgement.islands],
+            low_res=list(grids.cpu().unbind(0)))
+        return x
+
+    def draft(self, engine: Engine, drunner: ModelRunner, cls) -> torch.Tensor:
+        """1. The low-resolution image [B, h, w] (draft="preview": the target's own preview)."""
+        B, (h, w) = cls.shape[0], self.drafter.grid
+        if self.o.drafting == "serial":
+            low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)
+            sample_grid(drunner, cls, engine.streams, start_out=drunner.prefill(cls), x=low, step=drunner.token_step())
+        else:
+            low = zipar_grid(drunner, cls, engine.streams, window=self.o.window)
+        grids = low.view(B, h, w)
+        if self.preview:
+            engine.previews = grids
+            engine.stats.tokens += B * h * w
+        return grids
+
+    def upsample(self, grids: torch.Tensor, runner: ModelRunner) -> torch.Tensor:
+        """2. The high-resolution draft x~ [B, H*W], up-sampled image by image (batch-independent)."""
+        B, H, W = grids.shape[0], runner.H, runner.W
+        up = torch.cat([_up.upsample(grids[b:b + 1], (H, W), self.o.upsample, tokenizer=self.tokenizer,
+                                     net=self.upsampler) for b in range(B)])
+        return to_device(up.reshape(B, H * W), runner.device).long().contiguous()
+
+    def verify(self, engine: Engine, runner: ModelRunner, first: Outputs, x: torch.Tensor):
+        """3.-5. One target pass over the draft (output i: the distribution of slot i), the pooled
+        threshold and the local rejection windows -> (the verification outputs, the judgement:
+        the pass's one host read, islands included)."""
+        B, HW = x.shape
+        ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1, device=x.device))])
+        pooled = runner.token_probs(ver, x, self.neighbors, self.delta).pooled
+        judgement = engine.judge(pooled.view(B, runner.H, runner.W), rule="threshold", tau=self.o.tau, mode="local",
+                                 radius=self.o.radius, islands=True, starts=[0] * B, judged=[HW] * B)
+        return ver, judgement
+
+    def resample(self, engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, judgement: Judgement):
+        """6. R_X resampled with the target, its slots' keys and values dropped first. The passes'
+        positions, masks and draws follow from the judgement's host read: they read nothing back."""
+        R_all = [R if True in R else None for R in judgement.resample]
+        if all(R is None for R in R_all):
+            return
+        B, HW = x.shape
+        rmask = torch.tensor(judgement.resample, dtype=torch.bool, device=x.device)
+        runner.invalidate_where(torch.arange(HW, device=x.device).expand(B, -1), rmask)
+        if self.o.resample == "raster":
+            rpos = [[t for t, r in enumerate(R) if r] for R in judgement.resample]
+            resample_raster(engine, runner, x, ver, rpos)
+        else:
+            resample_islands(engine, runner, x, ver, R_all, judgement.islands)
+
+
 def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codebook=None, neighbors=None,
            options: MuloOptions = MuloOptions(), run: RunSettings = RunSettings()):
     """MuLo-SD on `target` with the low-resolution `drafter` (same codebook, a grid no larger per
@@ -305,92 +379,59 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
     widths (specdec.decoding.compiled), the drafter's serial steps through the compiled AR step
     `ar` runs, and both prefills when the models allow it; the up-sampler stays eager."""
     _check_resources(target, drafter, tokenizer, upsampler, options)
-    o = options
-    if neighbors is None and codebook is not None and o.k > 0:
-        neighbors = neighbor_table(codebook, o.k)
-    delta = o.delta if neighbors is not None else None
-    sampling = run.sampling_or_default
-    draft_sampling = o.draft_sampling or sampling
-    h, w = drafter.grid
-    preview = o.draft == "preview"
-
-    def decode_batch(cls, gen, stats):
-        B = cls.shape[0]
-        drunner = runner_for(drafter, draft_sampling, B, run.backend, compile=run.compile)
-        runner = runner_for(target, sampling, B, run.backend, compile=run.compile)
-        H, W = runner.H, runner.W
-        HW = H * W
-        # 1. Draft the low-resolution image (with draft="preview": the target's own preview).
-        if o.drafting == "serial":
-            low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)
-            sample_grid(drunner, cls, gen, start_out=drunner.prefill(cls), x=low, step=drunner.token_step())
-        else:
-            low = zipar_grid(drunner, cls, gen, window=o.window)
-        grids = low.view(B, h, w)
-        first = runner.prefill(target.condition_on_preview(cls, grids) if preview else cls)
-        # 2. Up-sample, image by image (batch-independent).
-        up = torch.cat([_up.upsample(grids[b:b + 1], (H, W), o.upsample, tokenizer=tokenizer, net=upsampler)
-                        for b in range(B)])
-        x = to_device(up.reshape(B, HW), runner.device).long().contiguous()
-        # 3. One target pass over the draft: output i is the distribution of slot i.
-        ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1, device=x.device))])
-        # 4.-5. Pooled threshold, local rejection windows.
-        pooled = runner.token_probs(ver, x, neighbors, delta).pooled
-        verdict = verify(pooled.view(B, H, W), rule="threshold", tau=o.tau, mode="local", radius=o.radius,
-                         backend=run.backend)
-        # The one host read of the verification pass: kept, to resample, the island labels and
-        # their count, per image. The resampling passes' positions, masks and draws follow from
-        # them, so those passes read nothing back.
-        verdict_host = torch.cat([verdict.accept.view(B, -1).long(), verdict.resample.view(B, -1).long(),
-                                  verdict.islands.view(B, -1).long(),
-                                  verdict.num_islands.view(B, -1)[:, :1].long()], 1).tolist()
-        R_all, islands_all, rpos_all = [], [], []
-        accept_maps, island_maps, resampled, num_islands = [], [], [], []
-        for vh in verdict_host:
-            accept, R = vh[:HW], [bool(r) for r in vh[HW:2 * HW]]
-            islands, n_isl = vh[2 * HW:3 * HW], vh[3 * HW]
-            accept_maps.append(torch.tensor(accept, dtype=torch.bool).view(H, W))
-            island_maps.append(torch.tensor(islands, dtype=torch.int32).view(H, W))
-            resampled.append(sum(R))
-            num_islands.append(n_isl)
-            R_all.append(R if any(R) else None)
-            islands_all.append(islands)
-            rpos_all.append([t for t in range(HW) if R[t]])
-        if any(R is not None for R in R_all):
-            # 6. Resample R_X with the target.
-            rmask = torch.tensor([R if R is not None else [False] * HW for R in R_all], dtype=torch.bool,
-                                 device=x.device)
-            runner.invalidate_where(torch.arange(HW, device=x.device).expand(B, -1), rmask)
-            if o.resample == "raster":
-                resample_raster(runner, x, ver, rpos_all, gen)
-            else:
-                resample_islands(runner, x, ver, R_all, islands_all, gen)
-        stats.acceptance_maps.extend(accept_maps)
-        stats.extra.setdefault("num_islands", []).extend(num_islands)
-        stats.extra.setdefault("resampled", []).extend(resampled)
-        stats.extra.setdefault("accept_image", []).extend(accept_maps)
-        stats.extra.setdefault("islands", []).extend(island_maps)
-        stats.extra.setdefault("low_res", []).extend(grids.cpu().unbind(0))
-        # A shared pass counts once per image, as for the other batched methods.
-        stats.target_forwards = runner.forwards * B
-        stats.target_tokens_fed = runner.fed * B
-        stats.draft_forwards = drunner.forwards * B
-        if preview:
-            # The preview is the target model's own output: its passes are target passes, its
-            # tokens committed tokens, its grids part of the result (DecodeResult.preview).
-            stats.target_forwards += stats.draft_forwards
-            stats.draft_forwards = 0
-            stats.tokens += B * h * w
-            stats.extra.setdefault("preview_forwards", []).extend([drunner.forwards] * B)
-            stats.extra.setdefault("preview", []).extend(grids.cpu().unbind(0))
-        if run.compile:
-            record_compile_s(stats, runner, drunner)
-        return x
-
-    return run_batches("mulo", target, conditions, decode_batch, run, tokenizer)
+    if neighbors is None and codebook is not None and options.k > 0:
+        neighbors = neighbor_table(codebook, options.k)
+    policy = MuloPolicy(target, drafter, tokenizer=tokenizer, upsampler=upsampler, neighbors=neighbors,
+                        options=options)
+    return run_batches("mulo", target, conditions, policy.decode_batch, run, tokenizer)
 
 
 OPTIONS = MuloOptions
 #: The published reading where the family default differs: the paper up-samples in pixel space
 #: (its super-resolution network replaced by bicubic interpolation here).
 PRESETS = {"published": MuloOptions(upsample="pixel")}
+
+#: The models MuLo-SD takes besides its target (keyword arguments of `decode`).
+TAKES = ("drafter", "upsampler", "codebook", "neighbors")
+
+
+def resources(family, given: dict, options: MuloOptions) -> dict:
+    """The models of `TAKES`: those given, else the family's: its low-resolution drafter (its
+    preview stage with draft="preview"), its codebook, its up-sampler for upsample="learned"."""
+    res = {name: given.get(name) for name in TAKES}
+    if res["drafter"] is None:
+        res["drafter"] = family.preview if options.draft == "preview" else family.drafter
+    if res["neighbors"] is None and res["codebook"] is None:
+        res["codebook"] = family.codebook
+    if options.upsample == "learned" and res["upsampler"] is None:
+        res["upsampler"] = family.upsampler
+    return res
+
+
+def family_defaults(family, given: dict, options: dict, preset: Optional[str]) -> None:
+    """The option defaults that depend on the family, set in `options` (the caller's) unless
+    chosen there, in the family's own options or by a preset: on a family with a preview stage
+    and no drafter model, the preview is the draft (draft="preview"); without a trained
+    up-sampler that fits the grids the draft is up-sampled in pixel space through the family's VQ
+    (the paper's pipeline), or by token-space nearest when the family has no pixel decoder."""
+    own = dict((family.options or {}).get("mulo", {}))
+    chosen = {**own, **options}
+    if "draft" not in chosen and given.get("drafter") is None and family.drafter is None and family.preview is not None:
+        options["draft"] = "preview"
+    if preset is not None or "upsample" in chosen:
+        return
+    net = given.get("upsampler", family.upsampler)
+    if net is not None and options.get("draft", own.get("draft")) == "preview":
+        # A family's up-sampler serves the preview/target sizes whose ratio is its factor; at
+        # other sizes (GLM-Image 19x13 -> 36x24) the preview is up-sampled token by token.
+        factor = _up.target_grid(tuple(family.preview.grid), tuple(family.target.grid))[1]
+        if factor is None or factor != getattr(net, "factor", None):
+            net = None
+    if net is None:
+        options["upsample"] = "pixel" if given.get("tokenizer", family.tokenizer) is not None else "nearest"
+
+
+def decodes_preview(options: MuloOptions) -> bool:
+    """Whether MuLo-SD decodes a family's preview stage itself (draft="preview": the preview is
+    its draft), so that a two-stage decode is one call of `decode`."""
+    return options.draft == "preview"

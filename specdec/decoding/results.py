@@ -1,28 +1,70 @@
-"""What a decode returns: the token grids, the images, and `DecodeStats` (passes, tokens, wall
-time, acceptance maps and each method's own figures)."""
+"""What a decode returns: the token grids, the images, and `DecodeStats`.
+
+`DecodeStats` is typed: every method reports the same per-image counts (target passes, tokens fed,
+drafter passes), the same per-judgement records (acceptance map, drafted and accepted counts), and
+its own figures in a small dataclass of per-image lists (`MuloStats`, `SSDStats`, ...) in
+`method_stats`. Joining the statistics of consecutive batches (`merge`) and of the two stages of a
+preview model (`add_stage`) goes field by field, so a new field is never dropped.
+"""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
 
+def _join(mine, theirs):
+    """Two method-stats dataclasses of consecutive batches, list fields concatenated."""
+    if mine is None or theirs is None:
+        return theirs if mine is None else mine
+    if type(mine) is not type(theirs):
+        raise ValueError(f"cannot merge {type(mine).__name__} with {type(theirs).__name__}")
+    return type(mine)(**{f.name: getattr(mine, f.name) + getattr(theirs, f.name) for f in dataclasses.fields(mine)})
+
+
 @dataclass
 class DecodeStats:
-    """Cost and behaviour of one decode (summed over the images of the call)."""
+    """Cost and behaviour of one decode (its images in order)."""
 
     method: str
     images: int = 0
-    tokens: int = 0                     #: tokens committed (images * H * W)
-    target_forwards: int = 0            #: target passes, the prefill included
-    #: image tokens fed to the target (the prefix not counted; a batched pass's rows each count)
-    target_tokens_fed: int = 0
-    draft_forwards: int = 0             #: drafter passes (drafter model, heads, or 0)
+    tokens: int = 0                     #: tokens committed (images * H * W, the preview's too)
+    #: per image: the target passes it took part in (the prefill included; a pass shared by a
+    #: batch counts once for each of its images)
+    target_passes: List[int] = field(default_factory=list)
+    #: per image: image tokens fed to the target for it (the prefix not counted)
+    tokens_fed: List[int] = field(default_factory=list)
+    #: per image: drafter passes (a drafter model's or SSD's heads'; 0 without a drafter)
+    draft_passes: List[int] = field(default_factory=list)
+    #: per image of a two-stage decode (GLM-Image): the preview stage's target passes (counted
+    #: in target_passes too)
+    preview_passes: List[int] = field(default_factory=list)
     wall_s: float = 0.0
-    #: per verification iteration, bool [H, W] (or [1, n] for raster chunks): drafted positions kept
+    #: per batch: seconds spent compiling graphs (0 for graphs an earlier decode compiled; empty
+    #: when eager)
+    compile_s: List[float] = field(default_factory=list)
+    #: per judgement (a verification of a batch's drafts): bool [B, H, W] maps of the drafted
+    #: positions kept (MuLo-SD: one [H, W] map per image)
     acceptance_maps: List[torch.Tensor] = field(default_factory=list)
-    extra: Dict[str, object] = field(default_factory=dict)
+    drafted: List[int] = field(default_factory=list)    #: per judgement: drafts judged (all images)
+    accepted: List[int] = field(default_factory=list)   #: per judgement: drafts kept (all images)
+    #: the method's own figures (a dataclass of per-image lists), None when it has none
+    method_stats: Optional[object] = None
+
+    @property
+    def target_forwards(self) -> int:
+        """Target passes summed over the images."""
+        return sum(self.target_passes)
+
+    @property
+    def target_tokens_fed(self) -> int:
+        return sum(self.tokens_fed)
+
+    @property
+    def draft_forwards(self) -> int:
+        return sum(self.draft_passes)
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -33,21 +75,42 @@ class DecodeStats:
         return self.target_forwards / max(1, self.images)
 
     def merge(self, other: "DecodeStats") -> None:
-        self.images += other.images
-        self.tokens += other.tokens
-        self.target_forwards += other.target_forwards
-        self.target_tokens_fed += other.target_tokens_fed
-        self.draft_forwards += other.draft_forwards
-        self.wall_s += other.wall_s
-        self.acceptance_maps.extend(other.acceptance_maps)
-        # extra holds per-image lists (island maps, pass counts ...): concatenate them.
-        for k, v in other.extra.items():
-            self.extra.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+        """Append the statistics of the images decoded after these (the next batch)."""
+        for f in dataclasses.fields(self):
+            if f.name == "method":
+                continue
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, _join(mine, theirs) if f.name == "method_stats" else mine + theirs)
+
+    def add_stage(self, preview: "DecodeStats") -> "DecodeStats":
+        """These statistics (a target stage) with those of the preview stage of the same images
+        before them: per-image counts added image by image, totals added, per-judgement records
+        and compile times of both kept; `preview_passes` gets the preview stage's passes."""
+        if preview.images != self.images:
+            raise ValueError(f"a preview stage of {preview.images} images for {self.images}")
+        out = DecodeStats(self.method)
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(preview, f.name)
+            if f.name in ("method", "images", "method_stats"):
+                value = mine
+            elif f.name in _PER_IMAGE:
+                value = [a + b for a, b in zip(mine, theirs)] if mine and theirs else mine or theirs
+            elif isinstance(mine, list):
+                value = theirs + mine
+            else:
+                value = mine + theirs
+            setattr(out, f.name, value)
+        out.preview_passes = list(preview.target_passes)
+        return out
 
     def summary(self) -> str:
         return (f"{self.method}: {self.images} image(s), {self.target_forwards_per_image:.1f} target passes/image, "
                 f"{self.tokens_per_target_pass:.2f} tokens/pass, {self.draft_forwards} draft passes, "
                 f"{self.wall_s:.2f} s")
+
+
+#: The fields of DecodeStats that hold one number per image.
+_PER_IMAGE = ("target_passes", "tokens_fed", "draft_passes", "preview_passes")
 
 
 class DecodeResult(NamedTuple):
@@ -61,7 +124,7 @@ class DecodeResult(NamedTuple):
 
 def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
     """One result from the results of consecutive calls (e.g. chunks of a run decoded with
-    `first_index` set to each chunk's offset): grids and images concatenated, statistics summed."""
+    `first_index` set to each chunk's offset): grids and images concatenated, statistics merged."""
     stats = DecodeStats(method)
     for part in parts:
         stats.merge(part.stats)

@@ -18,8 +18,8 @@ import torch
 
 from specdec.decoding import heads as _heads
 from specdec.decoding.batching import check_grid_model, run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
-from specdec.decoding.speculative import HeadsDrafter, ModelDrafter, Relaxation, raster_speculate
+from specdec.decoding.drafters import HeadsDrafter, ModelDrafter
+from specdec.decoding.speculative import RasterSpeculation, Relaxation
 from specdec.settings import RunSettings, check_int
 
 
@@ -56,23 +56,13 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         check_same_grid(target, drafter)
     else:
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
-    sampling = run.sampling_or_default
-
-    def decode_batch(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
-        if drafter is not None:
-            d = ModelDrafter(drafter, sampling, backend=run.backend, compile=run.compile)
-        else:
-            d = HeadsDrafter(runner, heads)
+    def decode_batch(cls, engine):
+        runner = engine.runner(target)
+        d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         first = runner.prefill(cls)
-        d.start(cls)
+        d.start(engine, runner, cls)
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
-        raster_speculate(runner, d, first, x, gen, stats, end=x.shape[1], chunk=chunk, relax=relax)
-        stats.target_forwards = runner.forwards * cls.shape[0]
-        stats.target_tokens_fed = runner.fed * cls.shape[0]
-        stats.draft_forwards = d.forwards * cls.shape[0]
-        if run.compile:
-            record_compile_s(stats, runner, getattr(d, "runner", None))
+        RasterSpeculation(engine, runner, d, end=x.shape[1], chunk=chunk, relax=relax).run(first, x)
         return x
 
     return run_batches(method, target, conditions, decode_batch, run, tokenizer)
@@ -89,3 +79,16 @@ def decode(target, conditions, *, drafter=None, heads=None, tokenizer=None, opti
 
 OPTIONS = SDOptions
 PRESETS = {}
+#: The models sd takes besides its target: a same-grid drafter model, or SSD's heads to draft.
+TAKES = ("drafter", "heads")
+
+
+def resources(family, given: dict, options=None) -> dict:
+    """The drafter or heads given; else the family's same-grid drafter model; without one, its
+    SSD heads (their horizontal heads draft, Medusa-style). lantern takes its drafter so too."""
+    res = {"drafter": given.get("drafter"), "heads": given.get("heads")}
+    if res["drafter"] is None and res["heads"] is None:
+        res["drafter"] = family.sd_drafter
+        if res["drafter"] is None:
+            res["heads"] = family.ssd_heads
+    return res

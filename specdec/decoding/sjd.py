@@ -12,7 +12,7 @@ drawn from the last output.
 Batched: every image has its own window start c_b and window length n_b (shorter near the end
 of the grid, 0 once finished), and the images share their target passes. A pass is as wide as the
 longest window; a row with a shorter window is padded with *re-feeds* (committed tokens fed again
-at their own slots, whose keys and values come out as they were, as in `speculative.padded_block`),
+at their own slots, whose keys and values come out as they were: `blocks.padded_block`),
 a finished image rides along on re-feeds only. Padded entries are never judged and draw no
 uniforms: every image consumes its stream exactly as decoded alone.
 """
@@ -23,13 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding.batching import check_grid_model, run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
+from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
+from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.speculative import padded_block
-from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
-from specdec.ops.verification import sample_residual_unchecked, verify_grid_unchecked
 from specdec.settings import RunSettings, check_int
 
 
@@ -46,95 +44,103 @@ def _long(values, device) -> torch.Tensor:
     return to_device(values, device, torch.long)
 
 
-def _draw_rows(probs, streams: ImageStreams, counts, backend):
-    """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its own
-    stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
-    B, L, V = probs.shape
-    u = to_device(streams.rand_padded(counts, L), probs.device).view(-1)
-    out = sample_residual_unchecked(probs.reshape(-1, V), None, u, backend)
-    return out.tokens.long().view(B, L)
+class JacobiWindows:
+    """Every image's window: guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the
+    distribution q [B, L, V] each was drawn from (entries beyond n_b are padding, never judged)."""
 
+    def __init__(self, engine: Engine, runner: ModelRunner, x: torch.Tensor, window: int, vocab: int):
+        self.engine, self.runner, self.x, self.window = engine, runner, x, window
+        self.HW = x.shape[1]
+        self.c = Lengths([1] * x.shape[0], x.device)
+        self.n_host = [min(window, self.HW - 1)] * x.shape[0]
+        self.uniform = torch.full((vocab,), 1.0 / vocab, device=x.device)
+        self.q = self.uniform.expand(x.shape[0], self.n_host[0], vocab).clone()
+        self.y = self._draw_rows(self.q, self.n_host)
 
-@torch.no_grad()
-def sjd_grid(runner: ModelRunner, classes, gen: ImageStreams, stats, *, window: int) -> torch.Tensor:
-    """Decode the batch `classes` with one stream per image (`gen`); returns int64 [B, H*W]."""
-    B = classes.shape[0]
-    HW = runner.H * runner.W
-    dev = runner.device
-    first = runner.prefill(classes)
-    V = first.cond.shape[-1]
-    x = torch.zeros(B, HW, dtype=torch.long, device=dev)
-    x[:, 0] = draw(runner.probs(first)[:, 0], gen, runner.backend)
-    uniform = torch.full((V,), 1.0 / V, device=dev)
-    # Host state (advanced from the one read per pass): window starts and window lengths.
-    c_host = [1] * B
-    n_host = [min(window, HW - 1)] * B
-    # The windows [B, max n]: guesses y for positions c_b .. c_b + n_b - 1 and the distribution
-    # each was drawn from (padding entries beyond n_b are never judged).
-    q = uniform.expand(B, n_host[0], V).clone()
-    y = _draw_rows(q, gen, n_host, runner.backend)
-    ar_b = torch.arange(B, device=dev)
-    while any(nb > 0 for nb in n_host):
-        L = y.shape[1]                                                        # = max n_b
-        c, n = _long(c_host, dev), _long(n_host, dev)
-        j = torch.arange(L + 1, device=dev)[None]
+    def _draw_rows(self, probs, counts):
+        """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its
+        own stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
+        B, L, V = probs.shape
+        return draw(probs.reshape(-1, V), self.engine.streams, self.runner.backend, counts=counts).view(B, L)
+
+    def step(self) -> bool:
+        """One pass: feed, judge, commit, and the next windows; False once every image is done."""
+        x, y, n_host = self.x, self.y, self.n_host
+        B, L = y.shape
+        c_host = self.c.host
+        c, n = self.c.device, _long(n_host, x.device)
+        j = torch.arange(L + 1, device=x.device)[None]
         # Row b feeds [x_{c-1} ; y_b] at c_b - 1 .. c_b + n_b - 1, then re-feeds c_b - 2, c_b - 3 ...
         pos = padded_block(c - 1, n + 1, L + 1)
         fed_y = (j >= 1) & (j <= n[:, None])
-        tokens = torch.where(fed_y, torch.cat([y[:, :1], y], 1), x.gather(1, pos))
-        out = runner.forward(tokens, pos)                                     # output j: dist of c_b + j
-        p = runner.probs(out)                                                 # [B, L + 1, V]
-        p_tok = p[:, :L].gather(2, y[..., None])[..., 0]
-        q_tok = q.gather(2, y[..., None])[..., 0]
+        p = self.runner.probs(self.runner.forward(torch.where(fed_y, torch.cat([y[:, :1], y], 1), x.gather(1, pos)),
+                                                  pos))                        # output j: dist of c_b + j
         ragged = any(nb != L for nb in n_host)
-        valid = (j[:, :L] < n[:, None]) if ragged else None
-        u = to_device(gen.rand_padded(n_host, L), dev)
-        verdict = verify_grid_unchecked(p_tok.view(B, 1, L), q_tok.view(B, 1, L), "ratio", mode="raster",
-                                        uniforms=u.view(B, 1, L), valid=None if valid is None else valid.view(B, 1, L),
-                                        backend=runner.backend)
-        a = torch.minimum(verdict.first_reject.long(), n)
-        # The one host read of the pass: how far each window got. It decides every image's next
-        # window (its length is the number of uniforms the image draws) and the next pass's shape.
-        a_host = a.tolist()
-        amap = torch.zeros(B, HW, dtype=torch.bool)
-        for b, (cb, ab) in enumerate(zip(c_host, a_host)):
-            amap[b, cb:cb + ab] = True
-        stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
-        stats.extra.setdefault("drafted", []).append(sum(n_host))
-        stats.extra.setdefault("accepted", []).append(sum(a_host))
-        # Commit the accepted prefixes (rows write their last committed token back elsewhere).
-        jl = j[:, :L]
+        u = to_device(self.engine.streams.rand_padded(n_host, L), x.device)
+        judgement = self.engine.judge(p[:, :L].gather(2, y[..., None])[..., 0], self.q.gather(2, y[..., None])[..., 0],
+                                      starts=c_host, judged=n_host, uniforms=u, mode="raster",
+                                      valid=(j[:, :L] < n[:, None]) if ragged else None)
+        a = torch.minimum(judgement.verdict.first_reject.long(), n)
+        a_host = [judgement.kept(b) for b in range(B)]
+        self._commit(c, n, a, a_host, p)
+        new_c = [cb + ab + (1 if (ab < nb or cb + nb < self.HW) and nb > 0 else 0)
+                 for cb, ab, nb in zip(c_host, a_host, n_host)]
+        new_n = [min(self.window, self.HW - cb) for cb in new_c]
+        self.c = Lengths(new_c, x.device)
+        if max(new_n) == 0:
+            self.n_host = new_n
+            return False
+        self._next_windows(p, a, n, new_n)
+        return True
+
+    def _commit(self, c, n, a, a_host, p) -> None:
+        """Write the kept prefixes, then each image's correction at c + a (from the residual) or,
+        with its whole window kept, its bonus token at c + n (from p)."""
+        x, y = self.x, self.y
+        B, L = y.shape
+        jl = torch.arange(L, device=x.device)[None]
         kept = jl < a[:, None]
         dpos = padded_block(c, n, L)                                          # distinct per row
-        x.scatter_(1, torch.where(kept, dpos, (c - 1)[:, None].expand(-1, L)),
-                   torch.where(kept, y, x.gather(1, (c - 1)[:, None]).expand(-1, L)))
-        fix = [b for b in range(B) if a_host[b] < n_host[b]]                  # a correction at c + a
-        bonus = [b for b in range(B) if a_host[b] == n_host[b] > 0 and c_host[b] + n_host[b] < HW]
-        if fix:
-            rr, aa = _long(fix, dev), a[_long(fix, dev)]
-            u_fix = to_device(gen.rand_counts([int(b in fix) for b in range(B)]), dev)
-            tok = sample_residual_unchecked(p[rr, aa], q[rr, aa], u_fix, runner.backend).tokens.long()
-            x[rr, c[rr] + aa] = tok
-            runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
-        if bonus:
-            rr = _long(bonus, dev)
-            u_bonus = to_device(gen.rand_counts([int(b in bonus) for b in range(B)]), dev)
-            tok = sample_residual_unchecked(p[rr, n[rr]], None, u_bonus, runner.backend).tokens.long()
-            x[rr, c[rr] + n[rr]] = tok
-        new_c = [cb + ab + (1 if (ab < nb or cb + nb < HW) and nb > 0 else 0)
-                 for cb, ab, nb in zip(c_host, a_host, n_host)]
-        new_n = [min(window, HW - cb) for cb in new_c]
-        L_next = max(new_n)
-        if L_next == 0:
-            break
-        # Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
-        # this pass's p (outputs a + 1 .. n); slots beyond (and after a bonus token) are fresh.
-        jn = torch.arange(L_next, device=dev)[None]
+        last = (c - 1)[:, None]
+        x.scatter_(1, torch.where(kept, dpos, last.expand(-1, L)), torch.where(kept, y, x.gather(1, last).expand(-1, L)))
+        picks, fix = [], []
+        for b, (cb, ab, nb) in enumerate(zip(self.c.host, a_host, self.n_host)):
+            if ab < nb:
+                picks.append((b, cb + ab))
+                fix.append(True)
+            elif nb > 0 and cb + nb < self.HW:
+                picks.append((b, cb + nb))                                  # a bonus token
+                fix.append(False)
+        if any(ab < nb for ab, nb in zip(a_host, self.n_host)):
+            self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
+        if picks:
+            rows = _long([b for b, _ in picks], x.device)
+            col = torch.where(a < n, a, n)[rows]
+            q_rows = torch.where(_long(fix, x.device)[:, None].bool(), self.q[rows, col.clamp(max=L - 1)], 0.0)
+            self.engine.redraw(x, picks, p[rows, col], q_rows)              # q = 0: a bonus draw from p
+
+    def _next_windows(self, p, a, n, new_n) -> None:
+        """Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
+        this pass's p (outputs a + 1 .. n); slots beyond (and after a bonus token) are fresh."""
+        L = self.y.shape[1]
+        B = self.y.shape[0]
+        jn = torch.arange(max(new_n), device=p.device)[None]
         from_p = (a < n)[:, None] & (jn < (n - a)[:, None])
         src = (a[:, None] + 1 + jn).clamp(max=L)
-        q = torch.where(from_p[..., None], p[ar_b[:, None], src], uniform)
-        y = _draw_rows(q, gen, new_n, runner.backend)
-        c_host, n_host = new_c, new_n
+        self.q = torch.where(from_p[..., None], p[torch.arange(B, device=p.device)[:, None], src], self.uniform)
+        self.y = self._draw_rows(self.q, new_n)
+        self.n_host = new_n
+
+
+@torch.no_grad()
+def sjd_grid(engine: Engine, runner: ModelRunner, classes, *, window: int) -> torch.Tensor:
+    """Decode the batch `classes` on `runner`; returns int64 [B, H*W]."""
+    first = runner.prefill(classes)
+    x = torch.zeros(classes.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
+    x[:, 0] = draw(runner.probs(first)[:, 0], engine.streams, runner.backend)
+    windows = JacobiWindows(engine, runner, x, window, first.cond.shape[-1])
+    while any(nb > 0 for nb in windows.n_host) and windows.step():
+        pass
     return x
 
 
@@ -143,19 +149,13 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
     """Speculative Jacobi decoding of `target`. With `run.compile` every target pass runs through
     compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
     check_grid_model(target, "target")
-    sampling = run.sampling_or_default
 
-    def decode_batch(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
-        x = sjd_grid(runner, cls, gen, stats, window=options.window)
-        stats.target_forwards = runner.forwards * cls.shape[0]     # a shared pass counts once per image
-        stats.target_tokens_fed = runner.fed * cls.shape[0]
-        if run.compile:
-            record_compile_s(stats, runner)
-        return x
+    def decode_batch(cls, engine):
+        return sjd_grid(engine, engine.runner(target), cls, window=options.window)
 
     return run_batches("sjd", target, conditions, decode_batch, run, tokenizer)
 
 
 OPTIONS = SJDOptions
 PRESETS = {}
+TAKES = ()   #: no model besides the target

@@ -4,71 +4,57 @@ Small heads on the frozen target predict its pre-norm hidden state of the token 
 (horizontal heads, +1..+5) and below (vertical heads, +W, +2W) from `[h ; e(token)]`; the draft
 distribution q is the target's own final norm + LM head on the prediction.
 
-- Row 0: raster speculative decoding with the horizontal heads as the drafter (lossless), C0 passes.
+- Row 0: raster speculative decoding with the horizontal heads as the drafter (lossless).
 - Every later row: the vertical head drafts the whole row at once from the row above (the columns
   are independent); with `vertical_heads=2` the +W and +2W heads draft the next two rows at once
-  from the same row above. Then `rounds` rounds of verify-and-correct: one target pass over
-  [last token of the row above ; rows] (causal; its keys are overwritten later), every position kept with
-  u < min(1, p/q) independently (`verify_grid(rule="ratio", mode="independent")`), rejected ones
-  replaced by residual samples (`sample_residual`). Reading (under the published `commit="write"`):
-  in later rounds the q of a resampled position is the distribution it was resampled from, a kept
-  one keeps the head's q. Then one commit pass writes the row's keys, values and hidden states
-  (which the next row's vertical drafts start from).
-- `commit="verify"` (our deviation from the published rule, and the default: the `published`
-  preset is `commit="write"` without the bounds below) makes SSD exact in distribution, like `sd`: every token's last judgment happens under its final left context.
-  Why the published rule is not: a kept token is judged against the head's q again in the next
-  round (even when its context did not change), and a token right of a last-round correction is
-  committed as judged under the old left context. Under "verify" every judgment uses SJD's rule
-  (a token is judged against the distribution it follows: the head's q when freshly drafted,
-  else the p it was last judged against, so it is kept for sure while its context holds), and
-  every pass writes keys, values and hidden states. After a pass whose first correction is at f,
-  everything up to f is settled; the next pass starts right after f (re-feeding x_f, whose key
-  was written from its old value) and judges only tokens whose context changed. A group makes
-  up to `rounds + 1` such passes and stops early when one changes nothing; what is still open
-  is judged again with the next group's rows, and the last group closes its tail with passes of
-  its own (`stats.extra["final_passes"]`). Each pass settles at least one token, so this ends.
-  Tested against AR's distribution on a tiny model (tests/decoding/test_decoding_sd.py). The price, on
-  the default family: corrections cascade along a row (a changed token changes its right
-  neighbour's p), so tails stay open: passes average about 35 tokens instead of 16, and about
-  14 final passes are added (docs/experiments.md).
-- Batched (`commit="verify"`): each image has its own open span, settled up to its own first
-  correction, and the images share their passes: a pass is as wide as the longest open span,
-  shorter spans are padded with re-feeds of settled tokens, an image whose span is settled rides
-  along on re-feeds; padding is never judged and draws nothing, so image i's tokens do not
+  from the same row above. Then the rows are judged with u < min(1, p/q) position by position
+  (`verify_grid(rule="ratio", mode="independent")`) and rejected ones are replaced by residual
+  samples (`sample_residual`).
+- `commit="write"` (the published rule, the `published` preset): `rounds` rounds of
+  verify-and-correct over the group's rows, then one commit pass writes their keys, values and
+  hidden states (which the next row's vertical drafts start from). Reading: in later rounds the q
+  of a resampled position is the distribution it was resampled from, a kept one keeps the head's.
+- `commit="verify"` (our default, exact in distribution while both bounds below are None): every
+  judgement uses SJD's rule (a token is judged against the distribution it follows: the head's q
+  when freshly drafted, else the p it was last judged against, so it is kept for sure while its
+  context holds) and every pass writes keys, values and hidden states. The published rule is not
+  exact: a kept token is judged against the head's q again in the next round, and a token right
+  of a last-round correction is committed as judged under the old left context. After a pass
+  whose first correction is at f, everything up to f is settled; the next pass starts right after
+  f and judges only tokens whose context changed. A group makes up to `rounds + 1` such passes;
+  what is still open is judged again with the next group's rows, and the last group closes its
+  tail with passes of its own. Each pass settles at least one token, so this ends.
+- `max_tail` and `final_passes` bound the price of corrections that cascade along a row: open
+  tokens more than `max_tail` positions behind a group's rows are fed once more (their keys and
+  values then follow the final tokens before them) but kept as last judged, and the last group
+  closes its tail with at most `final_passes` passes. Both make the variant lossy again, but only
+  in the tokens they keep (`SSDStats.kept_as_judged`).
+- Batched: each image has its own open span, settled up to its own first correction; a pass is
+  as wide as the longest open span, shorter spans padded with re-feeds of settled tokens
+  (`specdec.decoding.blocks`), padding never judged and drawing nothing, so image i's tokens do not
   depend on its batch.
-- `max_tail` and `final_passes` bound that price (None: unbounded, exact). Open tokens more than
-  `max_tail` positions behind a group's rows are fed once more with that group's first pass, so
-  their keys and values follow the final tokens before them, but they are not judged again: they
-  are kept as last judged, under a left context that a later correction changed. The last group
-  closes its tail with at most `final_passes` passes and keeps what is still open. Both make
-  the variant lossy again, but only in the tokens they keep (`stats.extra["kept_as_judged"]`,
-  about 40 of 256 on the default family with max_tail=24, final_passes=2, the family's default
-  options; each image's spans are its own, so a batch keeps what its images keep alone):
-  every other token is judged under its final context, where the
-  published rule judges none of them so. docs/experiments.md: passes, wall clock and quality of each setting.
 
-Target passes per image: 1 + C0 + ceil((H - 1) / vertical_heads)(rounds + 1) (the published
-1 + C0 + (H - 1)(r + 1) with one vertical head, the default). Under commit="verify": 1 + C0 +
-the groups' passes (1 to rounds + 1 each, `stats.extra["group_passes"]`) + the final passes
-(at most `final_passes`).
+Target passes per image: 1 + C0 (row 0) + ceil((H - 1) / vertical_heads)(rounds + 1) under
+commit="write"; under commit="verify" 1 + C0 + the groups' passes (1 to rounds + 1 each) + the
+final passes.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 import torch
 
 from specdec.decoding import heads as _heads
 from specdec.decoding.batching import check_grid_model, run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
-from specdec.decoding.draws import draw, draw_residual, verify
+from specdec.decoding.blocks import padded_block
+from specdec.decoding.drafters import HeadsDrafter
+from specdec.decoding.draws import draw
+from specdec.decoding.engine import Engine
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.speculative import HeadsDrafter, padded_block, raster_speculate
-from specdec.decoding.streams import ImageStreams
+from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.uploads import to_device
-from specdec.ops.verification import verify_grid_unchecked
 from specdec.settings import RunSettings, check_int
 
 COMMIT = ("write", "verify")
@@ -108,90 +94,192 @@ class SSDOptions:
         _check_bound(self.final_passes, "final_passes")
 
 
-@torch.no_grad()
-def decode_rows(runner: ModelRunner, heads, classes, gen, stats, options: SSDOptions) -> torch.Tensor:
-    """SSD's rows on `runner` for the batch `classes` -> int64 [B, H*W] (`options.chunk` already
-    capped at the heads' horizontal count)."""
-    rounds, chunk, vertical_heads = options.rounds, options.chunk, options.vertical_heads
-    commit, max_tail, final_passes = options.commit, options.max_tail, options.final_passes
-    B = classes.shape[0]
-    H, W = runner.H, runner.W
-    first = runner.prefill(classes)
-    rows = first.hidden.shape[0]
-    x = torch.zeros(B, H * W, dtype=torch.long, device=runner.device)
-    hid = first.hidden.new_zeros(rows, H * W, first.hidden.shape[-1])   # hid[:, t]: state giving token t
-    drafter = HeadsDrafter(runner, heads)
-    raster_speculate(runner, drafter, first, x, gen, stats, end=W, chunk=chunk, hidden_out=hid[:, :W])
-    stats.extra.setdefault("row0_passes", []).append(runner.forwards - 1)
-    draft_calls = drafter.forwards
-    # commit="verify": per image, the first open position of the previous group's tail (None: all
-    # settled; the whole list None when no image has one), and the q of the open tokens.
-    carry_start, carry_q = None, None
-    group_passes, kept = 0, [0] * B
-    for i in range(1, H, vertical_heads):
-        n = min(vertical_heads, H - i)                                               # rows drafted together
-        lo, hi = i * W, (i + n) * W                                                  # the n rows, raster order
+@dataclass
+class SSDStats:
+    """SSD's own figures, one entry per image (a pass shared by a batch counts for each image)."""
+
+    row0_passes: List[int] = field(default_factory=list)      #: row 0's raster rounds
+    group_passes: List[int] = field(default_factory=list)     #: commit="verify": the groups' passes
+    final_passes: List[int] = field(default_factory=list)     #: commit="verify": passes closing the tail
+    open_at_end: List[int] = field(default_factory=list)      #: tokens left open after the final passes
+    kept_as_judged: List[int] = field(default_factory=list)   #: tokens kept under a context that changed
+
+
+class Span:
+    """commit="verify": the open part of each image's span [start, hi) of raster positions, and
+    the q each open token follows, right-aligned at hi (column k of a width-w q: hi - w + k)."""
+
+    def __init__(self, starts: List[Optional[int]], hi: int, q: torch.Tensor):
+        self.starts, self.hi, self.q = starts, hi, q
+
+    @property
+    def settled(self) -> bool:
+        return all(s is None for s in self.starts)
+
+
+class RowDecoder:
+    """SSD's rows after row 0 on the batch's target runner: vertical drafts, then the judgements
+    of `options.commit`. x [B, H*W] the grid, hid [rows, H*W, dim] the target hidden state that
+    gave each token (row 0's filled by the raster round)."""
+
+    def __init__(self, engine: Engine, runner: ModelRunner, heads, options: SSDOptions, x, hid):
+        self.engine, self.runner, self.heads, self.o = engine, runner, heads, options
+        self.x, self.hid = x, hid
+        self.B = x.shape[0]
+        self.H, self.W = runner.H, runner.W
+        self.stats = SSDStats(row0_passes=[runner.forwards - 1] * self.B)
+
+    def groups(self):
+        """(lo, hi) of each group of rows drafted together, in raster positions."""
+        H, W, k = self.H, self.W, self.o.vertical_heads
+        return [(i * W, min(i + k, H) * W) for i in range(1, H, k)]
+
+    def draft(self, lo: int, hi: int) -> torch.Tensor:
+        """Head k drafts row (lo / W) + k - 1 from the row above: writes the drafts into x and
+        returns their q [B, hi - lo, V] (the rows in raster order)."""
+        rows, W = self.hid.shape[0], self.W
         above = slice(lo - W, lo)
-        # Head k drafts row i + k - 1 from the row above: q [B, nW, V], the rows in raster order.
-        _, q = _heads.draft(runner, heads, "vertical", range(1, n + 1), hid[:, above], x[:, above].repeat(rows // B, 1))
-        draft_calls += 1
-        V = q.shape[-1]
-        x[:, lo:hi] = draw(q.reshape(-1, V), gen, runner.backend).view(B, n * W)
-        if commit == "verify":
-            passes = runner.forwards
+        _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, (hi - lo) // W + 1), self.hid[:, above],
+                            self.x[:, above].repeat(rows // self.B, 1))
+        self.engine.head_passes += 1
+        self.x[:, lo:hi] = draw(q.reshape(-1, q.shape[-1]), self.engine.streams, self.runner.backend).view(self.B, -1)
+        return q
+
+    # ---- commit="write": the published rule ----
+    def write_groups(self) -> None:
+        for lo, hi in self.groups():
+            q = self.draft(lo, hi)
+            for _ in range(self.o.rounds):
+                # The window is contiguous, so writing its keys in place changes nothing a query
+                # of this pass sees (each sees the window up to itself, as with write=False), and
+                # the next round or the commit pass overwrites them: the cheaper in-place path.
+                p = self.runner.probs(self._feed(lo, hi))                               # [B, nW, V]
+                q = self._verify_and_correct(lo, hi, p, q)
+            self.hid[:, lo:hi] = self._feed(lo, hi).hidden                              # the commit pass
+
+    def _feed(self, lo: int, hi: int):
+        """Feed the tokens at raster positions [lo - 1, hi - 1): the outputs give positions [lo, hi)."""
+        return self.runner.forward(self.x[:, lo - 1:hi - 1], torch.arange(lo - 1, hi - 1, device=self.x.device))
+
+    def _verify_and_correct(self, lo: int, hi: int, p, q):
+        """One independent verify-and-correct of the tokens at [lo, hi) against p; returns the q
+        each token is judged against in the next round (a resampled token's own residual
+        distribution, a kept one's head q)."""
+        B, L, _ = p.shape
+        xw = self.x[:, lo:hi]
+        u = to_device(self.engine.streams.rand_padded([L] * B, L), p.device)
+        verdict = self.engine.judge(p.gather(2, xw[..., None])[..., 0], q.gather(2, xw[..., None])[..., 0],
+                                    starts=[lo] * B, judged=[L] * B, uniforms=u, mode="independent")
+        picks = [(b, lo + j) for b in range(B) for j in range(L) if verdict.resample[b][j]]
+        if not picks:
+            return q
+        rr, jj = to_device([[b for b, _ in picks], [t - lo for _, t in picks]], p.device, torch.long)
+        _, residual = self.engine.redraw(self.x, picks, p[rr, jj], q[rr, jj], with_distribution=True)
+        q = q.clone()
+        q[rr, jj] = residual
+        return q
+
+    # ---- commit="verify": every judgement under its final left context ----
+    def verify_groups(self) -> None:
+        B, o = self.B, self.o
+        span: Optional[Span] = None
+        group_passes, kept = 0, [0] * B
+        for lo, hi in self.groups():
+            q = self.draft(lo, hi)
+            passes = self.runner.forwards
             # The span each image judges this group: its open tail from the previous group (those
-            # tokens follow the p they were last judged against, their q here), then the rows. q
-            # is kept right-aligned at the span's end (column k: position hi - width + k).
+            # tokens follow the p they were last judged against, their q here), then the rows.
             keep = [0] * B
-            if carry_q is not None:
+            starts = [lo] * B
+            if span is not None:
                 # max_tail: open tokens further behind this group's rows are fed once more (their
                 # keys and values then follow the final tokens before them) but kept as last judged.
-                keep = [0 if s is None or max_tail is None else max(0, lo - s - max_tail) for s in carry_start]
-                q = torch.cat([carry_q, q], 1)
+                keep = [0 if s is None or o.max_tail is None else max(0, lo - s - o.max_tail) for s in span.starts]
+                starts = [lo if s is None else s for s in span.starts]
+                q = torch.cat([span.q, q], 1)
             kept = [k + kb for k, kb in zip(kept, keep)]
-            starts = [lo if carry_start is None or s is None else s for s in (carry_start or [None] * B)]
-            carry_start, carry_q = _settle(runner, x, hid, starts, hi, q, gen, stats, max_passes=rounds + 1,
-                                           keep=keep)
-            if all(s is None for s in carry_start):
-                carry_start, carry_q = None, None
-            group_passes += runner.forwards - passes
-            continue
-        for _ in range(rounds):
-            # The window is contiguous, so writing its keys in place changes nothing a query
-            # of this pass sees (each sees the window up to itself, as with write=False), and the
-            # next round or the commit pass overwrites them: the cheaper in-place path.
-            p = runner.probs(_feed(runner, x, lo, hi))                                # [B, nW, V]
-            q, _ = _verify_and_correct(runner, x, lo, hi, p, q, gen, stats)
-        _commit_pass(runner, x, hid, lo, hi)
-    if commit == "verify":
+            span = self.settle(Span(starts, hi, q), o.rounds + 1, keep)
+            span = None if span.settled else span
+            group_passes += self.runner.forwards - passes
         # The last group has no next group to carry its open tail into: close it with passes of
-        # its own (at most `final_passes`; None: until settled, which ends within the tail's length
-        # as each pass settles at least its first token). What is still open is kept as last judged.
-        final = runner.forwards
-        if carry_start is not None:
-            carry_start, _ = _settle(runner, x, hid, carry_start, H * W, carry_q, gen, stats, max_passes=final_passes,
-                                     keep=[0] * B)
-        # Passes are shared by the batch: final and group passes are counted once per batch (the
-        # passes run), the tokens kept as judged per image.
-        stats.extra.setdefault("final_passes", []).append(runner.forwards - final)
-        stats.extra.setdefault("group_passes", []).append(group_passes)
-        open_at_end = [0 if carry_start is None or s is None else H * W - s for s in (carry_start or [None] * B)]
-        stats.extra.setdefault("open_at_end", []).extend(open_at_end)
-        stats.extra.setdefault("kept_as_judged", []).extend(k + o for k, o in zip(kept, open_at_end))
-    stats.draft_forwards = draft_calls * B
-    return x
+        # its own (at most `final_passes`; None: until settled). What is still open is kept as
+        # last judged.
+        final = self.runner.forwards
+        if span is not None:
+            span = self.settle(span, o.final_passes, [0] * B)
+        open_at_end = [0 if s is None else self.H * self.W - s for s in (span.starts if span else [None] * B)]
+        self.stats.group_passes = [group_passes] * B
+        self.stats.final_passes = [self.runner.forwards - final] * B
+        self.stats.open_at_end = open_at_end
+        self.stats.kept_as_judged = [k + e for k, e in zip(kept, open_at_end)]
 
+    def settle(self, span: Span, max_passes: Optional[int], keep: List[int]) -> Span:
+        """Passes over the open part of each image's span, each judging it with SJD's rule and
+        writing its keys, values and hidden states, until a pass changes nothing in it or
+        `max_passes` (None: no limit) are made. The first pass also feeds the first keep[b] tokens
+        of image b's span without judging them (max_tail).
 
-def _feed(runner: ModelRunner, x, lo: int, hi: int):
-    """Feed the tokens at raster positions [lo - 1, hi - 1): the outputs give positions [lo, hi)."""
-    return runner.forward(x[:, lo - 1:hi - 1], torch.arange(lo - 1, hi - 1, device=runner.device))
+        After a pass whose first correction in image b is at f, every token of b up to f is
+        settled: its left context did not change, so it was judged against its final p (and a
+        correction is drawn from that p's residual). Image b's next pass starts right after f: it
+        re-feeds x_f, whose key was written from its old value, and judges only tokens whose
+        context changed. The images share their passes (padded with re-feeds of settled tokens
+        before each span; an image with nothing open rides along on re-feeds); padding is never
+        judged, draws nothing and writes no hidden state."""
+        passes = 0
+        while not span.settled and (max_passes is None or passes < max_passes):
+            span = self._settle_pass(span, keep)
+            passes += 1
+            keep = [0] * self.B
+        return span
 
+    def _settle_pass(self, span: Span, keep: List[int]) -> Span:
+        x, hi, B = self.x, span.hi, self.B
+        active = [s is not None for s in span.starts]
+        lo = [hi if s is None else s for s in span.starts]
+        widths = [hi - lb if a else 0 for lb, a in zip(lo, active)]
+        N = max(widths)
+        count, start = to_device([widths, [lb - 1 if a else hi - 1 for lb, a in zip(lo, active)]], x.device, torch.long)
+        p = self._feed_span(count, start, N)
+        judged_n = [w - kb if a else 0 for w, kb, a in zip(widths, keep, active)]
+        j = torch.arange(N, device=x.device)[None]
+        qf = _fit(span.q, N)
+        xw = x[:, hi - N:hi]
+        u = to_device(self.engine.streams.rand_padded(judged_n, N, right=True), x.device)
+        verdict = self.engine.judge(p.gather(2, xw[..., None])[..., 0], qf.gather(2, xw[..., None])[..., 0],
+                                    starts=[hi - N] * B, judged=judged_n, uniforms=u, mode="independent",
+                                    valid=j >= (N - to_device(judged_n, x.device, torch.long))[:, None])
+        redo = verdict.resample
+        picks = [(b, hi - N + k) for b in range(B) for k in range(N) if redo[b][k]]    # each image's in order
+        if picks:
+            rr, kk = to_device([[b for b, _ in picks], [t - hi + N for _, t in picks]], x.device, torch.long)
+            self.engine.redraw(x, picks, p[rr, kk], qf[rr, kk])
+        # After verify-and-correct every token follows this pass's p (kept ones by acceptance,
+        # replaced ones by the residual), so the next pass judges it against p. An image whose
+        # pass changed nothing is settled; another is settled up to its first correction.
+        starts = []
+        for b in range(B):
+            first = redo[b].index(True) if active[b] and True in redo[b] else None
+            nxt = None if first is None else hi - N + first + 1
+            starts.append(nxt if nxt is not None and nxt < hi else None)
+        return Span(starts, hi, p)
 
-def _commit_pass(runner: ModelRunner, x, hid, lo: int, hi: int):
-    """Feed the tokens before positions [lo, hi) and write their keys, values and hidden states."""
-    out = _feed(runner, x, lo, hi)
-    hid[:, lo:hi] = out.hidden
-    return out
+    def _feed_span(self, count, start, N: int) -> torch.Tensor:
+        """One pass over every image's open span (real: the span's feeds; then re-feeds), its
+        hidden states written for the real entries; returns p [B, N] aligned at the spans' end
+        (column k: position hi - N + k)."""
+        pos = padded_block(start, count, N)
+        out = self.runner.forward(self.x.gather(1, pos), pos)
+        rows_b = torch.arange(self.hid.shape[0], device=pos.device) % self.B
+        j = torch.arange(N, device=pos.device)[None]
+        # Out j gives position pos + 1 (re-feeds write back what is there; their targets are
+        # distinct and below the span).
+        real = (j < count[:, None])[rows_b]
+        tpos = (pos + 1)[rows_b][..., None].expand(-1, -1, self.hid.shape[-1])
+        self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
+        p_all = self.runner.probs(out)                                                  # [B, N, V]
+        offset = N - count
+        return p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
 
 
 def _fit(q, width: int):
@@ -202,124 +290,24 @@ def _fit(q, width: int):
     return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
 
 
-def _right_uniforms(gen, counts, width: int) -> torch.Tensor:
-    """[B, width]: counts[b] uniforms from image b's stream in the last columns of row b."""
-    if isinstance(gen, ImageStreams):
-        return gen.rand_padded(counts, width, right=True)
-    (c,) = counts                     # a single image with a plain generator
-    return torch.cat([torch.zeros(width - c), torch.rand((c,), generator=gen, dtype=torch.float32)])[None]
-
-
-def _settle(runner: ModelRunner, x, hid, starts, hi: int, q, gen, stats, *, max_passes, keep):
-    """commit="verify": passes over the open part of each image's span [starts[b], hi) (raster
-    positions; starts[b] None: image b has nothing open), each judging it with SJD's rule and
-    writing its keys, values and hidden states, until a pass changes nothing in it or `max_passes`
-    (None: no limit) are made. q [B, w, V], right-aligned at hi: the distribution each judged
-    token follows (the head's for fresh drafts, the last p it was judged against otherwise). The
-    first pass also feeds the first keep[b] tokens of image b's span without judging them (max_tail).
-
-    After a pass whose first correction in image b is at f, every token of b up to f is settled:
-    its left context did not change, so it was judged against its final p (and a correction is
-    drawn from that p's residual). Image b's next pass starts right after f: it re-feeds x_f,
-    whose key was written from its old value, and judges only tokens whose context changed. The
-    images share their passes: a pass is as wide as the longest open span, a shorter span is
-    padded with re-feeds of settled tokens before it (`speculative.padded_block`: their keys and
-    values come out as they were), an image with nothing open rides along on re-feeds of settled
-    tokens, and padding is never judged, draws nothing and writes no hidden state. Returns each
-    image's first open position (None when settled) and the q of the open tokens (right-aligned
-    at hi). (A pass that would judge settled tokens again keeps them for sure: q is the p they
-    were kept under. Skipping them is what makes the passes short.)"""
-    B = x.shape[0]
-    dev = x.device
-    rows = hid.shape[0]
-    rows_b = torch.arange(rows, device=dev) % B
-    lo = [hi if s is None else s for s in starts]
-    active = [s is not None for s in starts]
-    keep = list(keep)
-    passes = 0
-    while any(active) and (max_passes is None or passes < max_passes):
-        span = [hi - lb if a else 0 for lb, a in zip(lo, active)]
-        N = max(span)
-        count, start = to_device([span, [lb - 1 if a else hi - 1 for lb, a in zip(lo, active)]], dev, torch.long)
-        pos = padded_block(start, count, N)                    # real: the span's feeds; then re-feeds
-        out = runner.forward(x.gather(1, pos), pos)
-        passes += 1
-        j = torch.arange(N, device=dev)[None]
-        # Hidden states of the real entries: out j gives position pos + 1 (re-feeds write back
-        # what is there; their targets are distinct and below the span).
-        real = (j < count[:, None])[rows_b]
-        tpos = (pos + 1)[rows_b][..., None].expand(-1, -1, hid.shape[-1])
-        hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, hid.gather(1, tpos)))
-        # The frame: column k is position hi - N + k; image b's real output for it is k - (N - span_b).
-        p_all = runner.probs(out)                                               # [B, N, V]
-        V = p_all.shape[-1]
-        offset = N - count
-        judged_n = [sp - kb if a else 0 for sp, kb, a in zip(span, keep, active)]
-        judged = j >= (N - to_device(judged_n, dev, torch.long))[:, None]
-        p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, V))
-        qf = _fit(q, N)
-        xw = x[:, hi - N:hi]
-        p_tok = p.gather(2, xw[..., None])[..., 0]
-        q_tok = qf.gather(2, xw[..., None])[..., 0]
-        u = to_device(_right_uniforms(gen, judged_n, N), dev)
-        verdict = verify_grid_unchecked(p_tok.view(B, 1, N), q_tok.view(B, 1, N), "ratio", mode="independent",
-                                        uniforms=u.view(B, 1, N), valid=judged.view(B, 1, N), backend=runner.backend)
-        # The one host read of the pass: which tokens were kept and which are resampled. How many
-        # uniforms each image draws for its corrections depends on it, and so does its next span.
-        accept, redo = torch.stack([verdict.accept.view(B, N), verdict.resample.view(B, N)]).tolist()
-        amap = torch.zeros(B, runner.H * runner.W, dtype=torch.bool)
-        amap[:, hi - N:hi] = torch.tensor(accept, dtype=torch.bool)
-        stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
-        stats.extra.setdefault("drafted", []).append(sum(judged_n))
-        stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
-        where = [(b, k) for b in range(B) for k in range(N) if redo[b][k]]    # row-major: each image's in order
-        if where:
-            rr, kk = to_device([[b for b, _ in where], [k for _, k in where]], dev, torch.long)
-            x[rr, hi - N + kk] = draw_residual(p[rr, kk], qf[rr, kk], gen, runner.backend,
-                                               counts=[sum(row) for row in redo])
-        # After verify-and-correct every token follows this pass's p (kept ones by acceptance,
-        # replaced ones by the residual), so the next pass judges it against p.
-        q = p
-        for b in range(B):
-            if not active[b]:
-                continue
-            if True not in redo[b]:
-                active[b] = False                               # nothing changed: all settled
-                continue
-            lo[b] = hi - N + redo[b].index(True) + 1           # settled up to the first correction
-            active[b] = lo[b] < hi
-        keep = [0] * B
-    return [lb if a else None for lb, a in zip(lo, active)], q
-
-
-def _verify_and_correct(runner: ModelRunner, x, lo: int, hi: int, p, q, gen, stats):
-    """One independent verify-and-correct of the tokens at raster positions [lo, hi) against p
-    (commit="write"); returns the q each token is judged against in the next round (the paper's
-    reading: a resampled token's own residual distribution, a kept one's head q) and the
-    resampled mask [B][L] on the host (from the pass's one read)."""
-    B, L, _ = p.shape
-    xw = x[:, lo:hi]
-    p_tok = p.gather(2, xw[..., None])[..., 0]
-    q_tok = q.gather(2, xw[..., None])[..., 0]
-    verdict = verify(p_tok.view(B, 1, L), q_tok.view(B, 1, L), rule="ratio", mode="independent",
-                     gen=gen, backend=runner.backend)
-    # The one host read of the pass: which tokens were kept and which are resampled. How many
-    # uniforms each image draws for its corrections depends on it, and so does the next span.
-    accept, redo = torch.stack([verdict.accept.view(B, L), verdict.resample.view(B, L)]).tolist()
-    amap = torch.zeros(B, runner.H * runner.W, dtype=torch.bool)
-    amap[:, lo:hi] = torch.tensor(accept, dtype=torch.bool)
-    stats.acceptance_maps.append(amap.view(B, runner.H, runner.W))
-    stats.extra.setdefault("drafted", []).append(B * L)
-    stats.extra.setdefault("accepted", []).append(sum(map(sum, accept)))
-    where = [(b, j) for b in range(B) for j in range(L) if redo[b][j]]    # row-major, as a mask selects
-    if where:
-        rr, jj = to_device([[b for b, _ in where], [j for _, j in where]], x.device, torch.long)
-        tokens, residual = draw_residual(p[rr, jj], q[rr, jj], gen, runner.backend, with_distribution=True,
-                                         counts=[sum(row) for row in redo])
-        x[rr, lo + jj] = tokens
-        q = q.clone()
-        q[rr, jj] = residual
-    return q, redo
+@torch.no_grad()
+def decode_rows(engine: Engine, runner: ModelRunner, heads, classes, options: SSDOptions) -> torch.Tensor:
+    """SSD on `runner` for the batch `classes` -> int64 [B, H*W] (`options.chunk` already capped
+    at the heads' horizontal count)."""
+    H, W = runner.H, runner.W
+    first = runner.prefill(classes)
+    x = torch.zeros(classes.shape[0], H * W, dtype=torch.long, device=runner.device)
+    hid = first.hidden.new_zeros(first.hidden.shape[0], H * W, first.hidden.shape[-1])   # state giving token t
+    drafter = HeadsDrafter(heads)
+    drafter.start(engine, runner, classes)
+    RasterSpeculation(engine, runner, drafter, end=W, chunk=options.chunk, hidden_out=hid[:, :W]).run(first, x)
+    rows = RowDecoder(engine, runner, heads, options, x, hid)
+    if options.commit == "verify":
+        rows.verify_groups()
+    else:
+        rows.write_groups()
+    engine.stats.method_stats = rows.stats
+    return x
 
 
 def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),
@@ -338,16 +326,9 @@ def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = S
     if cfg_w is not None and cfg_w != target.grid[1]:
         raise ValueError(f"ssd heads were trained for grid width {cfg_w}, the target's grid is {tuple(target.grid)}")
     options = dataclasses.replace(options, chunk=min(options.chunk, _heads.num_heads(heads, "horizontal")))
-    sampling = run.sampling_or_default
 
-    def decode_batch(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
-        x = decode_rows(runner, heads, cls, gen, stats, options)
-        stats.target_forwards = runner.forwards * cls.shape[0]
-        stats.target_tokens_fed = runner.fed * cls.shape[0]
-        if run.compile:
-            record_compile_s(stats, runner)
-        return x
+    def decode_batch(cls, engine):
+        return decode_rows(engine, engine.runner(target), heads, cls, options)
 
     return run_batches("ssd", target, conditions, decode_batch, run, tokenizer)
 
@@ -356,3 +337,11 @@ OPTIONS = SSDOptions
 #: The published reading where the family default differs: the commit pass only writes (and no
 #: bound on open tails applies).
 PRESETS = {"published": SSDOptions(commit="write", max_tail=None, final_passes=None)}
+#: The models ssd takes besides its target: its spatial heads.
+TAKES = ("heads",)
+
+
+def resources(family, given: dict, options=None) -> dict:
+    """The heads given, else the family's (`ssd_heads`)."""
+    heads = given.get("heads")
+    return {"heads": heads if heads is not None else family.ssd_heads}

@@ -6,15 +6,15 @@ prompts and the preview grids through `target.condition_on_preview`, decoded wit
 MuLo-SD with `draft="preview"` runs both itself: the preview is its draft.
 
 The result: the target grids (`tokens`), the preview grids (`preview`), and statistics of the
-whole token stage: target passes and committed tokens of both stages (the preview's passes are
-the model's own), `extra["preview_forwards"]` the preview stage's passes per image.
+whole token stage (`DecodeStats.add_stage`): every count of both stages added (the preview's
+passes are the model's own: target passes), `preview_passes` the preview stage's per image.
 The target stage draws from streams of its own (seed + TARGET_STAGE_SEED), not the preview's.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from specdec.decoding.results import DecodeResult, DecodeStats
+from specdec.decoding.results import DecodeResult
 from specdec.settings import RunSettings
 
 #: The target stage of a two-stage decode draws from the streams of seed + this offset.
@@ -28,13 +28,7 @@ def target_stage_run(run: RunSettings) -> RunSettings:
 
 def combine(first: DecodeResult, second: DecodeResult) -> DecodeResult:
     """The result of a two-stage decode from its preview stage's and its target stage's."""
-    p, t = first.stats, second.stats
-    stats = DecodeStats(t.method, images=t.images, tokens=p.tokens + t.tokens,
-                        target_forwards=p.target_forwards + t.target_forwards,
-                        draft_forwards=p.draft_forwards + t.draft_forwards, wall_s=p.wall_s + t.wall_s,
-                        acceptance_maps=list(t.acceptance_maps), extra=dict(t.extra))
-    per_image = p.target_forwards // max(1, p.images)
-    stats.extra["preview_forwards"] = [per_image] * p.images
+    stats = second.stats.add_stage(first.stats)
     return DecodeResult(second.tokens, second.images, stats, first.tokens)
 
 

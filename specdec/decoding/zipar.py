@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding.batching import run_batches
-from specdec.decoding.compiled import record_compile_s, runner_for
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
+from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -67,7 +67,7 @@ def schedule(H: int, W: int, window: int, device) -> list:
 
 
 @torch.no_grad()
-def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) -> torch.Tensor:
+def zipar_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams, *, window: int) -> torch.Tensor:
     """Decode B grids with the row-staggered schedule -> int64 [B, H*W]."""
     H, W = runner.H, runner.W
     window = check_window(window, W)
@@ -75,14 +75,14 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, gen, *, window: int) 
     dev = runner.device
     x = torch.zeros(B, H * W, dtype=torch.long, device=dev)
     out = runner.prefill(classes)
-    x[:, 0] = draw(runner.probs(out)[:, 0], gen, runner.backend)
+    x[:, 0] = draw(runner.probs(out)[:, 0], streams, runner.backend)
     for positions, fed, fake, src, targets in schedule(H, W, window, dev):
         out = runner.forward(x[:, fed], positions)
         if fake is not None:
             runner.invalidate(fake)
         p = runner.probs(out.select(src))           # [B, n, V]
         V = p.shape[-1]
-        x[:, targets] = draw(p.reshape(-1, V), gen, runner.backend).view(B, -1)
+        x[:, targets] = draw(p.reshape(-1, V), streams, runner.backend).view(B, -1)
     return x
 
 
@@ -91,19 +91,13 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
     """ZipAR on `target`. With `run.compile` every target pass runs through compiled graphs padded
     to bucket widths (specdec.decoding.compiled)."""
     window = check_window(options.window, target.grid[1])
-    sampling = run.sampling_or_default
 
-    def decode_batch(cls, gen, stats):
-        runner = runner_for(target, sampling, cls.shape[0], run.backend, compile=run.compile)
-        x = zipar_grid(runner, cls, gen, window=window)
-        stats.target_forwards = runner.forwards * cls.shape[0]
-        stats.target_tokens_fed = runner.fed * cls.shape[0]
-        if run.compile:
-            record_compile_s(stats, runner)
-        return x
+    def decode_batch(cls, engine):
+        return zipar_grid(engine.runner(target), cls, engine.streams, window=window)
 
     return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
 
 
 OPTIONS = ZipAROptions
 PRESETS = {}
+TAKES = ()   #: no model besides the target

@@ -74,11 +74,15 @@ def resolve(family, req: Request, device: torch.device) -> Job:
             flag = "--" + name.replace("_", "-")
             raise SampleError(f"--set {name}: a run setting, not an option of {req.method}: give it as {flag}")
     try:
-        options = decoding.options_for(req.method, family=family, **req.options)
+        # as `decoding.decode` resolves them: the family's sampling and option defaults included
+        resolved = decoding.api.resolve(req.method, family, run=req.run, **req.options)
     except ValueError as e:
         raise SampleError(f"--set: {e}") from None
-    run = dataclasses.replace(req.run, progress=None, first_index=0,
-                              sampling=req.run.sampling or _get(family, "sampling") or decoding.DEFAULT_SAMPLING)
+    if resolved.given:
+        raise SampleError(f"--set {', '.join(sorted(resolved.given))}: a model, not an option of {req.method} "
+                          "(sample decodes with the family's models)")
+    options = resolved.options
+    run = dataclasses.replace(resolved.run, progress=None, first_index=0)
 
     target = _get(family, "target")
     num_classes, names = target.num_classes, tuple(_get(family, "class_names") or ())

@@ -13,7 +13,7 @@ from decoding_models import TinyFamily, tiny_gpt, single_thread  # noqa: F401  (
 from specdec import decoding
 from specdec.decoding import ar, mulo, ssd, zipar
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.streams import image_generator
+from specdec.decoding.streams import ImageStreams
 from specdec.decoding.upsample import nearest, upsample
 from specdec.settings import RunSettings, Sampling
 
@@ -67,8 +67,8 @@ def test_ssd_passes_follow_the_rows_of_the_grid(fam):
     out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
                      options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None,
                                             final_passes=None), run=RunSettings(seed=2, sampling=SAMPLING))
-    assert out.stats.target_forwards == sum(1 + c0 + (H - 1) * 2 for c0 in out.stats.extra["row0_passes"])
-    assert out.stats.extra["drafted"][out.stats.extra["row0_passes"][0]:][:H - 1] == [W] * (H - 1)
+    assert out.stats.target_forwards == sum(1 + c0 + (H - 1) * 2 for c0 in out.stats.method_stats.row0_passes)
+    assert out.stats.drafted[out.stats.method_stats.row0_passes[0]:][:H - 1] == [W] * (H - 1)
 
 
 @pytest.mark.parametrize("low", [(3, 4), (2, 5), (1, 1)])
@@ -86,15 +86,15 @@ def test_mulo_with_a_drafter_grid_that_does_not_divide(low, upsample_mode):
     out = mulo.decode(fam.target, CLASSES, drafter=drafter, tokenizer=fam.tokenizer,
                       options=mulo.MuloOptions(tau=0.0, upsample=upsample_mode), run=run)
     assert out.tokens.shape == (3, H, W) and out.stats.target_forwards_per_image == 2
-    lows = torch.stack(out.stats.extra["low_res"])
+    lows = torch.stack(out.stats.method_stats.low_res)
     assert lows.shape == (3, h, w)
     if upsample_mode == "nearest":
         ref = F.interpolate(lows[:, None].float(), size=(H, W), mode="nearest")[:, 0].long()
         assert torch.equal(out.tokens, ref)
     every = mulo.decode(fam.target, CLASSES[:1], drafter=drafter, tokenizer=fam.tokenizer,
                         options=mulo.MuloOptions(tau=1.5, upsample=upsample_mode), run=run)
-    gen = image_generator(3, 0)
-    torch.rand((h * w,), generator=gen)                               # the drafter's uniforms
+    gen = ImageStreams(3, [0])
+    gen.rand((h * w,))                                                # the drafter's uniforms
     expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
     assert torch.equal(every.tokens.view(1, -1), expected)
 
@@ -107,8 +107,8 @@ def test_mulo_from_a_family_at_h_not_w_with_every_upsampler(fam):
                dict(upsample="nearest", resample="raster")):
         out = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, batch_size=3, **kw)
         assert out.tokens.shape == (3, H, W)
-        assert all(m.shape == (H, W) for m in out.stats.acceptance_maps)
-        assert all(i.shape == (H, W) for i in out.stats.extra["islands"])
+        assert all(m.shape[-2:] == (H, W) for m in out.stats.acceptance_maps)
+        assert all(i.shape == (H, W) for i in out.stats.method_stats.islands)
 
 
 @pytest.mark.parametrize("low, high", [((19, 13), (36, 24)), ((16, 16), (32, 32)), ((3, 5), (7, 6)), ((1, 3), (4, 3))])

@@ -9,9 +9,10 @@ from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # n
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
 from specdec.decoding.draws import draw_residual
-from specdec.decoding.results import DecodeStats, concat_results
+from specdec.decoding.engine import Engine
+from specdec.decoding.results import concat_results
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.streams import image_generator
+from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.settings import RunSettings, Sampling
 from specdec.models.upsampler import TokenUpsampler
 
@@ -85,7 +86,7 @@ def test_mulo_tau_zero_accepts_the_whole_draft_in_one_verification_pass(fam):
     out = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, tau=0.0)
     assert out.stats.target_forwards_per_image == 2                  # prefill + one verification pass
     assert all(bool(m.all()) for m in out.stats.acceptance_maps)
-    assert out.stats.extra["resampled"] == [0, 0, 0]
+    assert out.stats.method_stats.resampled == [0, 0, 0]
 
 
 def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
@@ -95,11 +96,10 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
     H, W = fam.target.grid
     for resample in ("islands", "raster"):
         out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"), run=RunSettings(seed=3, sampling=SAMPLING))
-        assert out.stats.extra["resampled"] == [H * W]
+        assert out.stats.method_stats.resampled == [H * W]
         assert not bool(out.stats.acceptance_maps[0].any())
-        gen = image_generator(3, 0)
-        for _ in range(h * w):                                        # the drafter's uniforms
-            torch.rand((1,), generator=gen)
+        gen = ImageStreams(3, [0])
+        gen.rand((h * w,))                                            # the drafter's uniforms
         expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
         assert torch.equal(out.tokens.view(1, -1), expected)
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
@@ -122,13 +122,13 @@ def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads, comm
         out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
                               vertical_heads=vertical_heads, commit=commit, max_tail=max_tail,
                               final_passes=final_passes)
-        row0 = out.stats.extra["row0_passes"]
+        row0 = out.stats.method_stats.row0_passes
         assert all(c0 >= 1 for c0 in row0)
         if commit == "write":
-            assert "final_passes" not in out.stats.extra and "group_passes" not in out.stats.extra
+            assert not out.stats.method_stats.final_passes and not out.stats.method_stats.group_passes
             assert out.stats.target_forwards == sum(1 + c0 + groups * (rounds + 1) for c0 in row0)
             continue
-        group, final = out.stats.extra["group_passes"], out.stats.extra["final_passes"]
+        group, final = out.stats.method_stats.group_passes, out.stats.method_stats.final_passes
         assert all(groups <= g <= groups * (rounds + 1) for g in group)
         assert final_passes is None or all(f <= final_passes for f in final)
         assert out.stats.target_forwards == sum(1 + c0 for c0 in row0) + sum(group) + sum(final)
@@ -141,9 +141,9 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
     kept = {}
     for bounds in SSD_BOUNDS:
         out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]), run=RunSettings(seed=4, sampling=SAMPLING))
-        kept[bounds] = out.stats.extra["kept_as_judged"]
+        kept[bounds] = out.stats.method_stats.kept_as_judged
         assert all(0 <= k <= HW for k in kept[bounds])
-        assert all(0 <= o <= k for o, k in zip(out.stats.extra["open_at_end"], kept[bounds]))
+        assert all(0 <= o <= k for o, k in zip(out.stats.method_stats.open_at_end, kept[bounds]))
     assert kept[(None, None)] == [0] * 6
     assert sum(kept[(0, 0)]) > 0
     # Bounds no tail reaches change nothing: the exact variant's tokens, passes and judgments.
@@ -151,7 +151,7 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
     loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(exact.tokens, loose.tokens)
     assert exact.stats.target_forwards == loose.stats.target_forwards
-    assert exact.stats.extra["accepted"] == loose.stats.extra["accepted"]
+    assert exact.stats.accepted == loose.stats.accepted
     a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
     b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
@@ -162,16 +162,17 @@ def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
     two rows, then one (per image)."""
     W = fam.target.grid[1]
     out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
-    row0 = out.stats.extra["row0_passes"][0]                         # row 0's raster rounds come first
-    assert out.stats.extra["drafted"][row0:] == [2 * W, W]
+    row0 = out.stats.method_stats.row0_passes[0]                         # row 0's raster rounds come first
+    assert out.stats.drafted[row0:] == [2 * W, W]
     one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
-    assert one.stats.extra["drafted"][one.stats.extra["row0_passes"][0]:] == [W, W, W]
+    assert one.stats.drafted[one.stats.method_stats.row0_passes[0]:] == [W, W, W]
 
 
 def test_ssd_batched_rows_follow_the_same_schedule(fam):
     out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3))
-    c0, = out.stats.extra["row0_passes"]
-    assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
+    row0 = out.stats.method_stats.row0_passes
+    assert len(row0) == 3 and len(set(row0)) == 1                    # one batch: its images share row 0's passes
+    assert out.stats.target_forwards == 3 * (1 + row0[0] + (fam.target.grid[0] - 1) * 3)
 
 
 def test_draw_residual_returns_the_distribution_it_samples_from():
@@ -181,8 +182,9 @@ def test_draw_residual_returns_the_distribution_it_samples_from():
     p = torch.softmax(torch.randn(6, 16, generator=g) * 2, -1)
     q = torch.softmax(torch.randn(6, 16, generator=g) * 2, -1)
     q[0] = p[0]
-    tokens = draw_residual(p, q, image_generator(4))
-    same, resid = draw_residual(p, q, image_generator(4), with_distribution=True)
+    u = torch.rand(6, generator=image_generator(4))
+    tokens = draw_residual(p, q, u)
+    same, resid = draw_residual(p, q, u, with_distribution=True)
     assert torch.equal(tokens, same)
     want = (p - q).clamp_min(0)
     want = want / want.sum(-1, keepdim=True).clamp_min(1e-30)
@@ -203,17 +205,18 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     P = fam.target.prefix_len
     corrected = kept = 0
     for seed in range(3):
-        runner = ModelRunner(fam.target, SAMPLING)
-        stats = DecodeStats("ssd")
+        engine = Engine("ssd", RunSettings(seed=seed, sampling=SAMPLING), ImageStreams(seed, [0]), (H, W))
+        runner = engine.runner(fam.target)
         options = ssd.SSDOptions(rounds=rounds, chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
-        x = ssd.decode_rows(runner, fam.ssd_heads, CLASSES[:1], image_generator(seed), stats, options)
-        row0 = stats.extra["row0_passes"][0]
-        corrected += sum(stats.extra["drafted"][row0:]) - sum(stats.extra["accepted"][row0:])
-        kept += stats.extra["kept_as_judged"][0] - stats.extra["open_at_end"][0]
+        x = ssd.decode_rows(engine, runner, fam.ssd_heads, CLASSES[:1], options)
+        stats = engine.finish()
+        row0 = stats.method_stats.row0_passes[0]
+        corrected += sum(stats.drafted[row0:]) - sum(stats.accepted[row0:])
+        kept += stats.method_stats.kept_as_judged[0] - stats.method_stats.open_at_end[0]
         clean = ModelRunner(fam.target, SAMPLING)
         clean.prefill(CLASSES[:1])
         clean.forward(x[:, :H * W - 1], torch.arange(H * W - 1))
-        open_at_end = stats.extra["open_at_end"][0]
+        open_at_end = stats.method_stats.open_at_end[0]
         # The last token's key is never written, nor those of an open tail and the correction before it.
         end = P + H * W - 1 - open_at_end
         for got, want in zip(runner.cache.k + runner.cache.v, clean.cache.k + clean.cache.v):
@@ -271,7 +274,7 @@ def test_batched_sd_matches_its_per_image_statistics_shape(fam):
     d = tiny_gpt(4, 16, seed=9)
     out = sd.decode(fam.target, CLASSES, drafter=d, run=RunSettings(seed=1, sampling=SAMPLING, batch_size=3))
     assert out.tokens.shape == (3, 4, 4)
-    assert sum(out.stats.extra["accepted"]) <= sum(out.stats.extra["drafted"])
+    assert sum(out.stats.accepted) <= sum(out.stats.drafted)
 
 
 # ---- bad arguments --------------------------------------------------------------------------

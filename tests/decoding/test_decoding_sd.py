@@ -11,8 +11,8 @@ import torch
 from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import ops
 from specdec.decoding import sd, ssd
-from specdec.decoding.results import DecodeResult, DecodeStats
-from specdec.decoding.runner import ModelRunner
+from specdec.decoding.engine import Engine
+from specdec.decoding.results import DecodeResult
 from specdec.decoding.streams import ImageStreams
 from specdec.settings import RunSettings, Sampling
 
@@ -76,7 +76,7 @@ def test_sd_reproduces_the_target_distribution(sd_counts):
     target, out = sd_counts
     _, probs = exact_grid_distribution(target, SAMPLING, CLASS)
     # The drafter really disagrees with the target (else the test would be vacuous) ...
-    assert 0 < sum(out.stats.extra["accepted"]) < sum(out.stats.extra["drafted"])
+    assert 0 < sum(out.stats.accepted) < sum(out.stats.drafted)
     # ... and the grids still follow the target's distribution.
     assert chi_square_pvalue(grid_counts(out.tokens), probs) > 1e-3
 
@@ -133,7 +133,7 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     kw = (dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6)) if drafter == "model"
           else dict(heads=tiny_heads(16, seed=5)))
     out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES), **kw)
-    accepted, drafted = sum(out.stats.extra["accepted"]), sum(out.stats.extra["drafted"])
+    accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
     assert 0.05 < accepted / drafted < 0.95                     # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
     pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(sd_tokens))]
@@ -162,11 +162,11 @@ def _ssd_4x4(commit):
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
     if commit == "write":
         return ssd.decode(target, classes, heads=heads, options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
-    stats = DecodeStats("ssd")
-    runner = ModelRunner(target, SAMPLING, batch=GRID_4X4_SAMPLES)
+    run = RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES)
+    engine = Engine("ssd", run, ImageStreams(4, range(GRID_4X4_SAMPLES)), (4, 4))
     options = ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None)
-    x = ssd.decode_rows(runner, heads, classes, ImageStreams(4, range(GRID_4X4_SAMPLES)), stats, options)
-    return DecodeResult(x.view(GRID_4X4_SAMPLES, 4, 4), None, stats)
+    x = ssd.decode_rows(engine, engine.runner(target), heads, classes, options)
+    return DecodeResult(x.view(GRID_4X4_SAMPLES, 4, 4), None, engine.finish())
 
 
 def _pvalues_against_ar(ar_tokens, out):
@@ -179,9 +179,9 @@ def test_ssd_commit_verify_keeps_the_ar_distribution(ar_4x4):
     tails re-judged until they hold): the same statistics as the sd test match plain AR's."""
     _, ar_tokens = ar_4x4
     out = _ssd_4x4("verify")
-    accepted, drafted = sum(out.stats.extra["accepted"]), sum(out.stats.extra["drafted"])
+    accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
     assert accepted < drafted                                   # corrections happened ...
-    assert sum(out.stats.extra["final_passes"]) > 0            # ... and left open tails to close
+    assert sum(out.stats.method_stats.final_passes) > 0            # ... and left open tails to close
     pvalues = _pvalues_against_ar(ar_tokens, out)
     assert min(pvalues) > 1e-3 / len(pvalues)
 

@@ -8,10 +8,11 @@ from decoding_models import LoopCounter, TinyFamily, single_thread  # noqa: F401
 from specdec import decoding
 from specdec import ops
 from specdec.decoding import ar, mulo
+from specdec.decoding.engine import Engine
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams, image_generator, step_uniforms, uniforms
 from specdec.decoding.uploads import async_uploads, to_device
-from specdec.settings import Sampling
+from specdec.settings import RunSettings, Sampling
 from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
 from specdec.profiling import count_host_syncs
 
@@ -53,11 +54,16 @@ def test_image_streams_give_each_image_its_own_generator_stream():
     u = streams.rand((6, 2))                       # two rows per image
     for b, index in enumerate([4, 5, 6]):
         assert torch.equal(u[2 * b:2 * b + 2], torch.rand((2, 2), generator=image_generator(7, index)))
-    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
-    w = streams.rand_where(mask)                   # 2, 0 and 3 draws, continuing each stream
-    g4, g6 = image_generator(7, 4), image_generator(7, 6)
-    torch.rand((2, 2), generator=g4), torch.rand((2, 2), generator=g6)
+    w = streams.rand_counts([2, 0, 3])             # 2, 0 and 3 draws, continuing each stream
+    g4, g5, g6 = (image_generator(7, i) for i in (4, 5, 6))
+    for g in (g4, g5, g6):
+        torch.rand((2, 2), generator=g)
     assert torch.equal(w, torch.cat([torch.rand(2, generator=g4), torch.rand(3, generator=g6)]))
+    padded = streams.rand_padded([1, 0, 2], 3, right=True)   # zeros first: they draw nothing
+    assert torch.equal(padded[1], torch.zeros(3)) and bool((padded[:, 0] == 0).all())
+    assert torch.equal(padded[0, 2:], torch.rand(1, generator=g4))
+    assert torch.equal(padded[2, 1:], torch.rand(2, generator=g6))
+    assert torch.equal(streams.rand((3,))[1], torch.rand(1, generator=g5)[0])   # image 5 drew nothing since
     with pytest.raises(ValueError, match="divisible by 3"):
         streams.rand((4,))
 
@@ -65,15 +71,14 @@ def test_image_streams_give_each_image_its_own_generator_stream():
 @pytest.mark.parametrize("per_step", [3, 6])
 def test_uniforms_drawn_before_a_loop_are_the_ones_drawn_step_by_step(per_step):
     """AR's loop draws all its steps' uniforms at once: row s must be what the s-th draw of one
-    step would have been, for image streams (one or two numbers per image a step) and a plain
-    generator, and the streams must end where step-by-step draws leave them."""
+    step would have been, for a batch's streams (one or two numbers per image a step) and a
+    single image's, and the streams must end where step-by-step draws leave them."""
     ahead, stepwise = ImageStreams(3, [0, 4, 9]), ImageStreams(3, [0, 4, 9])
     rows = step_uniforms(ahead, 5, per_step, "cpu")
     assert torch.equal(rows, torch.stack([uniforms(stepwise, (per_step,), "cpu") for _ in range(5)]))
     assert torch.equal(ahead.rand((3,)), stepwise.rand((3,)))
-    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-    assert torch.equal(step_uniforms(g1, 4, per_step, "cpu"),
-                       torch.stack([uniforms(g2, (per_step,), "cpu") for _ in range(4)]))
+    one, alone = ImageStreams(1, [7]), image_generator(1, 7)
+    assert torch.equal(step_uniforms(one, 4, per_step, "cpu"), torch.rand((4, per_step), generator=alone))
     with pytest.raises(ValueError, match="divisible by 3"):
         step_uniforms(ahead, 2, 4, "cpu")
 
@@ -192,7 +197,7 @@ def test_compiled_mulo_drafter_gives_the_eager_tokens(fam, drafting):
                                drafting=drafting, compile=True)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.draft_forwards == eager.stats.draft_forwards
-    assert len(compiled.stats.extra["compile_s"]) == 1 and compiled.stats.extra["compile_s"][0] > 0
+    assert len(compiled.stats.compile_s) == 1 and compiled.stats.compile_s[0] > 0
 
 
 def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
@@ -202,10 +207,10 @@ def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
     compiled = decoding.decode("ar", fam, CLASSES[:3], seed=1, sampling=SAMPLING, batch_size=3, compile=True)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.target_forwards == eager.stats.target_forwards
-    (compile_s,) = compiled.stats.extra["compile_s"]
+    (compile_s,) = compiled.stats.compile_s
     assert compile_s > 0
     again = decoding.decode("ar", fam, CLASSES[1:4], seed=1, sampling=SAMPLING, batch_size=3, compile=True)
-    assert again.stats.extra["compile_s"] == [0.0]                  # the compiled step is kept and reused
+    assert again.stats.compile_s == [0.0]                  # the compiled step is kept and reused
     assert torch.equal(again.tokens, decoding.decode("ar", fam, CLASSES[1:4], seed=1, sampling=SAMPLING,
                                                      batch_size=3).tokens)
     with pytest.raises(ValueError, match="compile must be True or False"):
@@ -247,7 +252,9 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
 
     def run(images):
         n = len(images)
-        runner = ModelRunner(fam.target, SAMPLING, batch=n, backend="reference")
+        engine = Engine("mulo", RunSettings(sampling=SAMPLING, backend="reference"), ImageStreams(1, images),
+                        fam.target.grid)
+        runner = engine.runner(fam.target)
         first = runner.prefill(CLASSES[images])
         x = x0[images].clone()
         ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1))])
@@ -258,8 +265,8 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
         redo = verdict.resample.view(n, HW)
         runner.invalidate_where(torch.arange(HW).expand(n, -1), redo)
         passes = runner.forwards
-        last = mulo.resample_islands(runner, x, ver, redo.tolist(), verdict.islands.view(n, HW).tolist(),
-                                     ImageStreams(1, images), base=0, end=HW)
+        last = mulo.resample_islands(engine, runner, x, ver, redo.tolist(), verdict.islands.view(n, HW).tolist(),
+                                     base=0, end=HW)
         return x, last, runner.forwards - passes
 
     monkeypatch.setattr(ModelRunner, "forward", spy)
@@ -277,19 +284,21 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
     """SSD's row 0 (raster speculation up to `end`) in a batch: an image that accepts every draft
     up to `end` draws no correction alone, so it must not draw one in a batch where another
     image does; its stream goes on after row 0 exactly where it would alone."""
-    from specdec.decoding.results import DecodeStats
-    from specdec.decoding.speculative import HeadsDrafter, raster_speculate
+    from specdec.decoding.drafters import HeadsDrafter
+    from specdec.decoding.speculative import RasterSpeculation
 
     W = fam.target.grid[1]
     classes = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1])
 
     def row0(images, seed):
-        runner = ModelRunner(fam.target, SAMPLING, batch=len(images), backend="reference")
+        streams = ImageStreams(seed, images)
+        engine = Engine("t", RunSettings(sampling=SAMPLING, backend="reference"), streams, fam.target.grid)
+        runner = engine.runner(fam.target)
         first = runner.prefill(classes[images])
         x = torch.zeros(len(images), fam.target.grid[0] * W, dtype=torch.long)
-        streams = ImageStreams(seed, images)
-        raster_speculate(runner, HeadsDrafter(runner, fam.ssd_heads), first, x, streams, DecodeStats("t"), end=W,
-                         chunk=3)
+        drafter = HeadsDrafter(fam.ssd_heads)
+        drafter.start(engine, runner, classes[images])
+        RasterSpeculation(engine, runner, drafter, end=W, chunk=3).run(first, x)
         return x[:, :W], [torch.rand(1, generator=g) for g in streams.generators]
 
     with batch_invariant():

@@ -49,9 +49,9 @@ def test_decode_uses_the_familys_tau_and_the_caller_overrides_it():
     fam = family_with({"mulo": {"tau": 0.0}})
     out = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING)
     assert out.stats.target_forwards_per_image == 2                  # tau 0: prefill + verification only
-    assert out.stats.extra["resampled"] == [0, 0, 0]
+    assert out.stats.method_stats.resampled == [0, 0, 0]
     over = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, tau=2.0)
-    assert over.stats.extra["resampled"] == [16, 16, 16]             # tau > 1: every position
+    assert over.stats.method_stats.resampled == [16, 16, 16]             # tau > 1: every position
     assert torch.equal(over.tokens, decoding.decode("mulo", TinyFamily(), CLASSES, seed=1, sampling=SAMPLING,
                                                     tau=2.0).tokens)
 
@@ -72,7 +72,7 @@ def test_a_familys_upsample_is_not_replaced_by_the_pixel_default():
 def test_compare_decodes_with_the_familys_options():
     fam = family_with({"mulo": {"tau": 0.0}})
     _, results, _ = run_compare(fam, ["mulo"], 2, RunSettings(seed=0, sampling=SAMPLING), {})
-    assert results["mulo"].stats.extra["resampled"] == [0, 0]
+    assert results["mulo"].stats.method_stats.resampled == [0, 0]
 
 
 def test_sample_resolves_the_familys_options():

@@ -124,3 +124,34 @@ def test_public_functions_take_at_most_10_parameters(package):
                 if n > 10:
                     wide.append(f"{name}.{node.name} ({n})")
     assert wide == []
+
+
+#: The modules of the decoding methods (one per method: specdec.decoding.api's table).
+METHOD_MODULES = [f"specdec.decoding.{m}" for m in ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")]
+
+
+def long_functions(path: str, limit: int) -> list:
+    """Every function (methods and nested functions included) of the file longer than `limit`
+    lines, as 'name (lines)'."""
+    found = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > limit:
+                found.append(f"{node.name} ({n})")
+    return found
+
+
+def test_no_function_of_a_method_module_over_60_lines():
+    """A method is a policy over the engine's round state: its loop reads in one screen."""
+    known = modules()
+    assert set(METHOD_MODULES) <= set(known)
+    long = {name: found for name in METHOD_MODULES if (found := long_functions(known[name], 60))}
+    assert long == {}
+
+
+def test_the_length_check_sees_a_long_method(tmp_path):
+    body = "\n".join(f"        x = {i}" for i in range(60))
+    path = tmp_path / "m.py"
+    path.write_text(f"class A:\n    def f(self):\n{body}\n")
+    assert long_functions(str(path), 60) == ["f (61)"]

@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 from glm_image_models import BOS, EOP, K, SOP, glm_generate, prompt_ids, tail_ids, text_ids, tiny_glm_image, tiny_processor  # noqa: E402
 
 from specdec import masks  # noqa: E402
-from specdec.decoding import METHODS, Sampling, decode  # noqa: E402
+from specdec.decoding import METHODS, RunSettings, Sampling, ar, decode, sjd, stages  # noqa: E402
 from specdec.decoding.ar import sample_grid  # noqa: E402
 from specdec.decoding.runner import ModelRunner  # noqa: E402
-from specdec.decoding.streams import image_generator  # noqa: E402
+from specdec.decoding.streams import ImageStreams  # noqa: E402
 from specdec.models import ARImageModel, hf  # noqa: E402
 from specdec.models.conditions import Prompts  # noqa: E402
 from specdec.models.family import ModelFamily  # noqa: E402
@@ -98,7 +98,30 @@ def test_greedy_ar_equals_glm_image_generate(grid, preview):
         assert torch.equal(one.preview, ref_preview[i:i + 1]) and torch.equal(one.tokens, ref[i:i + 1])
     hw, HW = preview[0] * preview[1], grid[0] * grid[1]
     assert out.stats.target_forwards == 2 * (hw + HW) and out.stats.tokens == 2 * (hw + HW)
-    assert out.stats.extra["preview_forwards"] == [hw, hw]
+    assert out.stats.preview_passes == [hw, hw]
+
+
+@pytest.mark.parametrize("method, options", [("ar", {}), ("sjd", dict(window=3))])
+def test_a_two_stage_decode_reports_its_tokens_fed(family, method, options):
+    """The statistics of a two-stage decode hold both stages' counts: tokens fed (every image
+    token fed to the model) and target passes per image are the preview stage's plus the target
+    stage's, each stage decoded on its own; MuLo-SD drafted by the preview counts the preview's
+    tokens fed too."""
+    ps = prompts()
+    out = decode(method, family, prompts=ps, seed=5, batch_size=2, **options)
+    run = RunSettings(seed=5, batch_size=2, sampling=GLM_SAMPLING)
+    first = ar.decode(family.preview, Prompts(ps), run=run)
+    module = {"ar": ar, "sjd": sjd}[method]
+    second = module.decode(family.target, family.target.condition_on_preview(Prompts(ps), first.tokens),
+                           options=module.OPTIONS(**options), run=stages.target_stage_run(run))
+    assert torch.equal(out.preview, first.tokens) and torch.equal(out.tokens, second.tokens)
+    assert first.stats.target_tokens_fed > 0 and second.stats.target_tokens_fed > 0
+    assert out.stats.tokens_fed == [a + b for a, b in zip(first.stats.tokens_fed, second.stats.tokens_fed)]
+    assert out.stats.target_passes == [a + b for a, b in zip(first.stats.target_passes, second.stats.target_passes)]
+    assert out.stats.preview_passes == first.stats.target_passes
+    drafted = decode("mulo", family, prompts=ps, seed=5, batch_size=2, k=8)
+    assert torch.equal(drafted.preview, first.tokens)
+    assert min(d - p for d, p in zip(drafted.stats.tokens_fed, first.stats.tokens_fed)) > 0
 
 
 def transformers_logits(model, prompt, preview, target, grid, preview_grid):
@@ -253,9 +276,9 @@ def test_mulo_drafted_by_the_preview(family):
     ref = F.interpolate(keep.preview[:, None].float(), size=GRID, mode="nearest")[:, 0].long()
     assert torch.equal(keep.tokens, ref)
     assert keep.stats.target_forwards_per_image == h * w + 2 and keep.stats.draft_forwards == 0
-    assert keep.stats.extra["preview_forwards"] == [h * w] * 2 and keep.stats.tokens == 2 * (h * w + H * W)
+    assert keep.stats.preview_passes == [h * w] * 2 and keep.stats.tokens == 2 * (h * w + H * W)
     every = decode("mulo", family, prompts=ps[1:], seed=4, tau=1.5, resample="raster")
-    gen = image_generator(4, 0)
+    gen = ImageStreams(4, [0])                                # image 0's stream, as decode's
     preview = sample_grid(ModelRunner(family.preview, GLM_SAMPLING), Prompts(ps[1:]), gen).view(1, h, w)
     target = sample_grid(ModelRunner(family.target, GLM_SAMPLING),
                          family.target.condition_on_preview(Prompts(ps[1:]), preview), gen)
@@ -355,5 +378,5 @@ def test_compiled_passes_give_the_eager_tokens(family):
     kw = dict(prompts=prompts(), seed=3, batch_size=2)
     eager = decode("ar", family, **kw)
     compiled = decode("ar", family, compile=True, **kw)
-    assert "compile_s" in compiled.stats.extra
+    assert len(compiled.stats.compile_s) == 2 and not eager.stats.compile_s   # one batch of each stage
     assert torch.equal(compiled.preview, eager.preview) and torch.equal(compiled.tokens, eager.tokens)

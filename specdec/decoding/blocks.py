@@ -1,0 +1,35 @@
+"""The shapes of a pass that images share: blocks padded with re-feeds, and per-image selections.
+
+A forward needs the same number of tokens in every row of the batch, so rows with fewer real
+tokens (near the end of the grid, or finished) are padded with *re-feeds*: committed tokens fed
+again at their own slots, whose keys and values come out as they were (their context is all
+committed), so padding never changes a result.
+"""
+from __future__ import annotations
+
+import torch
+
+from specdec.decoding.runner import Outputs
+
+
+def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions [B, width]: row b holds start[b] .. start[b] + count[b] - 1, then re-feed slots
+    start[b] - 1, start[b] - 2, ... (the caller guarantees start[b] >= width - count[b])."""
+    j = torch.arange(width, device=start.device)[None]
+    real = start[:, None] + j
+    pad = start[:, None] - 1 - (j - count[:, None])
+    return torch.where(j < count[:, None], real, pad)
+
+
+def gather_rows(o: Outputs, index: torch.Tensor) -> Outputs:
+    """Outputs at one block index per row: index [B] -> Outputs with N = 1."""
+    B = o.cond.shape[0]
+    ar = torch.arange(B, device=index.device)
+    hid_rows = o.hidden.shape[0]
+    hid_idx = index.repeat(hid_rows // B)
+    return Outputs(o.cond[ar, index][:, None], None if o.uncond is None else o.uncond[ar, index][:, None],
+                   o.hidden[torch.arange(hid_rows, device=index.device), hid_idx][:, None],
+                   None if o.probs is None else o.probs[ar, index][:, None])
+
+
+__all__ = ["gather_rows", "padded_block"]

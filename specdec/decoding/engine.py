@@ -1,0 +1,186 @@
+"""The engine: the round state of one batch of a decode, owned in one place.
+
+A method (a policy: `ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`) decides what each pass
+feeds, how the target judges the drafts (a rule and mode of `verify_grid`) and what it redraws.
+Everything else of a round is here, written once:
+
+- the images' random streams (`ImageStreams`: image i draws only from its own stream);
+- the runners (`runner`): made for the batch, eager or compiled, their passes and tokens counted
+  per image as target or drafter passes when the batch ends (`finish`), compile time included;
+- committed lengths (`Lengths`: on the device for the passes, mirrored on the host for the loop's
+  control, the passes' shapes and the streams' consumption);
+- the read-accept-commit step: `judge` runs `verify_grid` on the drafts, makes the pass's one host
+  read (kept and resampled positions, and MuLo-SD's islands) and records the acceptance map and
+  the drafted and kept counts; `redraw` draws the replacements of rejected drafts from the
+  residual norm(max(0, p - q)) with each image's own uniforms and writes them into the grid.
+
+    engine = Engine("sd", run, streams, grid)      # run_batches makes one per batch
+    target = engine.runner(model)
+    ...                                             # the method's passes
+    verdict = engine.judge(p_tok, q_tok, uniforms=u, starts=c.host, judged=n_host, mode="raster")
+    engine.redraw(x, picks, p_rows, q_rows)
+    engine.finish()                                 # per-image counts into engine.stats
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from specdec.decoding.compiled import CompiledRunner, runner_for
+from specdec.decoding.draws import draw_residual
+from specdec.decoding.results import DecodeStats
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.streams import ImageStreams
+from specdec.decoding.uploads import to_device
+from specdec.ops.verification import verify_grid_unchecked
+from specdec.settings import RunSettings
+
+
+class Lengths:
+    """Per image, how many raster positions are committed: `device` (int64 [B]) for the passes,
+    `host` (ints) for the loop, advanced together from the one read of each pass."""
+
+    def __init__(self, values: Sequence[int], device):
+        self.host = list(values)
+        self.device = to_device(self.host, device, torch.long)
+
+    def advance(self, device_delta: torch.Tensor, host_delta: Sequence[int]) -> None:
+        """Add a step computed on the device and the same step as host ints (no read-back)."""
+        self.device = self.device + device_delta
+        self.host = [c + d for c, d in zip(self.host, host_delta)]
+
+
+@dataclass
+class Judgement:
+    """The host side of a verdict over each image's window of L drafts (the pass's one read)."""
+
+    accept: List[List[bool]]        #: [B][L] drafts kept
+    resample: List[List[bool]]      #: [B][L] positions to draw again
+    #: [B][L] island labels of `resample` (-1 outside), when the judge was asked for them
+    islands: Optional[List[List[int]]] = None
+    num_islands: Optional[List[int]] = None
+    #: the verdict itself, on the device (what the passes that commit the drafts compute with)
+    verdict: Optional[object] = None
+
+    def kept(self, b: int) -> int:
+        """How many of image b's drafts were kept (in raster mode: its kept prefix)."""
+        return sum(self.accept[b])
+
+
+class Engine:
+    """One batch of a decode: its images' streams and statistics, its runners, its judgements."""
+
+    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int]):
+        self.run = run
+        self.streams = streams
+        self.batch = len(streams)
+        self.H, self.W = grid
+        self.stats = DecodeStats(method, images=self.batch, tokens=self.batch * self.H * self.W)
+        self._runners: List[Tuple[ModelRunner, str]] = []
+        #: drafter passes made without a runner of their own (SSD's heads on the target)
+        self.head_passes = 0
+        #: the grids of a preview stage a method decoded itself (MuLo-SD drafted by GLM-Image's
+        #: preview), one per image: the result's `preview`
+        self.previews: Optional[torch.Tensor] = None
+
+    @property
+    def backend(self):
+        return self.run.backend
+
+    def runner(self, model, sampling=None, *, role: str = "target") -> ModelRunner:
+        """The batch's runner of `model` (eager, or with `run.compile` the model's kept compiled
+        one), counted at `finish` as `role`: "target", "drafter", or "preview" (the target model
+        on its preview grid: target passes of the preview stage)."""
+        if role not in ("target", "drafter", "preview"):
+            raise ValueError(f"role must be target, drafter or preview, got {role!r}")
+        runner = runner_for(model, sampling or self.run.sampling_or_default, self.batch, self.run.backend,
+                            compile=self.run.compile)
+        self._runners.append((runner, role))
+        return runner
+
+    # ---- the read-accept-commit step ----
+    def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
+              judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
+              valid: Optional[torch.Tensor] = None, islands: bool = False, **how) -> Judgement:
+        """`verify_grid` over each image's drafts and the pass's one host read.
+
+        score, q: [B, L] (a raster window; column k of image b is raster position starts[b] + k)
+        or [B, H, W] (a whole grid, starts 0); `uniforms` for rule="ratio"; `valid` the columns
+        holding a draft (None: all); `judged[b]` how many image b has (the drafted count
+        recorded); `how`: the rule's and mode's arguments (mode, tau, radius). `islands=True`
+        reads the island labels too (MuLo-SD's resampling schedule)."""
+        B = score.shape[0]
+        shape = (B, 1, score.shape[-1]) if score.dim() == 2 else tuple(score.shape)
+        view = (lambda t: None if t is None else t.reshape(shape))
+        verdict = verify_grid_unchecked(score.reshape(shape), view(q), rule, uniforms=view(uniforms),
+                                        valid=view(valid), backend=self.backend, **how)
+        parts = [verdict.accept.view(B, -1), verdict.resample.view(B, -1)]
+        if islands:
+            parts += [verdict.islands.view(B, -1), verdict.num_islands.view(B, 1)]
+        # The one host read of the pass: which drafts were kept and which are drawn again (and
+        # where the islands are). How many uniforms each image draws next depends on it, and so
+        # do the next pass's shape and the loop's control.
+        host = torch.cat([t.long() for t in parts], 1).tolist()
+        L = parts[0].shape[1]
+        accept = [[bool(v) for v in row[:L]] for row in host]
+        resample = [[bool(v) for v in row[L:2 * L]] for row in host]
+        out = Judgement(accept, resample, verdict=verdict)
+        if islands:
+            out.islands = [row[2 * L:3 * L] for row in host]
+            out.num_islands = [row[3 * L] for row in host]
+        self.record(accept, starts, judged)
+        return out
+
+    def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int]) -> None:
+        """One judgement into the statistics: the map of kept drafts over the grid, and the
+        drafted and kept counts."""
+        HW = self.H * self.W
+        amap = torch.zeros(self.batch, HW, dtype=torch.bool)
+        for b, (row, start) in enumerate(zip(accept, starts)):
+            inside = row[:max(0, HW - start)]
+            if inside:
+                amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
+        self.stats.acceptance_maps.append(amap.view(self.batch, self.H, self.W))
+        self.stats.drafted.append(int(sum(judged)))
+        self.stats.accepted.append(sum(map(sum, accept)))
+
+    def redraw(self, x: torch.Tensor, picks: Sequence[Tuple[int, int]], p: torch.Tensor,
+               q: Optional[torch.Tensor] = None, *, with_distribution: bool = False):
+        """Draw a token at each pick (image, raster position; each image's picks in order, the
+        images in order) from the residual norm(max(0, p - q)) of its row of p, q [M, V] (p where
+        that is zero or q is None: a bonus or resampled token), with image b's uniforms from its
+        own stream, and write it into x [B, H*W]. Returns the tokens (and with_distribution: the
+        residual distributions too)."""
+        if not picks:
+            return None
+        counts = [0] * self.batch
+        for b, _ in picks:
+            counts[b] += 1
+        if [b for b, _ in picks] != sorted(b for b, _ in picks):
+            raise ValueError("redraw's picks must list the images in order")
+        out = draw_residual(p, q, self.streams.rand_counts(counts), self.backend, with_distribution=with_distribution)
+        rows, cols = to_device([[b for b, _ in picks], [t for _, t in picks]], x.device, torch.long)
+        x[rows, cols] = out[0] if with_distribution else out
+        return out
+
+    # ---- the end of the batch ----
+    def finish(self) -> DecodeStats:
+        """The batch's per-image counts from its runners (a pass shared by the batch counts once
+        for each image) and the compile time their graphs took; returns the statistics."""
+        B, s = self.batch, self.stats
+        count = {role: sum(r.forwards for r, rr in self._runners if rr == role)
+                 for role in ("target", "drafter", "preview")}
+        fed = sum(r.fed for r, role in self._runners if role != "drafter")
+        s.target_passes = [count["target"] + count["preview"]] * B
+        s.tokens_fed = [fed] * B
+        s.draft_passes = [count["drafter"] + self.head_passes] * B
+        if count["preview"]:
+            s.preview_passes = [count["preview"]] * B
+        if self.run.compile:
+            s.compile_s.append(sum(r.take_compile_s() for r, _ in self._runners if isinstance(r, CompiledRunner)))
+        return s
+
+
+__all__ = ["Engine", "Judgement", "Lengths"]
