@@ -2,7 +2,9 @@
 // registrations, and a tiny pybind11 module for build information.
 //
 // Every op lives in the `specdec` namespace of torch.library (torch.ops.specdec.*). Fake
-// (meta) implementations are registered from Python in specdec/_library.py.
+// (meta) implementations are registered from Python, each by its op module in specdec/ops/.
+// Scalars follow one order in every schema and in Python: cfg_scale, temperature, top_k, delta,
+// top_p; top_p comes last so that it can default to 1.0 for callers that pass the others by position.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -25,13 +27,13 @@ TORCH_LIBRARY(specdec, m) {
       "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "
       "Tensor islands, Tensor num_islands)");
   m.def(
-      "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset) "
-      "-> (Tensor tokens, Tensor fallback)");
+      "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, "
+      "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
   // CUDA only: the pooling kernels chosen by `variant` (0 default, 1 "v2", 2 "radix"; 1 and 2 opt-in,
-  // never run on a GPU). Python picks it (specdec/ops.py, SPECDEC_CUDA_POOL); the ops above always
+  // never run on a GPU). Python picks it (specdec/ops/dispatch.py, SPECDEC_CUDA_POOL); the ops above always
   // run the default kernels.
   m.def(
       "pool_probs_variant(Tensor logits, Tensor tokens, Tensor? neighbors, Tensor? uncond_logits, "
@@ -41,9 +43,9 @@ TORCH_LIBRARY(specdec, m) {
       "sampling_probs_variant(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
       "int top_k, float top_p, int variant) -> Tensor");
   m.def(
-      "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant) "
-      "-> (Tensor tokens, Tensor fallback)");
-  // CUDA only, opt-in (specdec/_attention_paths.py): split-KV decode / tensor-core prefill.
+      "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant, "
+      "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");
+  // CUDA only, opt-in (specdec/ops/attention.py, SPECDEC_ATTN_PATH): split-KV decode / tensor-core prefill.
   m.def(
       "tree_attention_split(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale, int warps_m, int splits) -> (Tensor out, Tensor lse)");

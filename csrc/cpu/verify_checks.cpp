@@ -1,6 +1,6 @@
 // Argument checks of kernel 2 (docs/design.md, "Kernel 2"), shared by the CPU and CUDA ops.
 // TORCH_CHECK_VALUE raises a Python ValueError; every message names the argument. No data is
-// read here (NaN scores and uniforms outside [0, 1) are refused by the Python API).
+// read here: the kernels check the values in their own pass (sample_residual's row_errors).
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -69,7 +69,8 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
 }
 
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                       const std::optional<at::Tensor>& uniforms, int64_t offset) {
+                       const std::optional<at::Tensor>& uniforms, int64_t offset,
+                       const std::optional<at::Tensor>& row_errors) {
   TORCH_CHECK_VALUE(p.dim() == 2, "p must be 2-D [M, V], got ", p.dim(), "-D");
   TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat, "p must be float32, got ", p.scalar_type());
   TORCH_CHECK_VALUE(p.size(1) >= 1 && p.size(1) < (int64_t{1} << 23),
@@ -83,6 +84,15 @@ void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
     TORCH_CHECK_VALUE(q->is_contiguous(), "q must be contiguous");
   }
   TORCH_CHECK_VALUE(offset >= 0, "offset (of the Philox counter) must be >= 0, got ", offset);
+  if (row_errors.has_value()) {
+    TORCH_CHECK_VALUE(row_errors->dim() == 1 && row_errors->size(0) == p.size(0),
+                      "row_errors must have shape [M] = [", p.size(0), "], got ", row_errors->sizes());
+    TORCH_CHECK_VALUE(row_errors->scalar_type() == at::kInt, "row_errors must be int32, got ",
+                      row_errors->scalar_type());
+    TORCH_CHECK_VALUE(row_errors->device() == p.device(), "row_errors must be on ", p.device(), ", got ",
+                      row_errors->device());
+    TORCH_CHECK_VALUE(row_errors->is_contiguous(), "row_errors must be contiguous");
+  }
   if (!uniforms.has_value()) return;  // drawn in the kernel from Philox (seed, row, offset)
   TORCH_CHECK_VALUE(uniforms->dim() == 1 && uniforms->size(0) == p.size(0),
                     "uniforms must have shape [M] = [", p.size(0), "], got ", uniforms->sizes());

@@ -26,6 +26,13 @@ from specdec._types import GridVerdict, SampleResult
 MASS_FRACTION_BITS = 30
 MASS_UNIT = 2.0 ** -MASS_FRACTION_BITS
 
+#: Bits of a row's code in the value checks of sample_residual (`sample_residual_row_errors`), the
+#: same on every backend: the kernels set them in the pass they make over the row anyway.
+BAD_P = 1       #: an entry of p is NaN or outside [0, 1]
+P_NO_MASS = 2   #: every entry of p is below MASS_UNIT
+BAD_Q = 4       #: an entry of q is NaN or outside [0, 1]
+BAD_UNIFORM = 8  #: the row's uniform is NaN or outside [0, 1)
+
 RULES = ("threshold", "ratio")
 MODES = ("raster", "independent", "local")
 
@@ -153,6 +160,24 @@ def inverse_cdf(units: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # of entries at or below it.
     index = (cum <= threshold[:, None]).sum(1)
     return index.clamp(max=units.shape[1] - 1).to(torch.int32)
+
+
+def _flag(bad_rows: torch.Tensor, bit: int) -> torch.Tensor:
+    return bad_rows.to(torch.int32) * bit
+
+
+def sample_residual_row_errors(p: torch.Tensor, q: Optional[torch.Tensor],
+                               uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """The value checks of sample_residual, one int32 code per row (0: the row is fine; else the
+    bits BAD_P, P_NO_MASS, BAD_Q, BAD_UNIFORM). `not (x >= 0)` rather than `x < 0` so that NaN
+    counts as bad."""
+    in_unit = (p >= 0) & (p <= 1)
+    code = _flag(~in_unit.all(1), BAD_P) | _flag(~(p >= MASS_UNIT).any(1), P_NO_MASS)
+    if q is not None:
+        code |= _flag(~((q >= 0) & (q <= 1)).all(1), BAD_Q)
+    if uniforms is not None:
+        code |= _flag(~((uniforms >= 0) & (uniforms < 1)), BAD_UNIFORM)
+    return code
 
 
 def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor) -> SampleResult:
