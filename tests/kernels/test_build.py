@@ -6,9 +6,9 @@
 - when the extension was built with CUDA, its fatbinary holds sm_90a machine code (cuobjdump);
 - the attention kernels' machine code: 16-bit programs issue tensor-core instructions (HMMA or
   HGMMA in the SASS), float32 programs none (IEEE dots), and nothing spills to local memory
-  (benchmarks/machine/MC.py reads cuobjdump -res-usage / -sass, and writes the same as a table).
+  (benchmarks/machine/machine_code.py, imported as MC, reads cuobjdump -res-usage / -sass, and
+  writes the same as a table).
 """
-import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -20,7 +20,7 @@ import specdec
 import specdec.triton_kernels
 
 TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
-from helpers import ROOT, machine_code as _machine_code  # noqa: E402
+from helpers import machine_code as _machine_code  # noqa: E402
 
 MC = _machine_code()
 _LOWERED = {}
