@@ -35,9 +35,7 @@ GFLOP/s (dense-equivalent) and the share of the float32 (CPU) / bf16 (GPU) matri
     python benchmarks/run.py --peers     # results/peers-<machine>-<date>.json, then RESULTS.md
 """
 import gc
-import json
 import os
-import sys
 import warnings
 
 import pytest
@@ -402,7 +400,8 @@ def test_pool_peers(benchmark, case, peer, limits):
     else:
         nbytes = read + n * v * 4  # + the probability rows written
     info = dict(case=_case_id(case), op=op, n=n, v=v, top_k=top_k, top_p=top_p, cfg=cfg, dtype="float32",
-                bytes=nbytes, k=K_NEIGHBORS if op == "pool_probs" else None, delta=DELTA if op == "pool_probs" else None)
+                bytes=nbytes, k=K_NEIGHBORS if op == "pool_probs" else None,
+                delta=DELTA if op == "pool_probs" else None)
     _time_peer(benchmark, peers, peer, _rounds(n), info, limits)
 
 

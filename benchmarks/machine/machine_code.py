@@ -328,7 +328,8 @@ def attention_report() -> str:
         names = demangle([r["function"] for r in usage])
         smem = {(c[0], c[1], c[2]): (c[3], c[4]) for c in dispatch.extension().split_attention_configs()}
         lines += ["## CUDA (specdec._C)", "",
-                  "| arch | kernel | dtype | D padded | block | REG | STACK | LOCAL | SHARED | dyn smem | keys/step | TC ops |",
+                  "| arch | kernel | dtype | D padded | block | REG | STACK | LOCAL | SHARED | dyn smem | keys/step | "
+                  "TC ops |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r, name in sorted(zip(usage, names), key=lambda x: (x[0]["arch"], x[1])):
             kind = cuda_attention_kernel(name)
@@ -354,8 +355,9 @@ def attention_report() -> str:
             tc = next(iter(sass_opcodes(r["cubin"]).values())) if sass_available() else {}
             dtype = r["signature"].get("q_ptr", r["signature"].get("out_ptr", "")).lstrip("*")
             config = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+            ops = " / ".join(str(tc.get(op, 0)) for op in TENSOR_CORE_OPS) if tc else "n/a"
             lines.append(f"| {r['kernel']} | {dtype} | {config} | {u['REG']} | {u['STACK']} | {u['LOCAL']} | "
-                         f"{r['shared']} | {' / '.join(str(tc.get(op, 0)) for op in TENSOR_CORE_OPS) if tc else 'n/a'} |")
+                         f"{r['shared']} | {ops} |")
     return "\n".join(lines) + "\n"
 
 

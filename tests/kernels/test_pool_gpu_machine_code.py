@@ -10,7 +10,6 @@
 Kernel names for benchmarks' machine-code reader: TRITON_ONCHIP and CUDA_RADIX below.
 Skipped where cuobjdump / nvdisasm, the Triton NVIDIA backend or the CUDA kernels are missing.
 """
-import importlib.util
 import re
 
 import pytest
