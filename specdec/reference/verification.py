@@ -3,8 +3,9 @@
 `verify_grid` decides which drafted grid positions are kept, which are resampled, and splits
 the resampled set into 8-connected islands; `sample_residual` draws the replacement tokens.
 Everything is vectorised over the batch; the only loops are the rounds of the connected
-component labelling (min-label hooking + pointer jumping), whose count is logarithmic in
-practice and never one round per pixel of a path.
+component labelling of 2-D grids (min-label hooking + pointer jumping), whose count is
+logarithmic in practice and never one round per pixel of a path; each round reads a convergence
+flag back. One-row grids (the decoders' drafts) are labelled in closed form, without a read.
 
 Sampling arithmetic (shared bit for bit with csrc/include/specdec/verify_math.h and
 triton_kernels/verification.py): a float32 cumulative sum depends on the summation order, so
@@ -63,6 +64,19 @@ def _dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
     x = mask.to(torch.float32)[:, None]  # [B, 1, H, W]
     x = torch.nn.functional.max_pool2d(x, kernel_size=k, stride=1, padding=radius)
     return x[:, 0] > 0
+
+
+def label_runs(resample: torch.Tensor) -> torch.Tensor:
+    """label_islands of one-row grids [B, 1, W] in closed form: the islands are the runs of set
+    positions, each labelled by its first index (a running maximum of the run starts). No loop and
+    no read-back, so the decoders' drafts (one row of tokens per image) cost no host round trip."""
+    b, _, w = resample.shape
+    s = resample.reshape(b, w)
+    before = torch.nn.functional.pad(s, (1, 0), value=False)[:, :w]
+    index = torch.arange(w, device=s.device, dtype=torch.int64).expand(b, w)
+    starts = torch.where(s & ~before, index, torch.full_like(index, -1))
+    label = torch.cummax(starts, dim=1).values
+    return torch.where(s, label, torch.full_like(label, -1)).to(torch.int32).view(b, 1, w)
 
 
 def label_islands(resample: torch.Tensor, return_rounds: bool = False):
@@ -136,7 +150,7 @@ def verify_grid(
         resample = rejected
     else:
         resample = valid & at_or_after & _dilate(rejected, radius)
-    islands = label_islands(resample)
+    islands = label_runs(resample) if h == 1 else label_islands(resample)
     num_islands = (islands == raster.to(torch.int32)).reshape(b, -1).sum(1).to(torch.int32)
     return GridVerdict(valid & ~resample, resample, first_reject.to(torch.int32), islands, num_islands)
 
