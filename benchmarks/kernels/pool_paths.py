@@ -1,4 +1,4 @@
-"""Old and new pooling paths side by side on one GPU (issue #28; run by benchmarks/gpu_check.sh):
+"""Old and new pooling paths side by side on one GPU (run by benchmarks/gpu_check.sh):
 
     python benchmarks/kernels/pool_paths.py OUT.json [--quick]
 

@@ -2,7 +2,7 @@
 
 GPU (measure): device-to-device copy bandwidth (bytes read + written per second) and the bf16
 matrix rate, timed with CUDA events after warm-up, median of repeats.
-CPU (measure_cpu, issue #28): the same two for the CPU with torch's current thread count, so a
+CPU (measure_cpu): the same two for the CPU with torch's current thread count, so a
 CPU kernel's GB/s has a ceiling measured with the threads it ran on: a Tensor.copy_ between two
 buffers far larger than the last-level cache (bytes read + written per second), a sum over one
 (read bandwidth, for reference) and the float32 matrix product rate. Wall clock, median of

@@ -320,7 +320,7 @@ def attention_report() -> str:
              "Checked by tests/kernels/test_build.py: the new kernels have no stack frame and no local memory on any "
              "architecture; every 16-bit program issues HMMA or HGMMA, no float32 program does (the contract's IEEE "
              "dots). The 8-byte frames of the default kernels (CUDA float32 on sm_80, two Triton tree-mask configs) "
-             "predate issue #19 and are tolerated as a few words.", ""]
+             "are older than the split kernels and are tolerated as a few words.", ""]
     if dispatch.has_cuda_kernels():
         so = dispatch.extension().__file__
         usage = res_usage(so)

@@ -1,4 +1,4 @@
-"""The CPU kernels' few-pass selection (issue #28): top-k by radix select on the ordered keys, the
+"""The CPU kernels' few-pass selection: top-k by radix select on the ordered keys, the
 top-p nucleus by the same radix walk over int64 sums of the fixed-point weights, and the
 vectorised sample_residual, against the reference on inputs built to stress them.
 

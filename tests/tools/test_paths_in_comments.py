@@ -53,9 +53,8 @@ PROSE = {".py": python_prose, ".cpp": c_prose, ".h": c_prose, ".cu": c_prose, ".
          ".sh": shell_prose}
 
 
-def named_paths():
-    """{(file, path named in it)} over the scanned folders."""
-    found = set()
+def prose_of_files():
+    """(file, comment or docstring) over the scanned folders."""
     for top in SCANNED:
         for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
             dirs[:] = [d for d in dirs if d not in ("__pycache__", "results")]
@@ -66,8 +65,12 @@ def named_paths():
                 full = os.path.join(folder, f)
                 with open(full, encoding="utf-8") as fh:
                     for text in prose(fh.read()):
-                        found.update((os.path.relpath(full, ROOT), p) for p in paths_in(text))
-    return found
+                        yield os.path.relpath(full, ROOT), text
+
+
+def named_paths():
+    """{(file, path named in it)} over the scanned folders."""
+    return {(where, p) for where, text in prose_of_files() for p in paths_in(text)}
 
 
 def exists(path: str, named_in: str) -> bool:
@@ -93,3 +96,10 @@ def test_every_path_named_in_a_comment_or_docstring_exists():
     missing = sorted(f"{where}: {path}" for where, path in named if not exists(path, where))
     assert missing == []
 
+
+def test_no_comment_or_docstring_names_an_issue_number():
+    """An issue number sends the reader to a tracker the repository does not carry: comments say
+    what and why in their own words."""
+    issue = re.compile(r"\b[Ii]ssues? #?\d+")
+    found = sorted(f"{where}: {m.group(0)}" for where, text in prose_of_files() for m in issue.finditer(text))
+    assert found == []
