@@ -24,8 +24,10 @@ TORCH_LIBRARY(specdec, m) {
       "int top_k, float top_p=1.0) -> Tensor");
   m.def(
       "verify_grid(Tensor p, Tensor? q, Tensor? uniforms, Tensor? valid, str rule, float tau, "
-      "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "
-      "Tensor islands, Tensor num_islands)");
+      "str resample_mode, int radius, Tensor(a!)? grid_errors=None) -> (Tensor accept, "
+      "Tensor resample, Tensor first_reject, Tensor islands, Tensor num_islands)");
+  // (verify_grid's mode is `resample_mode` in the schema: torch.compile's functionalization of the
+  // mutable grid_errors passes every argument by name beside a `mode` of its own.)
   m.def(
       "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, "
       "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");

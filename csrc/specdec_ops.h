@@ -37,14 +37,17 @@ using SampleOut = std::tuple<at::Tensor, at::Tensor>;
 VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms,
                                const std::optional<at::Tensor>& valid, std::string_view rule,
-                               double tau, std::string_view mode, int64_t radius);
+                               double tau, std::string_view mode, int64_t radius,
+                               const std::optional<at::Tensor>& grid_errors);
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
                        const std::optional<at::Tensor>& uniforms, int64_t offset,
                        const std::optional<at::Tensor>& row_errors);
+// grid_errors [B] int32, when given: each grid's value-check code (verify_math.h, kNanP and others).
 VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
                           const std::optional<at::Tensor>& uniforms,
                           const std::optional<at::Tensor>& valid, std::string_view rule,
-                          double tau, std::string_view mode, int64_t radius);
+                          double tau, std::string_view mode, int64_t radius,
+                          const std::optional<at::Tensor>& grid_errors);
 // uniforms None: row r draws its uniform from Philox (seed, r, offset), see verify_math.h.
 // row_errors [M] int32, when given: each row's value-check code (verify_math.h, kBadP and others).
 SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
@@ -75,7 +78,8 @@ at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at:
 VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& uniforms,
                            const std::optional<at::Tensor>& valid, std::string_view rule,
-                           double tau, std::string_view mode, int64_t radius);
+                           double tau, std::string_view mode, int64_t radius,
+                           const std::optional<at::Tensor>& grid_errors);
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms, int64_t seed,
                                int64_t offset, const std::optional<at::Tensor>& row_errors);

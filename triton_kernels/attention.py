@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import interpreting
+from ._interpreter import interpreting
 
 
 _POS_FAR = tl.constexpr(2**62)  # a position later than every real one (int64)

@@ -31,7 +31,7 @@ import triton.language as tl
 from ._pooling_onchip import _pool_probs_onchip_kernel, _sampling_probs_onchip_kernel
 from ._pooling_rows import (_INT32_MAX, _INT32_MIN, _guided_logits, _ordered_key, _pool_outputs, _top_p_value,
                             _top_p_weight)
-from .interpreter import interpreting
+from ._interpreter import interpreting
 
 
 @triton.jit

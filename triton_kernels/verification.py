@@ -24,15 +24,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpreter import interpreting
+from ._interpreter import interpreting
 
 _MASS_SCALE = 1073741824.0  # 2**30: fixed-point unit of residual masses
-_MASS_UNIT: tl.constexpr = 1.0 / 1073741824.0
+_MASS_UNIT = tl.constexpr(1.0 / 1073741824.0)
 # The bits of sample_residual's row codes (specdec/reference/verification.py, sample_residual_row_errors).
-_BAD_P: tl.constexpr = 1
-_P_NO_MASS: tl.constexpr = 2
-_BAD_Q: tl.constexpr = 4
-_BAD_UNIFORM: tl.constexpr = 8
+_BAD_P = tl.constexpr(1)
+_P_NO_MASS = tl.constexpr(2)
+_BAD_Q = tl.constexpr(4)
+_BAD_UNIFORM = tl.constexpr(8)
+# The bits of verify_grid's grid codes (specdec/reference/verification.py, verify_grid_errors).
+_NAN_P = tl.constexpr(1)
+_NAN_Q = tl.constexpr(2)
+_BAD_GRID_UNIFORM = tl.constexpr(4)
 
 
 
@@ -47,8 +51,9 @@ def _mass_units(x):
 @triton.jit
 def _verify_grid_kernel(
     p_ptr, q_ptr, u_ptr, valid_ptr, accept_ptr, resample_ptr, labels_ptr, first_ptr, count_ptr,
-    rejected_ptr, window_ptr, H, W, tau, radius,
-    RULE_RATIO: tl.constexpr, HAS_VALID: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr,
+    rejected_ptr, window_ptr, errors_ptr, H, W, tau, radius,
+    RULE_RATIO: tl.constexpr, HAS_VALID: tl.constexpr, MODE: tl.constexpr, CHECK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # MODE: 0 raster, 1 independent, 2 local (the order of MODES in specdec/reference/verification.py).
     g = tl.program_id(0).to(tl.int64)
@@ -56,16 +61,24 @@ def _verify_grid_kernel(
     base = g * n
     lanes = tl.arange(0, BLOCK)
 
-    # 1. rejection flags and the first rejected raster index.
+    # 1. rejection flags and the first rejected raster index (and the value checks, CHECK).
     first = n
+    nan_p = tl.zeros([], tl.int32)
+    nan_q = tl.zeros([], tl.int32)
+    bad_u = tl.zeros([], tl.int32)
     for start in range(0, n, BLOCK):
         u = start + lanes
         m = u < n
         p = tl.load(p_ptr + base + u, mask=m, other=1.0)
+        if CHECK:
+            nan_p = tl.maximum(nan_p, tl.max((p != p).to(tl.int32), axis=0))
         if RULE_RATIO:
             q = tl.load(q_ptr + base + u, mask=m, other=0.0)
             r = tl.load(u_ptr + base + u, mask=m, other=0.0)
             rej = ~(r * q < p)  # u < min(1, p/q) without a division
+            if CHECK:
+                nan_q = tl.maximum(nan_q, tl.max((q != q).to(tl.int32), axis=0))
+                bad_u = tl.maximum(bad_u, tl.max((~((r >= 0.0) & (r < 1.0))).to(tl.int32), axis=0))
         else:
             rej = ~(p >= tau)
         ok = m
@@ -74,6 +87,8 @@ def _verify_grid_kernel(
         rej = rej & ok
         tl.store(rejected_ptr + base + u, rej.to(tl.int8), mask=m)
         first = tl.minimum(first, tl.min(tl.where(rej, u, n), axis=0))
+    if CHECK:
+        tl.store(errors_ptr + g, nan_p * _NAN_P + nan_q * _NAN_Q + bad_u * _BAD_GRID_UNIFORM)
     tl.debug_barrier()
 
     # 2. mode="local": Chebyshev window, a row pass then a column pass.
@@ -284,7 +299,8 @@ def _sample_residual_onchip_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr
 _MODE_CODES = {"raster": 0, "independent": 1, "local": 2}
 
 
-def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors=None):
+    """grid_errors [B] int32: each grid's value-check code is written there."""
     b, h, w = p.shape
     dev = p.device
     accept = torch.empty(b, h, w, dtype=torch.bool, device=dev)
@@ -301,8 +317,9 @@ def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
     _verify_grid_kernel[(b,)](
         p, q if ratio else p, uniforms if ratio else p, valid if valid is not None else accept,
         accept, resample, islands, first, count, scratch[0], scratch[1],
-        h, w, float(tau), min(int(radius), max(h, w)),
-        RULE_RATIO=ratio, HAS_VALID=valid is not None, MODE=_MODE_CODES[mode], BLOCK=block,
+        grid_errors if grid_errors is not None else first, h, w, float(tau), min(int(radius), max(h, w)),
+        RULE_RATIO=ratio, HAS_VALID=valid is not None, MODE=_MODE_CODES[mode], CHECK=grid_errors is not None,
+        BLOCK=block,
         num_warps=4,
     )
     return accept, resample, first, islands, count
@@ -360,10 +377,10 @@ def _lowering_specs():
                 _verify_grid_kernel,
                 {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "valid_ptr": "*i1",
                  "accept_ptr": "*i1", "resample_ptr": "*i1", "labels_ptr": "*i32", "first_ptr": "*i32",
-                 "count_ptr": "*i32", "rejected_ptr": "*i8", "window_ptr": "*i8", "H": "i32", "W": "i32",
-                 "tau": "fp32", "radius": "i32", "RULE_RATIO": "constexpr", "HAS_VALID": "constexpr",
-                 "MODE": "constexpr", "BLOCK": "constexpr"},
-                {"RULE_RATIO": ratio, "HAS_VALID": True, "MODE": mode, "BLOCK": 1024},
+                 "count_ptr": "*i32", "rejected_ptr": "*i8", "window_ptr": "*i8", "errors_ptr": "*i32",
+                 "H": "i32", "W": "i32", "tau": "fp32", "radius": "i32", "RULE_RATIO": "constexpr",
+                 "HAS_VALID": "constexpr", "MODE": "constexpr", "CHECK": "constexpr", "BLOCK": "constexpr"},
+                {"RULE_RATIO": ratio, "HAS_VALID": True, "MODE": mode, "CHECK": True, "BLOCK": 1024},
                 _LAUNCH_OPTIONS,
             ))
     for has_q in (False, True):

@@ -25,12 +25,25 @@ void check_like(const std::optional<at::Tensor>& t, const at::Tensor& p, const c
   TORCH_CHECK_VALUE(t->is_contiguous(), name, " must be contiguous");
 }
 
+// The optional [rows] int32 output of the value-check codes.
+void check_codes(const std::optional<at::Tensor>& codes, const char* name, int64_t rows,
+                 const at::Tensor& p) {
+  if (!codes.has_value()) return;
+  TORCH_CHECK_VALUE(codes->dim() == 1 && codes->size(0) == rows, name, " must have shape [", rows,
+                    "], got ", codes->sizes());
+  TORCH_CHECK_VALUE(codes->scalar_type() == at::kInt, name, " must be int32, got ", codes->scalar_type());
+  TORCH_CHECK_VALUE(codes->device() == p.device(), name, " must be on ", p.device(), ", got ",
+                    codes->device());
+  TORCH_CHECK_VALUE(codes->is_contiguous(), name, " must be contiguous");
+}
+
 }  // namespace
 
 VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms,
                                const std::optional<at::Tensor>& valid, std::string_view rule,
-                               double tau, std::string_view mode, int64_t radius) {
+                               double tau, std::string_view mode, int64_t radius,
+                               const std::optional<at::Tensor>& grid_errors) {
   TORCH_CHECK_VALUE(p.dim() == 3, "p must be 3-D [B, H, W], got ", p.dim(), "-D");
   TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat, "p must be float32, got ", p.scalar_type());
   TORCH_CHECK_VALUE(p.size(1) >= 1 && p.size(2) >= 1, "p: grids must be at least 1x1, got ",
@@ -62,6 +75,7 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
                       std::string(mode), "'");
   }
   TORCH_CHECK_VALUE(radius >= 0, "radius must be >= 0, got ", radius);
+  check_codes(grid_errors, "grid_errors", p.size(0), p);
   cfg.tau = static_cast<float>(tau);
   // A window wider than the grid covers it all; clamping keeps index arithmetic in range.
   cfg.radius = static_cast<int32_t>(std::min<int64_t>(radius, std::max(p.size(1), p.size(2))));
@@ -84,15 +98,7 @@ void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
     TORCH_CHECK_VALUE(q->is_contiguous(), "q must be contiguous");
   }
   TORCH_CHECK_VALUE(offset >= 0, "offset (of the Philox counter) must be >= 0, got ", offset);
-  if (row_errors.has_value()) {
-    TORCH_CHECK_VALUE(row_errors->dim() == 1 && row_errors->size(0) == p.size(0),
-                      "row_errors must have shape [M] = [", p.size(0), "], got ", row_errors->sizes());
-    TORCH_CHECK_VALUE(row_errors->scalar_type() == at::kInt, "row_errors must be int32, got ",
-                      row_errors->scalar_type());
-    TORCH_CHECK_VALUE(row_errors->device() == p.device(), "row_errors must be on ", p.device(), ", got ",
-                      row_errors->device());
-    TORCH_CHECK_VALUE(row_errors->is_contiguous(), "row_errors must be contiguous");
-  }
+  check_codes(row_errors, "row_errors", p.size(0), p);
   if (!uniforms.has_value()) return;  // drawn in the kernel from Philox (seed, row, offset)
   TORCH_CHECK_VALUE(uniforms->dim() == 1 && uniforms->size(0) == p.size(0),
                     "uniforms must have shape [M] = [", p.size(0), "], got ", uniforms->sizes());

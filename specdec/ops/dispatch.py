@@ -25,7 +25,7 @@ import torch
 
 from specdec import switches
 from specdec.settings import BACKENDS
-from specdec.triton_kernels.interpreter import interpreting
+from specdec.triton_kernels._interpreter import interpreting
 
 _C = None
 _load_error: Optional[str] = None

@@ -2,14 +2,14 @@
 `sample_residual`, their argument checks and randomness, their fake implementations, and the
 unchecked fast path the decoders call.
 
-Each public op is its checks followed by its fast path (`verify_grid_unchecked`,
-`sample_residual_unchecked`): one function per op that picks the backend once and launches that
-backend's kernel, checking nothing and reading nothing back. The checks of shapes, dtypes and
+The fast path (`verify_grid_unchecked`, `sample_residual_unchecked`) picks the backend once and
+launches that backend's kernel (`_verify_grid`, `_sample_residual`), checking nothing and reading
+nothing back. Each public op is its checks and the same launch. The checks of shapes, dtypes and
 scalars cost O(1). The checks over values (probabilities in [0, 1], uniforms in [0, 1), NaN
-scores) ride in the kernel's own pass over the rows: the kernel writes one code per row, the op
-reads one flag from those codes and, only when it is set, looks again to say what is wrong. The
-decoders' probabilities come from the kernels and their uniforms from the image streams, so they
-call the fast path directly.
+scores) ride in the kernel's own pass: the kernel writes one code per row (sample_residual) or
+per grid (verify_grid), the op reads one flag from those codes and, only when it is set, looks
+again to say what is wrong. The decoders' probabilities come from the kernels and their uniforms
+from the image streams, so they call the fast path directly.
 """
 from __future__ import annotations
 
@@ -106,7 +106,8 @@ def _read_values(stats: list):
 
 
 def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
-    """Returns normalised (p, q, tau, uniforms, radius, valid); q/uniforms None when unused."""
+    """Returns normalised (p, q, tau, uniforms, radius, valid), checked for everything but their
+    values (the kernels check those, see `explain_verify_values`); q/uniforms None when unused."""
     check_tensor(p, "p")
     if p.dim() != 3:
         fail(f"p must be 3-D [B, H, W], got shape {tuple(p.shape)}")
@@ -136,7 +137,6 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         if tau is None:
             fail("tau is required for rule='threshold' (accept iff p >= tau)")
         tau = check_finite_scalar(tau, "tau")
-        _check_no_nan(_read_values(_nan_stat(p)), p, "p")
         # The threshold rule uses neither the draft probabilities nor randomness.
         return p, None, tau, None, radius, valid
     if tau is not None:
@@ -148,17 +148,20 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         if generator is not None:
             _check_generator(generator, p.device)
         uniforms = torch.rand((b, h, w), generator=generator, device=p.device, dtype=torch.float32)
-        drawn = True
     else:
         uniforms = _uniforms_layout(uniforms, (b, h, w), p.device, generator)
-        drawn = False
-    # Every value check of the call from one transfer.
-    values = _read_values(_nan_stat(p) + _nan_stat(q) + ([] if drawn else _uniform_stats(uniforms)))
-    _check_no_nan(values, p, "p")
-    _check_no_nan(values, q, "q")
-    if not drawn:
-        _check_uniform_values(values, uniforms)
     return p, q, 0.0, uniforms, radius, valid
+
+
+def explain_verify_values(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]):
+    """Raise the ValueError that names what is wrong with the values of verify_grid's inputs (the
+    error path only: a kernel's grid codes said something is)."""
+    values = _read_values(_nan_stat(p) + ([] if q is None else _nan_stat(q)) + _uniform_stats(uniforms))
+    _check_no_nan(values, p, "p")
+    if q is not None:
+        _check_no_nan(values, q, "q")
+    _check_uniform_values(values, uniforms)
+    raise RuntimeError("verify_grid: a kernel flagged the input values but none is out of range; please report this")
 
 
 def _check_range(lo: float, hi: float, name: str):
@@ -264,8 +267,12 @@ def verify_grid(
     """
     p, q, tau, uniforms, radius, valid = verify_grid_args(
         p, q, rule, tau, uniforms, generator, mode, radius, valid)
-    return verify_grid_unchecked(p, q, rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius, valid=valid,
-                                 backend=backend)
+    chosen = dispatch.resolve_for("verify_grid", backend, p.device)
+    grid_errors = torch.empty(p.shape[0], dtype=torch.int32, device=p.device)
+    out = _verify_grid(chosen, p, q, rule, tau, uniforms, mode, radius, valid, grid_errors)
+    if p.shape[0] and bool(grid_errors.any()):  # the one read of the value checks
+        explain_verify_values(p, q, uniforms)
+    return out
 
 
 def sample_residual(
@@ -339,6 +346,22 @@ def sample_residual_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], unifor
     return _sample_residual(chosen, p.float().contiguous(), q, uniforms.contiguous(), 0)
 
 
+def _verify_grid(chosen: str, p, q, rule, tau, uniforms, mode, radius, valid, grid_errors=None) -> GridVerdict:
+    """verify_grid's kernel on backend `chosen`; with `grid_errors` [B] int32 the kernel also
+    writes each grid's value-check code there (specdec.reference.verification.NAN_P and others)."""
+    if chosen == "reference":
+        if grid_errors is not None:
+            grid_errors.copy_(_reference.verify_grid_errors(p, q, uniforms))
+        return _reference.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius,
+                                      valid=valid)
+    if chosen == "triton":
+        out = dispatch.triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors)
+    else:
+        out = dispatch.compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius,
+                                                  grid_errors=grid_errors)
+    return GridVerdict(*out)
+
+
 def verify_grid_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], rule: str, *, tau: Optional[float] = None,
                           uniforms: Optional[torch.Tensor] = None, mode: str = "local", radius: int = 1,
                           valid: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> GridVerdict:
@@ -351,19 +374,12 @@ def verify_grid_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], rule: str,
     else:
         q, uniforms, tau = None, None, float(tau)
     valid = None if valid is None else valid.contiguous()
-    if chosen == "reference":
-        return _reference.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius,
-                                      valid=valid)
-    if chosen == "triton":
-        out = dispatch.triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius)
-    else:
-        out = dispatch.compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius)
-    return GridVerdict(*out)
+    return _verify_grid(chosen, p, q, rule, tau, uniforms, mode, radius, valid)
 
 
 # ---- torch.library registration -------------------------------------------------------------
 
-def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+def _fake_verify_grid(p, q, uniforms, valid, rule, tau, resample_mode, radius, grid_errors=None):
     b = p.shape[0]
     return (p.new_empty(p.shape, dtype=torch.bool), p.new_empty(p.shape, dtype=torch.bool),
             p.new_empty((b,), dtype=torch.int32), p.new_empty(p.shape, dtype=torch.int32),
@@ -383,6 +399,6 @@ dispatch.register("verify_grid", _fake_verify_grid, lambda: dispatch.triton("ver
 dispatch.register("sample_residual", _fake_sample_residual, lambda: dispatch.triton("verification").sample_residual)
 dispatch.register("sample_residual_variant", _fake_sample_residual_variant)   # CUDA only (SPECDEC_CUDA_POOL)
 
-__all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "explain_sample_values", "philox_seed", "sample_residual",
-           "sample_residual_args",
-           "sample_residual_unchecked", "uniforms_arg", "verify_grid", "verify_grid_args", "verify_grid_unchecked"]
+__all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "explain_sample_values", "explain_verify_values", "philox_seed",
+           "sample_residual", "sample_residual_args", "sample_residual_unchecked", "uniforms_arg", "verify_grid",
+           "verify_grid_args", "verify_grid_unchecked"]

@@ -34,6 +34,11 @@ P_NO_MASS = 2   #: every entry of p is below MASS_UNIT
 BAD_Q = 4       #: an entry of q is NaN or outside [0, 1]
 BAD_UNIFORM = 8  #: the row's uniform is NaN or outside [0, 1)
 
+#: Bits of a grid's code in the value checks of verify_grid (`verify_grid_errors`).
+NAN_P = 1          #: a score p is NaN
+NAN_Q = 2          #: a draft probability q is NaN (rule="ratio")
+BAD_GRID_UNIFORM = 4  #: a uniform is NaN or outside [0, 1) (rule="ratio")
+
 RULES = ("threshold", "ratio")
 MODES = ("raster", "independent", "local")
 
@@ -191,6 +196,19 @@ def sample_residual_row_errors(p: torch.Tensor, q: Optional[torch.Tensor],
         code |= _flag(~((q >= 0) & (q <= 1)).all(1), BAD_Q)
     if uniforms is not None:
         code |= _flag(~((uniforms >= 0) & (uniforms < 1)), BAD_UNIFORM)
+    return code
+
+
+def verify_grid_errors(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """The value checks of verify_grid, one int32 code per grid (0: fine; else the bits NAN_P,
+    NAN_Q, BAD_GRID_UNIFORM); q and uniforms are given for rule="ratio" only."""
+    b = p.shape[0]
+    code = _flag(torch.isnan(p).reshape(b, -1).any(1), NAN_P)
+    if q is not None:
+        code |= _flag(torch.isnan(q).reshape(b, -1).any(1), NAN_Q)
+    if uniforms is not None:
+        outside = ~((uniforms >= 0) & (uniforms < 1))
+        code |= _flag(outside.reshape(b, -1).any(1), BAD_GRID_UNIFORM)
     return code
 
 

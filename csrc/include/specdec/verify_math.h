@@ -31,6 +31,12 @@ constexpr int32_t kPNoMass = 2;     // every entry of p is below 2^-30
 constexpr int32_t kBadQ = 4;        // an entry of q is NaN or outside [0, 1]
 constexpr int32_t kBadUniform = 8;  // the row's uniform is NaN or outside [0, 1)
 
+// The value checks of verify_grid, one code per grid (bits; verify_grid_errors in
+// specdec/reference/verification.py defines them), set in the kernels' first pass over the grid.
+constexpr int32_t kNanP = 1;            // a score p is NaN
+constexpr int32_t kNanQ = 2;            // a draft probability q is NaN (rule="ratio")
+constexpr int32_t kGridBadUniform = 4;  // a uniform is NaN or outside [0, 1) (rule="ratio")
+
 SPECDEC_HD bool outside_unit(float x) { return !(x >= 0.0f && x <= 1.0f); }
 SPECDEC_HD bool has_mass(float x) { return x >= 1.0f / kMassScale; }
 SPECDEC_HD bool bad_uniform(float u) { return !(u >= 0.0f && u < 1.0f); }
