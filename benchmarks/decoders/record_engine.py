@@ -97,6 +97,7 @@ def engine_rows(results: dict) -> list:
 def main(argv=None):
     from specdec import decoding
     from specdec.models import default
+    from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
@@ -123,10 +124,14 @@ def main(argv=None):
              if mode == "eager" or m in compiled]
     started = datetime.datetime.now(datetime.timezone.utc)
 
+    def settings(b, mode, **kw):
+        """The run settings of a cell (built once per cell and call)."""
+        return RunSettings(batch_size=b, compile=mode == "compiled", **kw)
+
     results = {}
     stop_on_sigterm()
     try:
-        measure(cells, results, fam, classes, passes, args, max(batch_sizes))
+        measure(cells, results, fam, classes, passes, options, args, max(batch_sizes))
         stopped = False
     except Stopped:
         stopped = True
@@ -139,14 +144,7 @@ def main(argv=None):
         sys.exit(128 + signal.SIGTERM)     # a stopped run is not a finished one
 
 
-def settings(b, mode, **kw):
-    """The run settings of a cell (built once per cell and call)."""
-    from specdec.settings import RunSettings
-
-    return RunSettings(batch_size=b, compile=mode == "compiled", **kw)
-
-
-def measure(cells, results, fam, classes, passes, args, per_round):
+def measure(cells, results, fam, classes, passes, options, args, per_round):
     """Warm up every cell, then time them, methods taking turns; fills `results` as it goes."""
     from specdec import decoding
     from specdec.profiling import count_host_syncs

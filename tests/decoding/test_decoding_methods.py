@@ -94,9 +94,7 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
     h, w = fam.drafter.grid
     H, W = fam.target.grid
     for resample in ("islands", "raster"):
-        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer,
-                          options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"),
-                          run=RunSettings(seed=3, sampling=SAMPLING))
+        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"), run=RunSettings(seed=3, sampling=SAMPLING))
         assert out.stats.extra["resampled"] == [H * W]
         assert not bool(out.stats.acceptance_maps[0].any())
         gen = image_generator(3, 0)
@@ -142,30 +140,20 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
     HW = fam.target.grid[0] * fam.target.grid[1]
     kept = {}
     for bounds in SSD_BOUNDS:
-        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads,
-                         options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]),
-                         run=RunSettings(seed=4, sampling=SAMPLING))
+        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]), run=RunSettings(seed=4, sampling=SAMPLING))
         kept[bounds] = out.stats.extra["kept_as_judged"]
         assert all(0 <= k <= HW for k in kept[bounds])
         assert all(0 <= o <= k for o, k in zip(out.stats.extra["open_at_end"], kept[bounds]))
     assert kept[(None, None)] == [0] * 6
     assert sum(kept[(0, 0)]) > 0
     # Bounds no tail reaches change nothing: the exact variant's tokens, passes and judgments.
-    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
-                       options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=None, final_passes=None),
-                       run=RunSettings(seed=4, sampling=SAMPLING))
-    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
-                       options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW),
-                       run=RunSettings(seed=4, sampling=SAMPLING))
+    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
+    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(exact.tokens, loose.tokens)
     assert exact.stats.target_forwards == loose.stats.target_forwards
     assert exact.stats.extra["accepted"] == loose.stats.extra["accepted"]
-    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
-                   options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None),
-                   run=RunSettings(seed=4, sampling=SAMPLING))
-    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
-                   options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"),
-                   run=RunSettings(seed=4, sampling=SAMPLING))
+    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
+    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"), run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
 
 
@@ -173,23 +161,15 @@ def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
     """With H = 4 the groups are rows {1, 2} and {3}: the first verification of each group scores
     two rows, then one (per image)."""
     W = fam.target.grid[1]
-    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads,
-                     options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None,
-                                            final_passes=None),
-                     run=RunSettings(seed=3, sampling=SAMPLING))
+    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
     row0 = out.stats.extra["row0_passes"][0]                         # row 0's raster rounds come first
     assert out.stats.extra["drafted"][row0:] == [2 * W, W]
-    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads,
-                     options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None,
-                                            final_passes=None),
-                     run=RunSettings(seed=3, sampling=SAMPLING))
+    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
     assert one.stats.extra["drafted"][one.stats.extra["row0_passes"][0]:] == [W, W, W]
 
 
 def test_ssd_batched_rows_follow_the_same_schedule(fam):
-    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads,
-                     options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None),
-                     run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3))
+    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3))
     c0, = out.stats.extra["row0_passes"]
     assert out.stats.target_forwards == 3 * (1 + c0 + (fam.target.grid[0] - 1) * 3)
 
@@ -261,35 +241,29 @@ def test_learned_upsampler_is_row_causal():
 
 def test_sd_from_a_family_drafts_with_its_same_grid_drafter(fam):
     a = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING)
-    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, options=sd.SDOptions(chunk=4),
-                  run=RunSettings(seed=3, sampling=SAMPLING))
+    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens) and a.stats.draft_forwards == b.stats.draft_forwards > 0
     c = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING, heads=fam.ssd_heads)
-    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=sd.SDOptions(chunk=4),
-                  run=RunSettings(seed=3, sampling=SAMPLING))
+    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
     assert torch.equal(c.tokens, d.tokens)
 
 
 def test_zipar_with_a_full_row_window_is_plain_ar(fam):
     W = fam.target.grid[1]
-    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W),
-                     run=RunSettings(seed=4, sampling=SAMPLING))
+    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W), run=RunSettings(seed=4, sampling=SAMPLING))
     b = ar.decode(fam.target, CLASSES, run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1),
-                          run=RunSettings(seed=4, sampling=SAMPLING))
+    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1), run=RunSettings(seed=4, sampling=SAMPLING))
     H = fam.target.grid[0]
     assert narrow.stats.target_forwards_per_image == (H - 1) * 1 + W
 
 
 def test_lantern_with_zero_budget_is_sd(fam):
     """delta = 0 moves no mass: the acceptance ratio, hence every token, equals raster SD's."""
-    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads,
-                       options=lantern.LanternOptions(delta=0.0), run=RunSettings(seed=8, sampling=SAMPLING))
+    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=0.0), run=RunSettings(seed=8, sampling=SAMPLING))
     b = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, run=RunSettings(seed=8, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads,
-                          options=lantern.LanternOptions(delta=1.0), run=RunSettings(seed=8, sampling=SAMPLING))
+    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=1.0), run=RunSettings(seed=8, sampling=SAMPLING))
     assert more.stats.target_forwards <= b.stats.target_forwards * 1.5
 
 
@@ -323,14 +297,11 @@ def test_grid_mismatch_between_drafter_and_target(fam):
         sd.decode(fam.target, CLASSES, drafter=fam.drafter)
     odd = tiny_gpt(3, 16, seed=1)
     with pytest.raises(ValueError, match=r"drafter grid \(3, 3\) does not divide the target grid .* learned"):
-        mulo.decode(fam.target, CLASSES, drafter=odd, upsampler=fam.upsampler,
-                    options=mulo.MuloOptions(upsample="learned"))
+        mulo.decode(fam.target, CLASSES, drafter=odd, upsampler=fam.upsampler, options=mulo.MuloOptions(upsample="learned"))
     with pytest.raises(ValueError, match="larger than the target grid"):
-        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt((2, 5), 16, seed=1),
-                    options=mulo.MuloOptions(upsample="nearest"))
+        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt((2, 5), 16, seed=1), options=mulo.MuloOptions(upsample="nearest"))
     with pytest.raises(ValueError, match="vocabulary"):
-        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer,
-                    options=mulo.MuloOptions(upsample="pixel"))
+        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
 
 
 @pytest.mark.parametrize("kwargs, match", [

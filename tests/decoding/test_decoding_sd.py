@@ -68,8 +68,7 @@ def sd_counts(request):
         kw = dict(drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6))
     else:
         kw = dict(heads=tiny_heads(16, seed=5))
-    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3),
-                    run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES), **kw)
+    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES), **kw)
     return target, out
 
 
@@ -113,8 +112,7 @@ def ar_4x4():
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
     from specdec.decoding import ar
 
-    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS),
-                    run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
+    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
     return target, out.tokens.view(GRID_4X4_SAMPLES, 16)
 
 
@@ -134,8 +132,7 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     target, ar_tokens = ar_4x4
     kw = (dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6)) if drafter == "model"
           else dict(heads=tiny_heads(16, seed=5)))
-    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3),
-                    run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES), **kw)
+    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES), **kw)
     accepted, drafted = sum(out.stats.extra["accepted"]), sum(out.stats.extra["drafted"])
     assert 0.05 < accepted / drafted < 0.95                     # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
@@ -148,9 +145,7 @@ def test_two_sample_test_has_power(ar_4x4):
     target, ar_tokens = ar_4x4
     from specdec.decoding import ar
 
-    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS),
-                      run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0),
-                                      batch_size=GRID_4X4_SAMPLES)).tokens.view(GRID_4X4_SAMPLES, 16)
+    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0), batch_size=GRID_4X4_SAMPLES)).tokens.view(GRID_4X4_SAMPLES, 16)
     pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(other))]
     assert min(pvalues) < 1e-3 / len(pvalues)
 
@@ -166,9 +161,7 @@ def _ssd_4x4(commit):
     heads = tiny_heads(16, width=4, seed=5)
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
     if commit == "write":
-        return ssd.decode(target, classes, heads=heads,
-                          options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None),
-                          run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
+        return ssd.decode(target, classes, heads=heads, options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
     stats = DecodeStats("ssd")
     runner = ModelRunner(target, SAMPLING, batch=GRID_4X4_SAMPLES)
     options = ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None)
