@@ -45,8 +45,8 @@ TORCH_LIBRARY(specdec, m) {
       "sampling_probs_variant(Tensor logits, Tensor? uncond_logits, float cfg_scale, float temperature, "
       "int top_k, float top_p, int variant) -> Tensor");
   m.def(
-      "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant, "
-      "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");
+      "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant) "
+      "-> (Tensor tokens, Tensor fallback)");
   // CUDA only, opt-in (specdec/ops/attention.py, SPECDEC_ATTN_PATH): split-KV decode / tensor-core prefill.
   m.def(
       "tree_attention_split(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
@@ -71,7 +71,12 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sample_residual", &specdec::sample_residual_cuda);
   m.impl("pool_probs_variant", &specdec::pool_probs_variant_cuda);
   m.impl("sampling_probs_variant", &specdec::sampling_probs_variant_cuda);
-  m.impl("sample_residual_variant", &specdec::sample_residual_variant_cuda);
+  // The variants never check values: a checked call runs the default kernel (sample_residual).
+  m.impl("sample_residual_variant",
+         [](const at::Tensor& p, const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& uniforms,
+            int64_t seed, int64_t offset, int64_t variant) {
+           return specdec::sample_residual_variant_cuda(p, q, uniforms, seed, offset, variant, std::nullopt);
+         });
 }
 #endif
 

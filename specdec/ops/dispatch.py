@@ -108,7 +108,7 @@ def pool_op(name: str, chosen: str):
     if variant == 0:
         return compiled_op(name)
     op = compiled_op(name + "_variant")
-    return lambda *args, **kwargs: op(*args, variant, **kwargs)
+    return lambda *args: op(*args, variant)
 
 
 def triton_pool_kernel() -> str:

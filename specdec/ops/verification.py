@@ -332,8 +332,10 @@ def _sample_residual(chosen: str, p, q, uniforms, seed: int, row_errors=None) ->
     if chosen == "triton":
         out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0, row_errors,
                                                               kernel=dispatch.triton_pool_kernel())
+    elif row_errors is not None:  # the value checks ride in the default kernel (no variant takes them)
+        out = dispatch.compiled_op("sample_residual")(p, q, uniforms, seed, 0, row_errors=row_errors)
     else:
-        out = dispatch.pool_op("sample_residual", chosen)(p, q, uniforms, seed, 0, row_errors=row_errors)
+        out = dispatch.pool_op("sample_residual", chosen)(p, q, uniforms, seed, 0)
     return SampleResult(*out)
 
 
@@ -391,7 +393,7 @@ def _fake_sample_residual(p, q, uniforms, seed, offset, row_errors=None):
     return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
 
 
-def _fake_sample_residual_variant(p, q, uniforms, seed, offset, variant, row_errors=None):
+def _fake_sample_residual_variant(p, q, uniforms, seed, offset, variant):
     return _fake_sample_residual(p, q, uniforms, seed, offset)
 
 
