@@ -15,7 +15,7 @@ TEST_ENV := TRITON_INTERPRET=$${TRITON_INTERPRET:-$$($(BIN)/python -c 'import to
 
 DOCS_STAMP := $(VENV)/.specdec-docs
 
-.PHONY: demo test bench results docs build clean
+.PHONY: demo test bench results docs build clean lint
 
 # The main job: every decoder on the embedded default family, one table (a few minutes on 2 CPU
 # cores); image grids and MuLo-SD's acceptance/island maps as PNGs in out/. The kernel demo that
@@ -26,6 +26,10 @@ demo: $(BUILD_STAMP)
 
 test: $(BUILD_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q tests
+
+# pyflakes and pycodestyle over the Python sources (rules in pyproject.toml, [tool.ruff]).
+lint: $(DEPS_STAMP)
+	$(BIN)/ruff check specdec triton_kernels tests benchmarks
 
 bench: $(BUILD_STAMP)
 	$(TEST_ENV) $(BIN)/python benchmarks/run.py

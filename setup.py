@@ -86,7 +86,7 @@ def build_extension():
 
     cpu_sources = sorted(glob.glob("csrc/cpu/*.cpp")) + ["csrc/bindings.cpp"]
     include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
-    cxx_flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
+    cxx_flags = ["-O3", "-ffp-contract=off", "-fopenmp", "-Wno-psabi"]  # psabi: GCC's notes on passing vector types
     define_macros = []
     if with_cuda:
         archs = os.environ["TORCH_CUDA_ARCH_LIST"]

@@ -5,12 +5,12 @@
 #   benchmarks/gpu_check.sh OUTDIR            # build, test on CUDA tensors, benchmark, summarise
 #   benchmarks/gpu_check.sh OUTDIR --dry-run  # check that every step and file exists; run nothing
 #   GPU_CHECK_STEPS="build tests" benchmarks/gpu_check.sh OUTDIR   # a subset of the steps
-#   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check of issue #28 (below)
+#   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check (below)
 #
 # Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
 # included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
 # (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (4b) the opt-in attention
-# paths of issue #19 (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
+# paths (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
 # same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
 # of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
 # (7b) the decode engine's tables (benchmarks/decoders/record_engine.py: every method eager at batch 1 and
@@ -18,7 +18,7 @@
 # timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
 # timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
-# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", issue #28, one lent call
+# The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", one lent call
 # of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
 # CUDA tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: this
 # is their first run; the default paths are in the whole suite of step 2); (p2)

@@ -2,7 +2,9 @@
 // registrations, and a tiny pybind11 module for build information.
 //
 // Every op lives in the `specdec` namespace of torch.library (torch.ops.specdec.*). Fake
-// (meta) implementations are registered from Python in specdec/_library.py.
+// (meta) implementations are registered from Python, each by its op module in specdec/ops/.
+// Scalars follow one order in every schema and in Python: cfg_scale, temperature, top_k, delta,
+// top_p; top_p comes last so that it can default to 1.0 for callers that pass the others by position.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -22,16 +24,18 @@ TORCH_LIBRARY(specdec, m) {
       "int top_k, float top_p=1.0) -> Tensor");
   m.def(
       "verify_grid(Tensor p, Tensor? q, Tensor? uniforms, Tensor? valid, str rule, float tau, "
-      "str mode, int radius) -> (Tensor accept, Tensor resample, Tensor first_reject, "
-      "Tensor islands, Tensor num_islands)");
+      "str resample_mode, int radius, Tensor(a!)? grid_errors=None) -> (Tensor accept, "
+      "Tensor resample, Tensor first_reject, Tensor islands, Tensor num_islands)");
+  // (verify_grid's mode is `resample_mode` in the schema: torch.compile's functionalization of the
+  // mutable grid_errors passes every argument by name beside a `mode` of its own.)
   m.def(
-      "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset) "
-      "-> (Tensor tokens, Tensor fallback)");
+      "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, "
+      "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
   // CUDA only: the pooling kernels chosen by `variant` (0 default, 1 "v2", 2 "radix"; 1 and 2 opt-in,
-  // never run on a GPU). Python picks it (specdec/ops.py, SPECDEC_CUDA_POOL); the ops above always
+  // never run on a GPU). Python picks it (specdec/ops/dispatch.py, SPECDEC_CUDA_POOL); the ops above always
   // run the default kernels.
   m.def(
       "pool_probs_variant(Tensor logits, Tensor tokens, Tensor? neighbors, Tensor? uncond_logits, "
@@ -43,7 +47,7 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "sample_residual_variant(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, int variant) "
       "-> (Tensor tokens, Tensor fallback)");
-  // CUDA only, opt-in (specdec/_attention_paths.py): split-KV decode / tensor-core prefill.
+  // CUDA only, opt-in (specdec/ops/attention.py, SPECDEC_ATTN_PATH): split-KV decode / tensor-core prefill.
   m.def(
       "tree_attention_split(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale, int warps_m, int splits) -> (Tensor out, Tensor lse)");
@@ -67,7 +71,12 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sample_residual", &specdec::sample_residual_cuda);
   m.impl("pool_probs_variant", &specdec::pool_probs_variant_cuda);
   m.impl("sampling_probs_variant", &specdec::sampling_probs_variant_cuda);
-  m.impl("sample_residual_variant", &specdec::sample_residual_variant_cuda);
+  // The variants never check values: a checked call runs the default kernel (sample_residual).
+  m.impl("sample_residual_variant",
+         [](const at::Tensor& p, const std::optional<at::Tensor>& q, const std::optional<at::Tensor>& uniforms,
+            int64_t seed, int64_t offset, int64_t variant) {
+           return specdec::sample_residual_variant_cuda(p, q, uniforms, seed, offset, variant, std::nullopt);
+         });
 }
 #endif
 

@@ -37,17 +37,22 @@ using SampleOut = std::tuple<at::Tensor, at::Tensor>;
 VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms,
                                const std::optional<at::Tensor>& valid, std::string_view rule,
-                               double tau, std::string_view mode, int64_t radius);
+                               double tau, std::string_view mode, int64_t radius,
+                               const std::optional<at::Tensor>& grid_errors);
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                       const std::optional<at::Tensor>& uniforms, int64_t offset);
+                       const std::optional<at::Tensor>& uniforms, int64_t offset,
+                       const std::optional<at::Tensor>& row_errors);
+// grid_errors [B] int32, when given: each grid's value-check code (verify_math.h, kNanP and others).
 VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
                           const std::optional<at::Tensor>& uniforms,
                           const std::optional<at::Tensor>& valid, std::string_view rule,
-                          double tau, std::string_view mode, int64_t radius);
+                          double tau, std::string_view mode, int64_t radius,
+                          const std::optional<at::Tensor>& grid_errors);
 // uniforms None: row r draws its uniform from Philox (seed, r, offset), see verify_math.h.
+// row_errors [M] int32, when given: each row's value-check code (verify_math.h, kBadP and others).
 SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
                               const std::optional<at::Tensor>& uniforms, int64_t seed,
-                              int64_t offset);
+                              int64_t offset, const std::optional<at::Tensor>& row_errors);
 
 using AttentionOut = std::tuple<at::Tensor, at::Tensor>;
 
@@ -73,13 +78,14 @@ at::Tensor sampling_probs_cuda(const at::Tensor& logits, const std::optional<at:
 VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& uniforms,
                            const std::optional<at::Tensor>& valid, std::string_view rule,
-                           double tau, std::string_view mode, int64_t radius);
+                           double tau, std::string_view mode, int64_t radius,
+                           const std::optional<at::Tensor>& grid_errors);
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms, int64_t seed,
-                               int64_t offset);
-// The opt-in pooling kernels (issues #19 and #28), chosen from Python: `variant` 0 runs the default
-// kernels above, 1 ("v2") stages each row in shared memory, 2 ("radix") stages it and selects top-k /
-// top-p by radix select (specdec/cuda_block.cuh, PoolVariant). 1 and 2 have never run on a GPU.
+                               int64_t offset, const std::optional<at::Tensor>& row_errors);
+// The opt-in pooling kernels, chosen from Python: `variant` 0 runs the default kernels above, 1 ("v2")
+// stages each row in shared memory, 2 ("radix") stages it and selects top-k / top-p by radix select
+// (csrc/include/specdec/cuda_block.cuh, PoolVariant). 1 and 2 have never run on a GPU.
 PoolOut pool_probs_variant_cuda(const at::Tensor& logits, const at::Tensor& tokens,
                                 const std::optional<at::Tensor>& neighbors,
                                 const std::optional<at::Tensor>& uncond_logits, double cfg_scale,
@@ -90,12 +96,12 @@ at::Tensor sampling_probs_variant_cuda(const at::Tensor& logits, const std::opti
                                        int64_t variant);
 SampleOut sample_residual_variant_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                        const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
-                                       int64_t variant);
+                                       int64_t variant, const std::optional<at::Tensor>& row_errors);
 AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& q_pos, const at::Tensor& kv_pos,
                                  const std::optional<at::Tensor>& kv_valid,
                                  const std::optional<at::Tensor>& tree_mask, std::optional<double> scale);
-// The opt-in kernel of issue #19 (csrc/cuda/tree_attention_split.cu): GQA heads packed into M,
+// The opt-in attention kernel (csrc/cuda/tree_attention_split.cu): GQA heads packed into M,
 // keys split `splits` ways; warps_m 1 is the decode block, 4 the prefill block.
 AttentionOut tree_attention_split_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& q_pos, const at::Tensor& kv_pos,

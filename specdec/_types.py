@@ -21,7 +21,8 @@ class GridVerdict(NamedTuple):
     accept: torch.Tensor  #: bool [B, H, W]: valid and kept
     resample: torch.Tensor  #: bool [B, H, W]: R_X, the positions to resample
     first_reject: torch.Tensor  #: int32 [B]: smallest rejected raster index (H * W if none)
-    islands: torch.Tensor  #: int32 [B, H, W]: 8-connected component of R_X, labelled by its smallest raster index; -1 outside
+    #: int32 [B, H, W]: 8-connected component of R_X, labelled by its smallest raster index; -1 outside
+    islands: torch.Tensor
     num_islands: torch.Tensor  #: int32 [B]: number of islands
 
 

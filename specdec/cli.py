@@ -3,12 +3,14 @@
     specdec generate --method mulo --class 7 --num 8 --seed 0 --out sneakers.png
     specdec compare --methods ar,sd,lantern,sjd,zipar,mulo,ssd --num-images 40 --seed 0 --json out/compare.json
     specdec compare --methods ar,mulo,mulo+zipar --set mulo+zipar.drafting=zipar   # a variant beside its method
-    specdec generate --model t2i_XL_stage1_256.pt --vq vq_ds16_t2i.pt --caption-embeddings caps.pt --method ar --out t2i.png
+    specdec generate --model t2i_XL_stage1_256.pt --vq vq_ds16_t2i.pt --caption-embeddings caps.pt \
+        --method ar --out t2i.png
     specdec generate --model ./janus-pro-saved --prompt "a red fox" --method ar --out fox.png
 
 Both run on the embedded default family (`specdec.models.default()`), on CPU unless --device says
 otherwise; `generate --model PATH` runs on a LlamaGen checkpoint (class-conditional or
-text-to-image, with --vq for its VQ) or a transformers `save_pretrained` folder (docs/models.md). `--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
+text-to-image, with --vq for its VQ) or a transformers `save_pretrained` folder (docs/models.md).
+`--set KEY=VALUE` (generate) or `--set METHOD.KEY=VALUE` (compare) overrides a method
 option (see `specdec.decoding.OPTIONS`: one options dataclass per method, its defaults the defaults).
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -53,9 +55,8 @@ def parse_sets(items: List[str], per_method: bool) -> Dict:
     return out
 
 
-#: The sampling flags and the Sampling field each sets (unset: the family's own value).
-_SAMPLING_FLAGS = {"cfg_scale": "cfg_scale", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                   "cfg_interval": "cfg_interval", "cfg_rule": "cfg_rule"}
+#: The Sampling fields that flags of the same name set (unset: the family's own value).
+_SAMPLING_FIELDS = ("cfg_scale", "temperature", "top_k", "top_p", "cfg_interval", "cfg_rule")
 
 
 def _sampling(args, family=None):
@@ -65,7 +66,7 @@ def _sampling(args, family=None):
     from specdec.decoding import DEFAULT_SAMPLING
 
     base = getattr(family, "sampling", None) or DEFAULT_SAMPLING
-    given = {field: getattr(args, flag) for flag, field in _SAMPLING_FLAGS.items() if getattr(args, flag) is not None}
+    given = {name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name) is not None}
     return dataclasses.replace(base, **given)
 
 
@@ -102,7 +103,7 @@ def _family(args):
 
 #: The flag of each parameter of specdec.models.loading that a LoadError may name.
 _LOAD_FLAGS = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size",
-               "heads": "--heads", "upsampler": "--upsampler"}
+               "drafter": "--drafter", "heads": "--heads", "upsampler": "--upsampler"}
 
 
 def _flagged(error, flag: str = None) -> ValueError:
@@ -137,7 +138,8 @@ def cmd_generate(args) -> int:
     images.save_grid(out.images, args.out, nrow=min(args.num, 8))
     s = out.stats
     name = fam.class_names[args.class_id] if fam.class_names else str(args.class_id)
-    print(f"{args.method}: {args.num} x {name!r} -> {args.out}  ({s.target_forwards_per_image:.1f} target passes/image, "
+    print(f"{args.method}: {args.num} x {name!r} -> {args.out}  ({s.target_forwards_per_image:.1f} target "
+          "passes/image, "
           f"{s.wall_s / s.images:.3f} s/image)")
     return 0
 
@@ -152,106 +154,36 @@ def _model_flags(args) -> Dict[str, object]:
             "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
 
 
-def load_model_family(args, path: str = None, flag: str = "--model", grid: int = None):
-    """The family of --model (or of `path`, a drafter's file, named `flag` in errors)."""
-    from specdec.models.loading import DTYPES, LoadError, load_family
+def _model_files(args):
+    """The typed model settings of the --model flags (specdec.user_inputs)."""
+    from specdec.user_inputs import ModelFiles
 
-    path = args.model if path is None else path
-    if grid is None and not os.path.isdir(path):
-        grid = args.grid_size            # LlamaGen checkpoints: --grid-size (a folder knows its own)
-    if getattr(args, "quiet", False) and os.path.isdir(path):
-        from transformers.utils import logging as hf_logging
+    return ModelFiles(args.model, device=check_device(args.device), vq=args.vq, gpt_size=args.gpt_size,
+                      vq_size=args.vq_size, grid_size=args.grid_size, dtype=args.dtype, height=args.height,
+                      width=args.width, trust_pickle=args.trust_pickle, quiet=getattr(args, "quiet", False))
 
-        hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
+
+def _load_model(args):
+    """--model's family and the extra models of --drafter, --heads and --upsampler."""
+    from specdec.models.loading import LoadError
+    from specdec.user_inputs import load_model_family, method_resources
+
+    files = _model_files(args)
     try:
-        size = {k: v for k, v in (("height", args.height), ("width", args.width)) if v is not None}
-        return load_family(path, vq=args.vq if flag == "--model" or not os.path.isdir(path) else None,
-                           gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid, device=check_device(args.device),
-                           dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle, hf_options=size or None)
+        fam = load_model_family(files)
     except LoadError as e:
-        raise _flagged(e, flag if e.argument == "path" else None) from None
-
-
-def model_conditions(args, target):
-    """(classes, prompts, negative_prompts, description) for `decode`: each condition --num times."""
-    from specdec.models.conditions import Prompts
-    from specdec.models.gpt import LlamaGenGPT
-
-    n = args.num
-    # LlamaGen t2i takes caption features; a target with `encode_prompts` (the transformers
-    # adapters) takes text.
-    llamagen_t2i = (isinstance(target, LlamaGenGPT) and target.text_conditional
-                    and not hasattr(target, "encode_prompts"))
-    class_conditional = getattr(target, "num_classes", None) is not None
-    if llamagen_t2i:
-        if args.prompt or args.negative_prompt:
-            raise ValueError("LlamaGen text-to-image takes T5 caption features, not text: pass --caption-embeddings "
-                             "FILE (specdec does not run T5; see docs/models.md)")
-        if args.class_id is not None:
-            raise ValueError("--class is for class-conditional models; this LlamaGen model is text-to-image")
-        if args.caption_embeddings is None:
-            raise ValueError("this LlamaGen model is text-to-image: pass --caption-embeddings FILE "
-                             "(.safetensors or .pt with caption_embs [N, T, 2048] and emb_masks [N, T])")
-        from specdec.models.captions import read_caption_embeddings
-
-        caps = read_caption_embeddings(args.caption_embeddings)
-        neg = None if caps.negative is None else [c for c in caps.negative for _ in range(n)]
-        return None, Prompts([c for c in caps.cond for _ in range(n)], neg), None, f"{len(caps)} caption(s)"
-    if args.caption_embeddings is not None:
-        raise ValueError("--caption-embeddings is for LlamaGen text-to-image checkpoints")
-    if class_conditional:
-        if args.prompt or args.negative_prompt:
-            raise ValueError("--prompt is for text-conditional models; this model is class-conditional: pass --class")
-        if args.class_id is None:
-            raise ValueError("this model is class-conditional: pass --class")
-        if not 0 <= args.class_id < target.num_classes:
-            raise ValueError(f"--class must lie in [0, {target.num_classes}), got {args.class_id}")
-        return torch.full((n,), args.class_id, dtype=torch.long), None, None, f"class {args.class_id}"
-    if args.class_id is not None:
-        raise ValueError("--class is for class-conditional models; this model is text-conditional: pass --prompt")
-    if not args.prompt:
-        raise ValueError("this model is text-conditional: pass --prompt TEXT (repeatable)")
-    negative = None
-    if args.negative_prompt:
-        if len(args.negative_prompt) not in (1, len(args.prompt)):
-            raise ValueError(f"--negative-prompt: give one for all prompts or one per --prompt "
-                             f"({len(args.prompt)}), got {len(args.negative_prompt)}")
-        per = args.negative_prompt * (len(args.prompt) if len(args.negative_prompt) == 1 else 1)
-        negative = [q for q in per for _ in range(n)]
-    return None, [p for p in args.prompt for _ in range(n)], negative, f"{len(args.prompt)} prompt(s)"
-
-
-def method_resources(args, fam) -> Dict[str, object]:
-    """The drafter, SSD heads and up-sampler of --drafter/--heads/--upsampler as method options
-    (only those the method takes; a file that does not fit the model is a one-line error)."""
-    from specdec import decoding
-    from specdec.models.loading import LoadError, load_ssd_heads, load_upsampler_file
-
-    accepted = set(decoding.method_options(args.method))
-    out: Dict[str, object] = {}
-    for flag, name in (("--drafter", "drafter"), ("--heads", "heads"), ("--upsampler", "upsampler")):
-        path = getattr(args, name)
-        if path is not None and not os.path.exists(path):
-            raise FileNotFoundError(f"{flag} {path}: no such file or directory")
-        if path is not None and name not in accepted:
-            what = {"drafter": "no drafter", "heads": "no SSD heads", "upsampler": "no up-sampler"}[name]
-            raise ValueError(f"{flag}: {args.method} takes {what}")
-    device = check_device(args.device)
+        raise _flagged(e, "--model" if e.argument == "path" else None) from None
     try:
-        if args.drafter is not None:
-            out["drafter"] = load_model_family(args, args.drafter, "--drafter", args.drafter_grid).target
-        if args.heads is not None:
-            out["heads"] = load_ssd_heads(args.heads, fam.target, device)
-        if args.upsampler is not None:
-            out["upsampler"] = load_upsampler_file(args.upsampler, device)
-            out["upsample"] = "learned"
+        resources = method_resources(args.method, fam, files, drafter=args.drafter, drafter_grid=args.drafter_grid,
+                                     heads=args.heads, upsampler=args.upsampler)
     except LoadError as e:
         raise _flagged(e) from None
-    return out
+    return fam, resources
 
 
 def cmd_generate_model(args) -> int:
     from specdec import decoding, images
+    from specdec.user_inputs import model_conditions
 
     if args.grid != 16:
         raise ValueError("--grid chooses an embedded family; a --model's grid is its own (LlamaGen: --grid-size)")
@@ -262,9 +194,12 @@ def cmd_generate_model(args) -> int:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     tokens_only = args.out.endswith(".pt")
     torch.set_num_threads(args.threads) if args.threads else None
-    fam = load_model_family(args)
-    options = {**method_resources(args, fam), **options}
-    classes, prompts, negative, what = model_conditions(args, fam.target)
+    fam, resources = _load_model(args)
+    options = {**resources, **options}
+    classes, prompts, negative, what = model_conditions(fam.target, args.num, class_id=args.class_id,
+                                                        prompts=args.prompt or (),
+                                                        negative_prompts=args.negative_prompt or (),
+                                                        caption_embeddings=args.caption_embeddings)
     if not tokens_only and getattr(fam, "tokenizer", None) is None:
         raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq); write the token "
                          "grids instead with --out FILE.pt")
@@ -378,10 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the embedded family: 16x16 tokens (32 px, the default) or 32x32 tokens (64 px, "
                              "drafted by the 16x16 target in MuLo-SD)")
         sp.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only add synchronisation)")
+                        help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only "
+                             "add synchronisation)")
         sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
         sp.add_argument("--temperature", type=float, default=None, help="(unset: the family's; 1)")
-        sp.add_argument("--top-k", type=int, default=None, help="keep the k most probable tokens (unset: the family's; 0 = all)")
+        sp.add_argument("--top-k", type=int, default=None,
+                        help="keep the k most probable tokens (unset: the family's; 0 = all)")
         sp.add_argument("--batch-size", type=int, default=1,
                         help="images decoded in the same passes (image i's tokens do not depend on it)")
         sp.add_argument("--compile", action="store_true",
@@ -406,16 +343,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model", default=None, metavar="PATH",
                    help="a LlamaGen GPT checkpoint (.pt/.safetensors) or a transformers save_pretrained folder")
     m.add_argument("--vq", default=None, metavar="PATH", help="the LlamaGen VQ checkpoint of --model")
-    m.add_argument("--gpt-size", default="GPT-XL", help="LlamaGen GPT size of --model (GPT-B, GPT-L, GPT-XL, ...; or a dict of GPTConfig fields)")
+    m.add_argument("--gpt-size", default="GPT-XL",
+                   help="LlamaGen GPT size of --model (GPT-B, GPT-L, GPT-XL, ...; or a dict of GPTConfig fields)")
     m.add_argument("--vq-size", default="VQ-16", help="LlamaGen VQ size of --vq (VQ-16, VQ-8)")
     m.add_argument("--grid-size", type=int, default=16,
                    help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
-    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32", help="weights and activations of --model")
+    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32",
+                   help="weights and activations of --model")
     m.add_argument("--height", type=int, default=None, help="GLM-Image: the image height in pixels (a multiple of 32)")
     m.add_argument("--width", type=int, default=None, help="GLM-Image: the image width in pixels (a multiple of 32)")
     m.add_argument("--trust-pickle", action="store_true",
                    help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
-    m.add_argument("--prompt", action="append", metavar="TEXT", help="text prompt (repeatable), text-conditional models")
+    m.add_argument("--prompt", action="append", metavar="TEXT",
+                   help="text prompt (repeatable), text-conditional models")
     m.add_argument("--negative-prompt", action="append", metavar="TEXT",
                    help="CFG's unconditional prompt: one for all prompts or one per --prompt")
     m.add_argument("--caption-embeddings", default=None, metavar="FILE",
@@ -455,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output directory (created; rerun the same command to resume)")
     cond = s.add_mutually_exclusive_group()
     cond.add_argument("--classes", nargs="+", metavar="CLASS",
-                      help="class ids or names, cycled: image i gets classes[i %% len] (default: class i %% num_classes)")
+                      help="class ids or names, cycled: image i gets classes[i %% len] (default: class i %% "
+                           "num_classes)")
     cond.add_argument("--prompts", metavar="FILE",
                       help='JSONL, one {"class": id, "n": samples} per line: GenEval-style folders per prompt')
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")

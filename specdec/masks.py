@@ -155,7 +155,8 @@ def visibility(
         vis = vis & kv_valid.unsqueeze(-2)
     if tree_mask is not None:
         if nk < nq:
-            raise ValueError(f"a tree_mask needs Nk >= Nq (the draft block is the last Nq key slots), got Nk={nk}, Nq={nq}")
+            raise ValueError(f"a tree_mask needs Nk >= Nq (the draft block is the last Nq key slots), got Nk={nk}, "
+                             f"Nq={nq}")
         block = unpack(tree_mask, nq)
         vis = torch.cat([vis[..., : nk - nq], vis[..., nk - nq:] & block], dim=-1)
     return vis

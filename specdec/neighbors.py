@@ -9,8 +9,8 @@ def knn_table(codebook: torch.Tensor, k: int, *, dtype: torch.dtype = torch.int3
     """neighbors[x] = the k codebook entries nearest to entry x by L2 distance, self excluded.
 
     Ordered by ascending distance; among the selected neighbours, equal distances are ordered
-    by ascending id, so the table is deterministic. Distances are computed in float64, `chunk_rows` rows at a time (memory
-    chunk_rows x V), so tables for V = 16384 codebooks fit on a laptop.
+    by ascending id, so the table is deterministic. Distances are computed in float64, `chunk_rows`
+    rows at a time (memory chunk_rows x V), so tables for V = 16384 codebooks fit on a laptop.
 
     Args:
         codebook: [V, D] codebook vectors (the VQ's embedding table, as the decoder sees it).

@@ -21,7 +21,8 @@ class ProgressLine:
     the line with the images done so far updates it (what `RunSettings.progress` takes)."""
 
     def __init__(self, total: int, done_before: int = 0, *, label: str = "sample", enabled: bool = True,
-                 stream: Optional[TextIO] = None, interval: float = 0.5, clock: Callable[[], float] = time.perf_counter):
+                 stream: Optional[TextIO] = None, interval: float = 0.5,
+                 clock: Callable[[], float] = time.perf_counter):
         self.total, self.before, self.enabled, self.label = total, done_before, enabled, label
         self.stream = stream or sys.stderr
         self.interval, self.clock = interval, clock

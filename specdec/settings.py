@@ -1,15 +1,27 @@
 """The settings of a decode, as frozen dataclasses: `Sampling` (how a distribution is formed from
-logits) and `RunSettings` (what decides a run's images and how it runs). A low module: models may
-import it (a model family ships its own sampling defaults), and it imports nothing of specdec.
+logits; `SamplingArgs` is its part the kernels take) and `RunSettings` (what decides a run's
+images and how it runs). A low module: models may import it (a model family ships its own
+sampling defaults), and it imports nothing of specdec.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 #: The kernel backends (`specdec.ops`), by name; None picks by device.
 BACKENDS = ("cuda", "triton", "cpu", "reference")
+
+
+class SamplingArgs(NamedTuple):
+    """The sampling settings of the pooling kernels (steps 1-3 of kernel 1), already checked, in the
+    order of the op schemas; `Sampling.args` builds them and the ops' fast path takes them as
+    they are."""
+
+    cfg_scale: float
+    temperature: float
+    top_k: int
+    top_p: float
 
 
 @dataclass(frozen=True)
@@ -31,7 +43,8 @@ class Sampling:
     def __post_init__(self):
         if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
             raise ValueError(f"cfg_scale must be a finite number, got {self.cfg_scale!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+        if not (isinstance(self.temperature, (int,
+                                              float)) and self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
         check_int(self.top_k, "top_k")
         if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
@@ -53,6 +66,11 @@ class Sampling:
     @property
     def has_cfg_interval(self) -> bool:
         return self.guided and self.cfg_interval > -1
+
+    @property
+    def args(self) -> SamplingArgs:
+        """The settings the kernels take (checked here once, so the decoders' fast path does not)."""
+        return SamplingArgs(float(self.cfg_scale), float(self.temperature), self.top_k, float(self.top_p))
 
 
 def _is_int(value) -> bool:
@@ -110,4 +128,4 @@ class RunSettings:
         return self.sampling if self.sampling is not None else Sampling()
 
 
-__all__ = ["BACKENDS", "RunSettings", "Sampling", "check_int"]
+__all__ = ["BACKENDS", "RunSettings", "Sampling", "SamplingArgs", "check_int"]

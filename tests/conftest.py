@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-import specdec  # noqa: E402
+import specdec  # noqa: E402, F401  (imported once here, after the switch above, for every test)
 
 settings.register_profile(
     "specdec",

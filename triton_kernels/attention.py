@@ -15,11 +15,12 @@ Arguments are validated by `specdec.ops`; these wrappers assume valid, unit-stri
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from ._interpreter import interpreting
 
 
 _POS_FAR = tl.constexpr(2**62)  # a position later than every real one (int64)
@@ -126,9 +127,6 @@ def _tree_attention_kernel(
     tl.store(lse_ptr + row, lse, mask=m_mask)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def _launch_config(nq: int, d: int, *, fp32_dots: bool, tree: bool):
     """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps): the largest tiles whose program still fits in
@@ -164,7 +162,7 @@ def _setup(q, q_pos, kv_pos, kv_valid, tree_mask, scale):
     kv_pos = kv_pos.contiguous()
     valid = kv_valid.contiguous().view(torch.uint8) if kv_valid is not None else kv_pos
     tree = tree_mask.contiguous() if tree_mask is not None else kv_pos
-    fp32_dots = _interpreting() or q.dtype == torch.float32
+    fp32_dots = interpreting() or q.dtype == torch.float32
     return out, lse, float(scale) * _LOG2E, q_pos.contiguous(), kv_pos, valid, tree, fp32_dots
 
 
@@ -376,7 +374,8 @@ def _lowering_specs():
                                                                           tree=masks)
                     constexprs = {"HAS_VALID": masks, "HAS_TREE": masks, "DOT_FP32": dtype == "fp32",
                                   "SINGLE": masks, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d}
-                    spec = (_split_kv_kernel, split_sig, constexprs, {"num_warps": num_warps, "num_stages": _NUM_STAGES})
+                    spec = (_split_kv_kernel, split_sig, constexprs, {"num_warps": num_warps,
+                                                                      "num_stages": _NUM_STAGES})
                     if spec not in specs:  # float32 runs both row counts as one 16-row config
                         specs.append(spec)
     merge_sig = {"part_o_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16",

@@ -19,17 +19,25 @@ Arguments are validated by `specdec.ops`; these wrappers assume valid, contiguou
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ._interpreter import interpreting
+
 _MASS_SCALE = 1073741824.0  # 2**30: fixed-point unit of residual masses
+_MASS_UNIT = tl.constexpr(1.0 / 1073741824.0)
+# The bits of sample_residual's row codes (specdec/reference/verification.py, sample_residual_row_errors).
+_BAD_P = tl.constexpr(1)
+_P_NO_MASS = tl.constexpr(2)
+_BAD_Q = tl.constexpr(4)
+_BAD_UNIFORM = tl.constexpr(8)
+# The bits of verify_grid's grid codes (specdec/reference/verification.py, verify_grid_errors).
+_NAN_P = tl.constexpr(1)
+_NAN_Q = tl.constexpr(2)
+_BAD_GRID_UNIFORM = tl.constexpr(4)
 
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -43,25 +51,34 @@ def _mass_units(x):
 @triton.jit
 def _verify_grid_kernel(
     p_ptr, q_ptr, u_ptr, valid_ptr, accept_ptr, resample_ptr, labels_ptr, first_ptr, count_ptr,
-    rejected_ptr, window_ptr, H, W, tau, radius,
-    RULE_RATIO: tl.constexpr, HAS_VALID: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr,
+    rejected_ptr, window_ptr, errors_ptr, H, W, tau, radius,
+    RULE_RATIO: tl.constexpr, HAS_VALID: tl.constexpr, MODE: tl.constexpr, CHECK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    # MODE: 0 raster, 1 independent, 2 local (specdec/reference/verification.MODES order).
+    # MODE: 0 raster, 1 independent, 2 local (the order of MODES in specdec/reference/verification.py).
     g = tl.program_id(0).to(tl.int64)
     n = H * W
     base = g * n
     lanes = tl.arange(0, BLOCK)
 
-    # 1. rejection flags and the first rejected raster index.
+    # 1. rejection flags and the first rejected raster index (and the value checks, CHECK).
     first = n
+    nan_p = tl.zeros([], tl.int32)
+    nan_q = tl.zeros([], tl.int32)
+    bad_u = tl.zeros([], tl.int32)
     for start in range(0, n, BLOCK):
         u = start + lanes
         m = u < n
         p = tl.load(p_ptr + base + u, mask=m, other=1.0)
+        if CHECK:
+            nan_p = tl.maximum(nan_p, tl.max((p != p).to(tl.int32), axis=0))
         if RULE_RATIO:
             q = tl.load(q_ptr + base + u, mask=m, other=0.0)
             r = tl.load(u_ptr + base + u, mask=m, other=0.0)
             rej = ~(r * q < p)  # u < min(1, p/q) without a division
+            if CHECK:
+                nan_q = tl.maximum(nan_q, tl.max((q != q).to(tl.int32), axis=0))
+                bad_u = tl.maximum(bad_u, tl.max((~((r >= 0.0) & (r < 1.0))).to(tl.int32), axis=0))
         else:
             rej = ~(p >= tau)
         ok = m
@@ -70,6 +87,8 @@ def _verify_grid_kernel(
         rej = rej & ok
         tl.store(rejected_ptr + base + u, rej.to(tl.int8), mask=m)
         first = tl.minimum(first, tl.min(tl.where(rej, u, n), axis=0))
+    if CHECK:
+        tl.store(errors_ptr + g, nan_p * _NAN_P + nan_q * _NAN_Q + bad_u * _BAD_GRID_UNIFORM)
     tl.debug_barrier()
 
     # 2. mode="local": Chebyshev window, a row pass then a column pass.
@@ -178,20 +197,34 @@ def _philox_row_uniform(seed, row, offset):
 
 
 @triton.jit
-def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V, seed, offset,
-                            HAS_Q: tl.constexpr, HAS_U: tl.constexpr, BLOCK_V: tl.constexpr):
+def _outside_unit(x):
+    """1 where x is NaN or outside [0, 1] (int32)."""
+    return (~((x >= 0.0) & (x <= 1.0))).to(tl.int32)
+
+
+@triton.jit
+def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, errors_ptr, V, seed, offset,
+                            HAS_Q: tl.constexpr, HAS_U: tl.constexpr, CHECK: tl.constexpr, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_V)
     total_p = tl.zeros([], tl.int64)
     total_r = tl.zeros([], tl.int64)
+    bad_p = tl.zeros([], tl.int32)  # the value checks (CHECK), in the first read of the row
+    mass = tl.zeros([], tl.int32)
+    bad_q = tl.zeros([], tl.int32)
     for start in range(0, V, BLOCK_V):
         offs = start + cols
         m = offs < V
         p = tl.load(p_ptr + row * V + offs, mask=m, other=0.0)
         total_p += tl.sum(_mass_units(p).to(tl.int64), axis=0)
+        if CHECK:
+            bad_p = tl.maximum(bad_p, tl.max(_outside_unit(p), axis=0))
+            mass = tl.maximum(mass, tl.max((p >= _MASS_UNIT).to(tl.int32), axis=0))
         if HAS_Q:
             q = tl.load(q_ptr + row * V + offs, mask=m, other=0.0)
             total_r += tl.sum(_mass_units(p - q).to(tl.int64), axis=0)
+            if CHECK:
+                bad_q = tl.maximum(bad_q, tl.max(_outside_unit(q), axis=0))
     if HAS_Q:
         from_p = total_r == 0  # residual all zero: fall back to p
     else:
@@ -201,6 +234,11 @@ def _sample_residual_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr, V, se
         u = tl.load(u_ptr + row)
     else:
         u = _philox_row_uniform(seed, row, offset)
+    bad_u = ~((u >= 0.0) & (u < 1.0))
+    if CHECK:
+        tl.store(errors_ptr + row, bad_p * _BAD_P + (1 - mass) * _P_NO_MASS + bad_q * _BAD_Q
+                 + bad_u.to(tl.int32) * _BAD_UNIFORM)
+    u = tl.where(bad_u, 0.0, u)  # a defined token (the row is refused when checked)
     threshold = (u.to(tl.float64) * total.to(tl.float64)).to(tl.int64)  # floor: both >= 0
     # The token is the first entry whose cumulative sum exceeds the threshold, i.e. the number
     # of entries at or below it (cumulative sums never decrease).
@@ -261,7 +299,8 @@ def _sample_residual_onchip_kernel(p_ptr, q_ptr, u_ptr, tokens_ptr, fallback_ptr
 _MODE_CODES = {"raster": 0, "independent": 1, "local": 2}
 
 
-def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors=None):
+    """grid_errors [B] int32: each grid's value-check code is written there."""
     b, h, w = p.shape
     dev = p.device
     accept = torch.empty(b, h, w, dtype=torch.bool, device=dev)
@@ -274,12 +313,13 @@ def verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
     scratch = torch.empty(2, b, h, w, dtype=torch.int8, device=dev)
     ratio = rule == "ratio"
     n = h * w
-    block = min(triton.next_power_of_2(n), 16384 if _interpreting() else 1024)
+    block = min(triton.next_power_of_2(n), 16384 if interpreting() else 1024)
     _verify_grid_kernel[(b,)](
         p, q if ratio else p, uniforms if ratio else p, valid if valid is not None else accept,
         accept, resample, islands, first, count, scratch[0], scratch[1],
-        h, w, float(tau), min(int(radius), max(h, w)),
-        RULE_RATIO=ratio, HAS_VALID=valid is not None, MODE=_MODE_CODES[mode], BLOCK=block,
+        grid_errors if grid_errors is not None else first, h, w, float(tau), min(int(radius), max(h, w)),
+        RULE_RATIO=ratio, HAS_VALID=valid is not None, MODE=_MODE_CODES[mode], CHECK=grid_errors is not None,
+        BLOCK=block,
         num_warps=4,
     )
     return accept, resample, first, islands, count
@@ -301,8 +341,9 @@ def _onchip_options(v: int) -> dict:
             "enable_fp_fusion": False}
 
 
-def sample_residual(p, q, uniforms, seed, offset, *, kernel="default"):
-    """uniforms None: row r's uniform comes from in-kernel Philox (seed, r, offset)."""
+def sample_residual(p, q, uniforms, seed, offset, row_errors=None, *, kernel="default"):
+    """uniforms None: row r's uniform comes from in-kernel Philox (seed, r, offset). row_errors
+    [M] int32: each row's value-check code is written there (the default kernel then runs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     m, v = p.shape
@@ -310,15 +351,16 @@ def sample_residual(p, q, uniforms, seed, offset, *, kernel="default"):
     fallback = torch.empty(m, dtype=torch.bool, device=p.device)
     if m == 0:
         return tokens, fallback
-    if kernel == "onchip" and v <= ONCHIP_MAX_V:
+    if kernel == "onchip" and v <= ONCHIP_MAX_V and row_errors is None:
         _sample_residual_onchip_kernel[(m,)](
             p, q if q is not None else p, uniforms if uniforms is not None else p, tokens, fallback, v, int(seed),
             int(offset), HAS_Q=q is not None, HAS_U=uniforms is not None, **_onchip_options(v))
         return tokens, fallback
-    block_v = min(triton.next_power_of_2(v), 65536 if _interpreting() else 2048)
+    block_v = min(triton.next_power_of_2(v), 65536 if interpreting() else 2048)
     _sample_residual_kernel[(m,)](p, q if q is not None else p, uniforms if uniforms is not None else p,
-                                  tokens, fallback, v, int(seed), int(offset), HAS_Q=q is not None,
-                                  HAS_U=uniforms is not None, BLOCK_V=block_v, num_warps=8)
+                                  tokens, fallback, row_errors if row_errors is not None else tokens, v, int(seed),
+                                  int(offset), HAS_Q=q is not None, HAS_U=uniforms is not None,
+                                  CHECK=row_errors is not None, BLOCK_V=block_v, num_warps=8)
     return tokens, fallback
 
 
@@ -335,10 +377,10 @@ def _lowering_specs():
                 _verify_grid_kernel,
                 {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "valid_ptr": "*i1",
                  "accept_ptr": "*i1", "resample_ptr": "*i1", "labels_ptr": "*i32", "first_ptr": "*i32",
-                 "count_ptr": "*i32", "rejected_ptr": "*i8", "window_ptr": "*i8", "H": "i32", "W": "i32",
-                 "tau": "fp32", "radius": "i32", "RULE_RATIO": "constexpr", "HAS_VALID": "constexpr",
-                 "MODE": "constexpr", "BLOCK": "constexpr"},
-                {"RULE_RATIO": ratio, "HAS_VALID": True, "MODE": mode, "BLOCK": 1024},
+                 "count_ptr": "*i32", "rejected_ptr": "*i8", "window_ptr": "*i8", "errors_ptr": "*i32",
+                 "H": "i32", "W": "i32", "tau": "fp32", "radius": "i32", "RULE_RATIO": "constexpr",
+                 "HAS_VALID": "constexpr", "MODE": "constexpr", "CHECK": "constexpr", "BLOCK": "constexpr"},
+                {"RULE_RATIO": ratio, "HAS_VALID": True, "MODE": mode, "CHECK": True, "BLOCK": 1024},
                 _LAUNCH_OPTIONS,
             ))
     for has_q in (False, True):
@@ -346,9 +388,9 @@ def _lowering_specs():
             specs.append((
                 _sample_residual_kernel,
                 {"p_ptr": "*fp32", "q_ptr": "*fp32", "u_ptr": "*fp32", "tokens_ptr": "*i32",
-                 "fallback_ptr": "*i1", "V": "i32", "seed": "i64", "offset": "i64",
-                 "HAS_Q": "constexpr", "HAS_U": "constexpr", "BLOCK_V": "constexpr"},
-                {"HAS_Q": has_q, "HAS_U": has_u, "BLOCK_V": 2048},
+                 "fallback_ptr": "*i1", "errors_ptr": "*i32", "V": "i32", "seed": "i64", "offset": "i64",
+                 "HAS_Q": "constexpr", "HAS_U": "constexpr", "CHECK": "constexpr", "BLOCK_V": "constexpr"},
+                {"HAS_Q": has_q, "HAS_U": has_u, "CHECK": has_u, "BLOCK_V": 2048},
                 {"num_warps": 8, "enable_fp_fusion": False},
                 # 16-byte aligned rows (V a multiple of 16): 128-bit loads, checked in the SASS
                 ("p_ptr", "q_ptr", "u_ptr", "tokens_ptr", "fallback_ptr", "V"),

@@ -350,7 +350,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads or 1)
     started = datetime.datetime.now(datetime.timezone.utc)
     record = dict(kind="specdec-real-size", datetime=started.isoformat(), machine=device_description(),
-                  command="python benchmarks/decoders/record_real_size.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                  command="python benchmarks/decoders/record_real_size.py "
+                          + " ".join(sys.argv[1:] if argv is None else argv),
                   device=str(device), compile=args.compile, dtype="bfloat16", threads=torch.get_num_threads(),
                   layers=args.layers, models=[], loadavg_1_5_15_before=list(os.getloadavg()),
                   note="random weights: pass counts and acceptance mean nothing; the seconds per pass are the point")

@@ -45,7 +45,8 @@ def main(argv=None):
     parser.add_argument("--method", default="mulo")
     parser.add_argument("--num-images", type=int, default=1000)
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--keep", default=None, help="write the two sample directories here (default: a temporary folder)")
+    parser.add_argument("--keep", default=None,
+                        help="write the two sample directories here (default: a temporary folder)")
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory() as tmp:

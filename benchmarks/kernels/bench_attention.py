@@ -30,7 +30,7 @@ if torch.cuda.is_available():
     # inputs take IEEE fp32 dots by the contract). Not timed on CPUs, which lack the units.
     SHAPES += [("verify B2 H16 D64 Nq1024 Nk1280 bf16", 2, 16, 16, 1024, 1280, 64, False),
                ("tree B2 H16 D64 Nq64 Nk4096 bf16", 2, 16, 16, 64, 4096, 64, True),
-               # The decoders' calls at LlamaGen scale (issue #19): one token over a long cache
+               # The decoders' calls at LlamaGen scale: one token over a long cache
                # with GQA, an SSD-style 16-query window, an 80-query MuLo-SD window.
                ("decode B2 H16 Hkv4 D64 Nq1 Nk2048 bf16", 2, 16, 4, 1, 2048, 64, False),
                ("window B2 H16 D64 Nq16 Nk1024 bf16", 2, 16, 16, 16, 1024, 64, False),
@@ -90,7 +90,7 @@ def test_tree_attention_triton_tiles_before_fit(benchmark, shape, monkeypatch):
     _time_backend(benchmark, shape, "cuda", "triton", label="triton, 64x64 tiles (before the fit rule)")
 
 
-# The opt-in kernels of issue #19 (specdec/ops/attention.py), none of which has run on a GPU
+# The opt-in kernels (specdec/ops/attention.py, SPECDEC_ATTN_PATH), none of which has run on a GPU
 # yet: timed beside the default kernels and flex at every shape. Triton's "prefill" is its
 # default kernel, so not repeated.
 OPT_IN_PATHS = [("cuda", "decode"), ("cuda", "prefill"), ("cuda", "auto"), ("triton", "decode"), ("triton", "auto")]

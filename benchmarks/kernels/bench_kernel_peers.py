@@ -1,5 +1,5 @@
-"""specdec's kernels against what a user would run instead (issue #28, item 4; docs/design.md,
-"How speed is shown"), on the same inputs in the same run:
+"""specdec's kernels against what a user would run instead (docs/design.md, "How speed is
+shown"), on the same inputs in the same run:
 
 - pool_probs, sampling_probs, sample_residual and tree_attention against torch.compile of their
   reference (specdec.reference.*: the code a user gets by compiling the definition; inductor
@@ -13,8 +13,10 @@ Shapes (SPECDEC_PEERS=full, the default): N in {1, 64, 1024} rows x V in {16384,
 x top_k in {0, 2000} x top_p in {1.0, 0.9} x CFG on (scale 4) / off; pool_probs with K = 1000
 random neighbours per token and delta = 0.4; sample_residual with q (SSD's residual) and without
 (MuLo-SD: p itself). SPECDEC_PEERS=headline keeps N 1024, V 16384, CFG on (the issue's bar).
-Logits are float32, the dtype the decoders pass and the reference computes in. Only the ops are
-timed (torch.ops.specdec.*, no Python argument checks; the compiled reference has none either).
+Logits are float32, the dtype the decoders pass and the reference computes in. specdec is timed
+through its public ops (specdec.ops.*, what a user calls: the argument checks, and the value
+checks that ride in the kernels, included). Each run's record names the machine it ran on, the
+CPU model included (machine_info.specdec_device).
 
 Timing: pytest-benchmark, one entry per (case, peer); each timed round of an entry is preceded
 by one call of every other peer of its case (pedantic's setup), so the peers of a case run
@@ -35,14 +37,13 @@ GFLOP/s (dense-equivalent) and the share of the float32 (CPU) / bf16 (GPU) matri
     python benchmarks/run.py --peers     # results/peers-<machine>-<date>.json, then RESULTS.md
 """
 import gc
-import json
 import os
-import sys
 import warnings
 
 import pytest
 import torch
 
+from specdec import ops
 from bench_helpers import attention_inputs, bench_devices, record_device_time, synchronize
 
 from machine import device_limits
@@ -207,10 +208,12 @@ def _pool_peers(case):
         if op == "pool_probs":
             if backend == "triton":
                 continue  # the Triton kernels are reached through specdec.ops; timed in bench_pool_probs
-            peers[f"specdec {backend}"] = lambda: torch.ops.specdec.pool_probs(
-                logits, tokens, neighbors, un, scale, 1.0, top_k, DELTA, top_p)
+            peers[f"specdec {backend}"] = lambda backend=backend: ops.pool_probs(
+                logits, tokens, neighbors, uncond_logits=un, cfg_scale=scale, top_k=top_k, delta=DELTA, top_p=top_p,
+                backend=backend)
         elif backend != "triton":
-            peers[f"specdec {backend}"] = lambda: torch.ops.specdec.sampling_probs(logits, un, scale, 1.0, top_k, top_p)
+            peers[f"specdec {backend}"] = lambda backend=backend: ops.sampling_probs(
+                logits, uncond_logits=un, cfg_scale=scale, top_k=top_k, top_p=top_p, backend=backend)
     if op == "pool_probs":
         fn = _compiled("pool_probs", _pool_reference)
         peers["torch.compile(reference)"] = lambda: fn(logits, tokens, neighbors, un, top_k, top_p)
@@ -240,7 +243,8 @@ def _residual_peers(case):
     peers = {}
     for backend in _specdec_backends():
         if backend != "triton":
-            peers[f"specdec {backend}"] = lambda: torch.ops.specdec.sample_residual(p, qq, u, 0, 0)
+            peers[f"specdec {backend}"] = lambda backend=backend: ops.sample_residual(p, qq, uniforms=u,
+                                                                                      backend=backend)
     fn = _compiled("sample_residual", _residual_reference)
     peers["torch.compile(reference)"] = lambda: fn(p, qq, u)
     fs = _flashinfer()
@@ -270,15 +274,8 @@ def _attention_peers(case):
     t = _INPUTS[key]
     peers = {}
     for backend in _specdec_backends():
-        if backend == "triton":
-            from specdec import ops
-
-            peers["specdec triton"] = lambda: ops.tree_attention(t["q"], t["k"], t["v"], q_pos=t["q_pos"],
-                                                                 kv_pos=t["kv_pos"], kv_valid=t["kv_valid"],
-                                                                 backend="triton")
-        else:
-            peers[f"specdec {backend}"] = lambda: torch.ops.specdec.tree_attention(
-                t["q"], t["k"], t["v"], t["q_pos"], t["kv_pos"], t["kv_valid"], None, None)
+        peers[f"specdec {backend}"] = lambda backend=backend: ops.tree_attention(
+            t["q"], t["k"], t["v"], q_pos=t["q_pos"], kv_pos=t["kv_pos"], kv_valid=t["kv_valid"], backend=backend)
 
     def sdpa():
         # A query that sees no key gives NaN here (a fully masked row); every query sees itself.
@@ -402,7 +399,8 @@ def test_pool_peers(benchmark, case, peer, limits):
     else:
         nbytes = read + n * v * 4  # + the probability rows written
     info = dict(case=_case_id(case), op=op, n=n, v=v, top_k=top_k, top_p=top_p, cfg=cfg, dtype="float32",
-                bytes=nbytes, k=K_NEIGHBORS if op == "pool_probs" else None, delta=DELTA if op == "pool_probs" else None)
+                bytes=nbytes, k=K_NEIGHBORS if op == "pool_probs" else None,
+                delta=DELTA if op == "pool_probs" else None)
     _time_peer(benchmark, peers, peer, _rounds(n), info, limits)
 
 

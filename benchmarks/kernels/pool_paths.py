@@ -1,4 +1,4 @@
-"""Old and new pooling paths side by side on one GPU (issue #28; run by benchmarks/gpu_check.sh):
+"""Old and new pooling paths side by side on one GPU (run by benchmarks/gpu_check.sh):
 
     python benchmarks/kernels/pool_paths.py OUT.json [--quick]
 
@@ -99,8 +99,10 @@ def main(argv=None):
         return 1
     record = {"kind": "pool_paths", "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "command": "python benchmarks/kernels/pool_paths.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "rows_n": args.rows, "k": args.neighbors, "copy_gbs": measure(copy_bytes=1 << 30)["copy_bandwidth_gbs"], "rows": []}
+              "command": "python benchmarks/kernels/pool_paths.py "
+                         + " ".join(argv if argv is not None else sys.argv[1:]),
+              "rows_n": args.rows, "k": args.neighbors, "copy_gbs": measure(copy_bytes=1 << 30)["copy_bandwidth_gbs"],
+              "rows": []}
 
     def save():
         with open(args.out, "w") as f:

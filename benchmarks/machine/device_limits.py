@@ -2,7 +2,7 @@
 
 GPU (measure): device-to-device copy bandwidth (bytes read + written per second) and the bf16
 matrix rate, timed with CUDA events after warm-up, median of repeats.
-CPU (measure_cpu, issue #28): the same two for the CPU with torch's current thread count, so a
+CPU (measure_cpu): the same two for the CPU with torch's current thread count, so a
 CPU kernel's GB/s has a ceiling measured with the threads it ran on: a Tensor.copy_ between two
 buffers far larger than the last-level cache (bytes read + written per second), a sum over one
 (read bandwidth, for reference) and the float32 matrix product rate. Wall clock, median of
@@ -44,7 +44,7 @@ def measure(copy_bytes: int = 2 << 30, matmul_n: int = 8192, repeats: int = 10) 
     src = torch.randn(copy_bytes // 4, device="cuda")
     dst = torch.empty_like(src)
     copy_ms = cuda_event_ms(lambda: dst.copy_(src), repeats, warmup=3)
-    del src, dst
+    src = dst = None  # free the buffers before the matmul
     a = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     mm_ms = cuda_event_ms(lambda: a @ b, repeats, warmup=3)
@@ -95,7 +95,7 @@ def measure_cpu(copy_bytes: int = 512 << 20, matmul_n: int = 2048, repeats: int 
         dst.copy_(src)  # warm-up; also faults every destination page in before timing
     copy_ms = _wall_ms(lambda: dst.copy_(src), repeats)
     sum_ms = _wall_ms(lambda: src.sum(), repeats)
-    del src, dst
+    src = dst = None  # free the buffers before the matmul
     a = torch.randn(matmul_n, matmul_n)
     b = torch.randn(matmul_n, matmul_n)
     for _ in range(2):

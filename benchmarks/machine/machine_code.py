@@ -320,7 +320,7 @@ def attention_report() -> str:
              "Checked by tests/kernels/test_build.py: the new kernels have no stack frame and no local memory on any "
              "architecture; every 16-bit program issues HMMA or HGMMA, no float32 program does (the contract's IEEE "
              "dots). The 8-byte frames of the default kernels (CUDA float32 on sm_80, two Triton tree-mask configs) "
-             "predate issue #19 and are tolerated as a few words.", ""]
+             "are older than the split kernels and are tolerated as a few words.", ""]
     if dispatch.has_cuda_kernels():
         so = dispatch.extension().__file__
         usage = res_usage(so)
@@ -328,7 +328,8 @@ def attention_report() -> str:
         names = demangle([r["function"] for r in usage])
         smem = {(c[0], c[1], c[2]): (c[3], c[4]) for c in dispatch.extension().split_attention_configs()}
         lines += ["## CUDA (specdec._C)", "",
-                  "| arch | kernel | dtype | D padded | block | REG | STACK | LOCAL | SHARED | dyn smem | keys/step | TC ops |",
+                  "| arch | kernel | dtype | D padded | block | REG | STACK | LOCAL | SHARED | dyn smem | keys/step | "
+                  "TC ops |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r, name in sorted(zip(usage, names), key=lambda x: (x[0]["arch"], x[1])):
             kind = cuda_attention_kernel(name)
@@ -354,8 +355,9 @@ def attention_report() -> str:
             tc = next(iter(sass_opcodes(r["cubin"]).values())) if sass_available() else {}
             dtype = r["signature"].get("q_ptr", r["signature"].get("out_ptr", "")).lstrip("*")
             config = ", ".join(f"{k}={v}" for k, v in r["config"].items())
+            ops = " / ".join(str(tc.get(op, 0)) for op in TENSOR_CORE_OPS) if tc else "n/a"
             lines.append(f"| {r['kernel']} | {dtype} | {config} | {u['REG']} | {u['STACK']} | {u['LOCAL']} | "
-                         f"{r['shared']} | {' / '.join(str(tc.get(op, 0)) for op in TENSOR_CORE_OPS) if tc else 'n/a'} |")
+                         f"{r['shared']} | {ops} |")
     return "\n".join(lines) + "\n"
 
 

@@ -55,6 +55,7 @@ struct ResidualRows {
   int64_t seed = 0, offset = 0;
   int32_t* tokens = nullptr;
   bool* fallback = nullptr;
+  int32_t* errors = nullptr;  // [M] value-check codes (verify_math.h), or nullptr: no checks
 };
 
 // Per-thread buffers, allocated once per thread and kept between calls (thread_scratch). Every

@@ -912,17 +912,52 @@ SD_INLINE int64_t units_s(const float* p, const float* q, int64_t i) {
   return kQ ? residual_units(p[i], q[i]) : mass_units(p[i]);
 }
 
+// The value checks of one row (verify_math.h, kBadP and others), accumulated lane by lane.
+struct RowChecks {
+  vi bad_p = vi{}, bad_q = vi{}, mass = vi{};
+  bool bad_p_s = false, bad_q_s = false, mass_s = false;
+
+  SD_INLINE static vi outside_unit_v(vf x) { return ~((x >= splat(0.0f)) & (x <= splat(1.0f))); }
+
+  template <bool kQ>
+  SD_INLINE void vector(const float* p, const float* q, int64_t i) {
+    const vf x = load_as<vf>(p + i);
+    bad_p |= outside_unit_v(x);
+    mass |= x >= splat(1.0f / kMassScale);
+    if (kQ) bad_q |= outside_unit_v(load_as<vf>(q + i));
+  }
+
+  template <bool kQ>
+  SD_INLINE void scalar(const float* p, const float* q, int64_t i) {
+    bad_p_s |= outside_unit(p[i]);
+    mass_s |= has_mass(p[i]);
+    if (kQ) bad_q_s |= outside_unit(q[i]);
+  }
+
+  SD_INLINE int32_t code() const {
+    return ((bad_p_s || any(bad_p)) ? kBadP : 0) | ((mass_s || any(mass)) ? 0 : kPNoMass) |
+           ((bad_q_s || any(bad_q)) ? kBadQ : 0);
+  }
+};
+
 // Sums of the units of each block of kResidualBlock entries into blocks[]; returns the total.
-template <bool kQ>
-int64_t block_sums(const float* p, const float* q, int64_t v, int64_t* blocks) {
+// With `checks`, the same read also checks the values of p (and q).
+template <bool kQ, bool kCheck = false>
+int64_t block_sums(const float* p, const float* q, int64_t v, int64_t* blocks, RowChecks* checks = nullptr) {
   int64_t total = 0;
   for (int64_t b0 = 0, bi = 0; b0 < v; b0 += kResidualBlock, ++bi) {
     const int64_t e = imin(b0 + kResidualBlock, v);
     vl acc = vl{};
     int64_t i = b0;
-    for (; i + W <= e; i += W) acc += __builtin_convertvector(units_at<kQ>(p, q, i), vl);
+    for (; i + W <= e; i += W) {
+      if (kCheck) checks->template vector<kQ>(p, q, i);
+      acc += __builtin_convertvector(units_at<kQ>(p, q, i), vl);
+    }
     int64_t sum = hsum(acc);
-    for (; i < e; ++i) sum += units_s<kQ>(p, q, i);
+    for (; i < e; ++i) {
+      if (kCheck) checks->template scalar<kQ>(p, q, i);
+      sum += units_s<kQ>(p, q, i);
+    }
     blocks[bi] = sum;
     total += sum;
   }
@@ -963,14 +998,24 @@ int32_t first_above(const float* p, const float* q, int64_t v, const int64_t* bl
 
 void residual_rows_impl(const ResidualRows& a, int64_t begin, int64_t end, const RowScratch& s) {
   const int64_t v = a.v;
+  const bool check = a.errors != nullptr;
   for (int64_t r = begin; r < end; ++r) {
     const float* p = a.p + r * v;
     const float* q = a.q != nullptr ? a.q + r * v : nullptr;
-    int64_t total = q != nullptr ? block_sums<true>(p, q, v, s.blocks) : 0;
+    RowChecks checks;
+    int64_t total = 0;
+    if (q != nullptr) {
+      total = check ? block_sums<true, true>(p, q, v, s.blocks, &checks) : block_sums<true>(p, q, v, s.blocks);
+    }
     const bool from_p = q == nullptr || total == 0;
     a.fallback[r] = q != nullptr && total == 0;
-    if (from_p) total = block_sums<false>(p, nullptr, v, s.blocks);
-    const float ur = a.u != nullptr ? a.u[r] : philox_row_uniform(a.seed, r, a.offset);
+    if (from_p) {
+      total = check && q == nullptr ? block_sums<false, true>(p, nullptr, v, s.blocks, &checks)
+                                    : block_sums<false>(p, nullptr, v, s.blocks);
+    }
+    float ur = a.u != nullptr ? a.u[r] : philox_row_uniform(a.seed, r, a.offset);
+    if (check) a.errors[r] = checks.code() | (bad_uniform(ur) ? kBadUniform : 0);
+    if (bad_uniform(ur)) ur = 0.0f;  // a defined token (the row is refused when checked)
     const int64_t threshold = cdf_threshold(ur, total);
     a.tokens[r] = from_p ? first_above<false>(p, nullptr, v, s.blocks, threshold)
                          : first_above<true>(p, q, v, s.blocks, threshold);

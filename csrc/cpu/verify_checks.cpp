@@ -1,6 +1,6 @@
 // Argument checks of kernel 2 (docs/design.md, "Kernel 2"), shared by the CPU and CUDA ops.
 // TORCH_CHECK_VALUE raises a Python ValueError; every message names the argument. No data is
-// read here (NaN scores and uniforms outside [0, 1) are refused by the Python API).
+// read here: the kernels check the values in their own pass (sample_residual's row_errors).
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -25,12 +25,25 @@ void check_like(const std::optional<at::Tensor>& t, const at::Tensor& p, const c
   TORCH_CHECK_VALUE(t->is_contiguous(), name, " must be contiguous");
 }
 
+// The optional [rows] int32 output of the value-check codes.
+void check_codes(const std::optional<at::Tensor>& codes, const char* name, int64_t rows,
+                 const at::Tensor& p) {
+  if (!codes.has_value()) return;
+  TORCH_CHECK_VALUE(codes->dim() == 1 && codes->size(0) == rows, name, " must have shape [", rows,
+                    "], got ", codes->sizes());
+  TORCH_CHECK_VALUE(codes->scalar_type() == at::kInt, name, " must be int32, got ", codes->scalar_type());
+  TORCH_CHECK_VALUE(codes->device() == p.device(), name, " must be on ", p.device(), ", got ",
+                    codes->device());
+  TORCH_CHECK_VALUE(codes->is_contiguous(), name, " must be contiguous");
+}
+
 }  // namespace
 
 VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms,
                                const std::optional<at::Tensor>& valid, std::string_view rule,
-                               double tau, std::string_view mode, int64_t radius) {
+                               double tau, std::string_view mode, int64_t radius,
+                               const std::optional<at::Tensor>& grid_errors) {
   TORCH_CHECK_VALUE(p.dim() == 3, "p must be 3-D [B, H, W], got ", p.dim(), "-D");
   TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat, "p must be float32, got ", p.scalar_type());
   TORCH_CHECK_VALUE(p.size(1) >= 1 && p.size(2) >= 1, "p: grids must be at least 1x1, got ",
@@ -62,6 +75,7 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
                       std::string(mode), "'");
   }
   TORCH_CHECK_VALUE(radius >= 0, "radius must be >= 0, got ", radius);
+  check_codes(grid_errors, "grid_errors", p.size(0), p);
   cfg.tau = static_cast<float>(tau);
   // A window wider than the grid covers it all; clamping keeps index arithmetic in range.
   cfg.radius = static_cast<int32_t>(std::min<int64_t>(radius, std::max(p.size(1), p.size(2))));
@@ -69,7 +83,8 @@ VerifyConfig check_verify_args(const at::Tensor& p, const std::optional<at::Tens
 }
 
 void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
-                       const std::optional<at::Tensor>& uniforms, int64_t offset) {
+                       const std::optional<at::Tensor>& uniforms, int64_t offset,
+                       const std::optional<at::Tensor>& row_errors) {
   TORCH_CHECK_VALUE(p.dim() == 2, "p must be 2-D [M, V], got ", p.dim(), "-D");
   TORCH_CHECK_VALUE(p.scalar_type() == at::kFloat, "p must be float32, got ", p.scalar_type());
   TORCH_CHECK_VALUE(p.size(1) >= 1 && p.size(1) < (int64_t{1} << 23),
@@ -83,6 +98,7 @@ void check_sample_args(const at::Tensor& p, const std::optional<at::Tensor>& q,
     TORCH_CHECK_VALUE(q->is_contiguous(), "q must be contiguous");
   }
   TORCH_CHECK_VALUE(offset >= 0, "offset (of the Philox counter) must be >= 0, got ", offset);
+  check_codes(row_errors, "row_errors", p.size(0), p);
   if (!uniforms.has_value()) return;  // drawn in the kernel from Philox (seed, row, offset)
   TORCH_CHECK_VALUE(uniforms->dim() == 1 && uniforms->size(0) == p.size(0),
                     "uniforms must have shape [M] = [", p.size(0), "], got ", uniforms->sizes());

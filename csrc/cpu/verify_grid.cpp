@@ -5,7 +5,8 @@
 // column pass, each a window count over prefix sums), and the islands come from one raster
 // scan of union-find (each pixel is united with its four already-visited 8-neighbours, the
 // larger root always hooked under the smaller, so every root is the smallest raster index of
-// its component) followed by one flattening pass.
+// its component) followed by one flattening pass. With grid_errors, the first pass also checks
+// the values (NaN scores, uniforms outside [0, 1)) and writes the grid's code.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -112,17 +113,27 @@ int32_t label_islands(const bool* resample, int64_t h, int64_t w, int32_t* label
 void verify_one_grid(const GridIn& in, const GridOut& out, int64_t h, int64_t w,
                      const VerifyConfig& cfg, std::vector<uint8_t>& rejected,
                      std::vector<uint8_t>& row_dilated, std::vector<uint8_t>& window,
-                     std::vector<int32_t>& scratch, int32_t* first_reject, int32_t* num_islands) {
+                     std::vector<int32_t>& scratch, int32_t* first_reject, int32_t* num_islands,
+                     int32_t* errors) {
   const int64_t n = h * w;
+  const bool ratio = cfg.rule == VerifyRule::kRatio;
   int64_t first = n;
+  bool nan_p = false, nan_q = false, bad_u = false;  // the value checks, in the same pass
   for (int64_t u = 0; u < n; ++u) {
     const bool is_valid = in.valid == nullptr || in.valid[u];
-    const bool rej = cfg.rule == VerifyRule::kThreshold
-                         ? rejected_by_threshold(in.p[u], cfg.tau)
-                         : rejected_by_ratio(in.p[u], in.q[u], in.u[u]);
+    const bool rej = ratio ? rejected_by_ratio(in.p[u], in.q[u], in.u[u])
+                           : rejected_by_threshold(in.p[u], cfg.tau);
     rejected[u] = is_valid && rej;
     if (rejected[u] && first == n) first = u;
+    if (errors != nullptr) {
+      nan_p |= in.p[u] != in.p[u];
+      if (ratio) {
+        nan_q |= in.q[u] != in.q[u];
+        bad_u |= bad_uniform(in.u[u]);
+      }
+    }
   }
+  if (errors != nullptr) *errors = (nan_p ? kNanP : 0) | (nan_q ? kNanQ : 0) | (bad_u ? kGridBadUniform : 0);
   if (cfg.mode == VerifyMode::kLocal && first < n) {
     dilate(rejected.data(), h, w, cfg.radius, row_dilated.data(), scratch.data(), window.data());
   }
@@ -146,8 +157,9 @@ void verify_one_grid(const GridIn& in, const GridOut& out, int64_t h, int64_t w,
 VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& q,
                           const std::optional<at::Tensor>& uniforms,
                           const std::optional<at::Tensor>& valid, std::string_view rule,
-                          double tau, std::string_view mode, int64_t radius) {
-  const VerifyConfig cfg = check_verify_args(p, q, uniforms, valid, rule, tau, mode, radius);
+                          double tau, std::string_view mode, int64_t radius,
+                          const std::optional<at::Tensor>& grid_errors) {
+  const VerifyConfig cfg = check_verify_args(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors);
   TORCH_CHECK_VALUE(p.device().is_cpu(), "p must be a CPU tensor for the cpu backend");
   const int64_t b = p.size(0), h = p.size(1), w = p.size(2), n = h * w;
   at::Tensor accept = at::empty(p.sizes(), p.options().dtype(at::kBool));
@@ -164,6 +176,7 @@ VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& 
   int32_t* islands_ptr = islands.data_ptr<int32_t>();
   int32_t* first_ptr = first_reject.data_ptr<int32_t>();
   int32_t* count_ptr = num_islands.data_ptr<int32_t>();
+  int32_t* errors_ptr = grid_errors.has_value() ? grid_errors->data_ptr<int32_t>() : nullptr;
 
   at::parallel_for(0, b, grain_for(h * w), [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> rejected(n), row_dilated(n), window(n);
@@ -174,7 +187,7 @@ VerifyOut verify_grid_cpu(const at::Tensor& p, const std::optional<at::Tensor>& 
                 valid_ptr ? valid_ptr + off : nullptr};
       GridOut out{accept_ptr + off, resample_ptr + off, islands_ptr + off};
       verify_one_grid(in, out, h, w, cfg, rejected, row_dilated, window, scratch, first_ptr + g,
-                      count_ptr + g);
+                      count_ptr + g, errors_ptr ? errors_ptr + g : nullptr);
     }
   });
   return {accept, resample, first_reject, islands, num_islands};

@@ -1,7 +1,7 @@
 // Kernel 1 on CUDA: fused probability pooling (docs/design.md, "Kernel 1").
 //
 // One thread block per logits row, read through a row accessor (global or shared memory). Three
-// kernel families; the Python side picks one per call (specdec/ops.py, SPECDEC_CUDA_POOL):
+// kernel families; the Python side picks one per call (specdec/ops/dispatch.py, SPECDEC_CUDA_POOL):
 // - default (pool_probs / sampling_probs ops; the kernels run on H200s): the row is streamed from
 //   global memory: one pass for the softmax statistics (online max/sum, with the NaN/+inf check
 //   folded in), plus 32 counting passes of a bisection on the float bit pattern when top-k is on

@@ -67,22 +67,43 @@ __device__ __forceinline__ int32_t units_at(const float* p, const float* q, bool
 __global__ void __launch_bounds__(kThreads) sample_residual_kernel(
     const float* __restrict__ p_base, const float* __restrict__ q_base,
     const float* __restrict__ uniforms, int64_t seed, int64_t offset, int64_t v,
-    int32_t* __restrict__ tokens, bool* __restrict__ fallback) {
+    int32_t* __restrict__ tokens, bool* __restrict__ fallback, int32_t* __restrict__ errors) {
   const int64_t r = blockIdx.x;
   const float* p = p_base + r * v;
   const float* q = q_base ? q_base + r * v : nullptr;
+  const bool check = errors != nullptr;
+  bool bad_p = false, mass = false, bad_q = false;  // the value checks, in the first read of the row
   int64_t total = 0;
   if (q != nullptr) {
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) total += residual_units(p[i], q[i]);
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+      total += residual_units(p[i], q[i]);
+      if (check) {
+        bad_p |= outside_unit(p[i]);
+        mass |= has_mass(p[i]);
+        bad_q |= outside_unit(q[i]);
+      }
+    }
     total = cuda::block_reduce(total, SumOp(), int64_t{0});
   }
   const bool from_p = q == nullptr || total == 0;
   if (from_p) {
     total = 0;
-    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) total += mass_units(p[i]);
+    for (int64_t i = threadIdx.x; i < v; i += blockDim.x) {
+      total += mass_units(p[i]);
+      if (check && q == nullptr) {
+        bad_p |= outside_unit(p[i]);
+        mass |= has_mass(p[i]);
+      }
+    }
     total = cuda::block_reduce(total, SumOp(), int64_t{0});
   }
-  const float u = uniforms != nullptr ? uniforms[r] : philox_row_uniform(seed, r, offset);
+  float u = uniforms != nullptr ? uniforms[r] : philox_row_uniform(seed, r, offset);
+  if (check) {  // every thread takes part in the block votes
+    const int32_t code = (__syncthreads_or(bad_p) ? kBadP : 0) | (__syncthreads_or(mass) ? 0 : kPNoMass) |
+                         (__syncthreads_or(bad_q) ? kBadQ : 0) | (bad_uniform(u) ? kBadUniform : 0);
+    if (threadIdx.x == 0) errors[r] = code;
+  }
+  if (bad_uniform(u)) u = 0.0f;  // a defined token (the row is refused when checked)
   const int64_t threshold = cdf_threshold(u, total);
   int64_t carry = 0, token = v - 1;  // v - 1 only when the row has no mass at all
   for (int64_t start = 0; start < v; start += blockDim.x) {
@@ -203,10 +224,12 @@ size_t v2_shared_bytes(int64_t v) {
 
 bool aligned_16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// With row_errors the default kernel runs whatever the variant: the value checks ride in its first
+// read of each row.
 SampleOut sample_residual_launch(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                  const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
-                                 PoolVariant variant) {
-  check_sample_args(p, q, uniforms, offset);
+                                 PoolVariant variant, const std::optional<at::Tensor>& row_errors) {
+  check_sample_args(p, q, uniforms, offset, row_errors);
   TORCH_CHECK_VALUE(p.is_cuda(), "p must be a CUDA tensor for the cuda backend");
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t m = p.size(0), v = p.size(1);
@@ -216,7 +239,8 @@ SampleOut sample_residual_launch(const at::Tensor& p, const std::optional<at::Te
   const float* q_ptr = q.has_value() ? q->data_ptr<float>() : nullptr;
   const float* u_ptr = uniforms.has_value() ? uniforms->data_ptr<float>() : nullptr;
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const size_t smem = variant == PoolVariant::kStreamed ? 0 : v2_shared_bytes(v);
+  int32_t* errors = row_errors.has_value() ? row_errors->data_ptr<int32_t>() : nullptr;
+  const size_t smem = variant == PoolVariant::kStreamed || errors != nullptr ? 0 : v2_shared_bytes(v);
   if (smem > 0) {
     const bool vectorized = v % 4 == 0 && aligned_16(p.data_ptr()) && (q_ptr == nullptr || aligned_16(q_ptr));
     sample_residual_smem_kernel<<<m, kThreads, smem, stream>>>(
@@ -224,7 +248,7 @@ SampleOut sample_residual_launch(const at::Tensor& p, const std::optional<at::Te
         fallback.data_ptr<bool>());
   } else {
     sample_residual_kernel<<<m, kThreads, 0, stream>>>(p.data_ptr<float>(), q_ptr, u_ptr, seed, offset, v,
-                                                       tokens.data_ptr<int32_t>(), fallback.data_ptr<bool>());
+                                                       tokens.data_ptr<int32_t>(), fallback.data_ptr<bool>(), errors);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {tokens, fallback};
@@ -234,15 +258,15 @@ SampleOut sample_residual_launch(const at::Tensor& p, const std::optional<at::Te
 
 SampleOut sample_residual_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                const std::optional<at::Tensor>& uniforms, int64_t seed,
-                               int64_t offset) {
-  return sample_residual_launch(p, q, uniforms, seed, offset, PoolVariant::kStreamed);
+                               int64_t offset, const std::optional<at::Tensor>& row_errors) {
+  return sample_residual_launch(p, q, uniforms, seed, offset, PoolVariant::kStreamed, row_errors);
 }
 
 SampleOut sample_residual_variant_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                        const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
-                                       int64_t variant) {
+                                       int64_t variant, const std::optional<at::Tensor>& row_errors) {
   TORCH_CHECK_VALUE(is_pool_variant(variant), "variant must be " SPECDEC_POOL_VARIANTS ", got ", variant);
-  return sample_residual_launch(p, q, uniforms, seed, offset, static_cast<PoolVariant>(variant));
+  return sample_residual_launch(p, q, uniforms, seed, offset, static_cast<PoolVariant>(variant), row_errors);
 }
 
 }  // namespace specdec

@@ -1,4 +1,4 @@
-// Kernel 3 on CUDA, the opt-in paths of issue #19 (specdec/_attention_paths.py): one kernel for
+// Kernel 3 on CUDA, the opt-in paths (specdec/ops/attention.py, SPECDEC_ATTN_PATH): one kernel for
 // split-KV decoding and for tensor-core prefill, with the output accumulated in registers.
 //
 // Rows. The query heads of one GQA group are packed into the M dimension: for (batch b, kv head

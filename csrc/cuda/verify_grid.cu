@@ -75,6 +75,7 @@ struct GridPtrs {
   uint8_t* row_window;   // scratch [B, H, W]
   int32_t* first_reject;
   int32_t* num_islands;
+  int32_t* errors;       // [B] value-check codes, or nullptr
 };
 
 __global__ void __launch_bounds__(kThreads) verify_grid_kernel(GridPtrs g, int32_t h, int32_t w,
@@ -91,13 +92,26 @@ __global__ void __launch_bounds__(kThreads) verify_grid_kernel(GridPtrs g, int32
 
   // 1. rejection flags and the first rejection.
   int64_t first = n;
+  const bool ratio = cfg.rule == VerifyRule::kRatio;
+  bool nan_p = false, nan_q = false, bad_u = false;  // the value checks, in the same pass
   for (int32_t u = threadIdx.x; u < n; u += blockDim.x) {
     const bool is_valid = valid == nullptr || valid[u];
-    const bool rej = cfg.rule == VerifyRule::kThreshold
-                         ? rejected_by_threshold(p[u], cfg.tau)
-                         : rejected_by_ratio(p[u], g.q[off + u], g.u[off + u]);
+    const bool rej = ratio ? rejected_by_ratio(p[u], g.q[off + u], g.u[off + u])
+                           : rejected_by_threshold(p[u], cfg.tau);
     rejected[u] = is_valid && rej;
     if (is_valid && rej && u < first) first = u;
+    if (g.errors != nullptr) {
+      nan_p |= p[u] != p[u];
+      if (ratio) {
+        nan_q |= g.q[off + u] != g.q[off + u];
+        bad_u |= bad_uniform(g.u[off + u]);
+      }
+    }
+  }
+  if (g.errors != nullptr) {  // uniform across the block: every thread votes
+    const int32_t code = (__syncthreads_or(nan_p) ? kNanP : 0) | (__syncthreads_or(nan_q) ? kNanQ : 0) |
+                         (__syncthreads_or(bad_u) ? kGridBadUniform : 0);
+    if (threadIdx.x == 0) g.errors[blockIdx.x] = code;
   }
   first = cuda::block_reduce(first, MinOp(), static_cast<int64_t>(n));  // synchronises
 
@@ -173,8 +187,9 @@ __global__ void __launch_bounds__(kThreads) verify_grid_kernel(GridPtrs g, int32
 VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                            const std::optional<at::Tensor>& uniforms,
                            const std::optional<at::Tensor>& valid, std::string_view rule,
-                           double tau, std::string_view mode, int64_t radius) {
-  const VerifyConfig cfg = check_verify_args(p, q, uniforms, valid, rule, tau, mode, radius);
+                           double tau, std::string_view mode, int64_t radius,
+                           const std::optional<at::Tensor>& grid_errors) {
+  const VerifyConfig cfg = check_verify_args(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors);
   TORCH_CHECK_VALUE(p.is_cuda(), "p must be a CUDA tensor for the cuda backend");
   const c10::cuda::CUDAGuard guard(p.device());
   const int64_t b = p.size(0), h = p.size(1), w = p.size(2);
@@ -196,7 +211,8 @@ VerifyOut verify_grid_cuda(const at::Tensor& p, const std::optional<at::Tensor>&
              scratch.data_ptr<uint8_t>(),
              scratch.data_ptr<uint8_t>() + b * h * w,
              first_reject.data_ptr<int32_t>(),
-             num_islands.data_ptr<int32_t>()};
+             num_islands.data_ptr<int32_t>(),
+             grid_errors.has_value() ? grid_errors->data_ptr<int32_t>() : nullptr};
   verify_grid_kernel<<<b, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       g, static_cast<int32_t>(h), static_cast<int32_t>(w), cfg);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -13,7 +13,7 @@ import torch
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import split_cfg
 from specdec.ops import pooling, verification
-from specdec.settings import Sampling
+from specdec.settings import Sampling, SamplingArgs
 
 
 def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
@@ -155,9 +155,8 @@ class ModelRunner:
         return TokenStep(self)
 
     # ---- distributions through the kernels ----
-    def _settings(self) -> tuple:
-        s = self.sampling
-        return s.cfg_scale, s.temperature, s.top_k, s.top_p
+    def _settings(self) -> SamplingArgs:
+        return self.sampling.args
 
     def probs(self, o: Outputs) -> torch.Tensor:
         """The sampling distribution [B, N, V] (CFG, temperature, top-k, top-p) of every output (the
@@ -167,7 +166,7 @@ class ModelRunner:
         B, N, V = o.cond.shape
         p = pooling.sampling_probs_unchecked(o.cond.reshape(-1, V),
                                              None if o.uncond is None else o.uncond.reshape(-1, V),
-                                             *self._settings(), backend=self.backend)
+                                             self._settings(), backend=self.backend)
         return p.view(B, N, V)
 
     def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
@@ -202,7 +201,7 @@ class TokenStep:
             cond, uncond = logits.chunk(2) if guided else (logits, None)
             if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
                 uncond = torch.where(position > s.cfg_interval, cond, uncond)
-            p = pooling.sampling_probs_unchecked(cond, uncond, *settings, backend=backend)
+            p = pooling.sampling_probs_unchecked(cond, uncond, settings, backend=backend)
             return (verification.sample_residual_unchecked(p, None, uniforms, backend).tokens.long(),)
 
         self._step = step if compiler is None else compiler(step, cache.device)

@@ -22,4 +22,5 @@ __all__ = ["ARImageModel", "CheckpointMismatchError", "Prompts", "FashionClassif
            "GPTConfig", "LLAMAGEN_CONFIGS", "LoadError", "ModelFamily", "LlamaGenGPT", "LlamaGenVQ", "LlamaGenVQConfig",
            "QualityEvaluator", "QualityReport", "SSDHeads", "SSDHeadsConfig", "SlotKVCache", "VQConfig",
            "VQTokenizer", "cfg_logits", "default", "frechet_distance", "llamagen_manifest", "load_llamagen",
-           "load_family", "load_llamagen_family", "load_llamagen_vq", "read_caption_embeddings", "read_state_dict", "sample_ar", "sample_logits", "split_cfg"]
+           "load_family", "load_llamagen_family", "load_llamagen_vq", "read_caption_embeddings", "read_state_dict",
+           "sample_ar", "sample_logits", "split_cfg"]

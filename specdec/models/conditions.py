@@ -53,7 +53,8 @@ class Prompts:
 
     def to(self, device) -> "Prompts":
         move = lambda t: None if t is None else t.to(device)   # noqa: E731
-        return Prompts([move(c) for c in self.cond], None if self.negative is None else [move(c) for c in self.negative])
+        return Prompts([move(c) for c in self.cond],
+                       None if self.negative is None else [move(c) for c in self.negative])
 
     def __repr__(self) -> str:
         lengths = [int(c.shape[0]) for c in self.cond]

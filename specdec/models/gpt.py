@@ -313,7 +313,8 @@ class LlamaGenGPT(nn.Module):
                 emb = torch.cat([emb, self.condition_embeddings(null)])
         else:
             if cond.dim() != 3 or cond.shape[1:] != (self.prefix_len, self.config.dim):
-                raise ValueError(f"cond embeddings must be [B, {self.prefix_len}, {self.config.dim}], got {tuple(cond.shape)}")
+                raise ValueError(f"cond embeddings must be [B, {self.prefix_len}, {self.config.dim}], got "
+                                 f"{tuple(cond.shape)}")
             emb = cond
             if cache.cfg:
                 if uncond is None or uncond.shape != cond.shape:

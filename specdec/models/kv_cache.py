@@ -76,7 +76,10 @@ class SlotKVCache:
         the same elements, but torch.compile lowered the scatter into loops over the whole cache
         (rows x heads x slots x D, several times per layer), which made a compiled AR step at
         batch 16 twice as slow as the eager one; the indexed store touches the new slots only."""
-        rows = self._row_index if slots.shape[0] == self.rows else torch.arange(slots.shape[0], device=slots.device)[:, None]
+        if slots.shape[0] == self.rows:
+            rows = self._row_index
+        else:
+            rows = torch.arange(slots.shape[0], device=slots.device)[:, None]
         # cache[rows, :, slots] is [rows, N, Hkv, D] (the advanced indices' dimensions first)
         self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k[layer].dtype)
         self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v[layer].dtype)

@@ -90,7 +90,8 @@ def _named(config_name, table: dict, what: str) -> dict:
     if isinstance(config_name, dict):
         return dict(config_name)
     if config_name not in table:
-        raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {what} fields), got {config_name!r}")
+        raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {what} fields), got "
+                         f"{config_name!r}")
     return table[config_name]
 
 

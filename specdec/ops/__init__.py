@@ -8,10 +8,11 @@ extension, the choice of backend, the registration).
 
 Every op takes `backend=None|"cuda"|"triton"|"cpu"|"reference"` (`dispatch.resolve` makes the
 automatic choice, the switch SPECDEC_BACKEND overrides it). Arguments are checked here,
-identically for all backends; the `cpu` and `cuda` backends run the compiled
-`torch.ops.specdec.*` ops, which are also usable directly (and under torch.compile) but then skip
-the data-dependent checks (token ids in range): an out-of-range id gives NaN for its row, never a
-wrong read.
+identically for all backends; checks over values ride in the kernels' own pass and come back as
+one flag per call. The `cpu` and `cuda` backends run the compiled `torch.ops.specdec.*` ops,
+which are also usable directly (and under torch.compile): they check shapes and dtypes, and the
+values only when given the optional codes output (`row_errors`, `grid_errors`); a token id out
+of range never makes a kernel read out of bounds.
 """
 from specdec.ops import dispatch
 from specdec.ops.attention import tree_attention

@@ -196,7 +196,7 @@ def _tree_attention_on_path(q, k, v, *, q_pos, kv_pos, kv_valid=None, tree_mask=
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
                                    or num_splits < 1):
         raise ValueError(f"num_splits must be a positive int or None, got {num_splits!r}")
-    chosen = dispatch.resolve(backend, q.device)
+    chosen = dispatch.resolve_for("tree_attention", backend, q.device)
     if chosen == "reference":
         return _reference.tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid,
                                              tree_mask=tree_mask, scale=scale, return_lse=return_lse)

@@ -7,7 +7,6 @@ because it is large and reused across calls.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 

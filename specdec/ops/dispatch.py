@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import warnings
 from typing import Callable, Optional
 
@@ -26,6 +25,7 @@ import torch
 
 from specdec import switches
 from specdec.settings import BACKENDS
+from specdec.triton_kernels._interpreter import interpreting
 
 _C = None
 _load_error: Optional[str] = None
@@ -123,7 +123,7 @@ def triton_available() -> bool:
 
 
 def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return interpreting()
 
 
 def _unavailable_reason(backend: str, device: torch.device) -> Optional[str]:
@@ -191,11 +191,6 @@ def resolve_for(name: str, backend: Optional[str], device: torch.device) -> str:
     return chosen
 
 
-def runs_compiled(name: str, backend: Optional[str], device: torch.device) -> bool:
-    """Whether op `name` runs as the registered compiled op (the cpu or cuda backend) here."""
-    return resolve_for(name, backend, device) in ("cpu", "cuda")
-
-
 def available_backends(device: torch.device) -> list:
     """Backends that can run on tensors on `device` in this process."""
     return [b for b in BACKENDS if _unavailable_reason(b, device) is None]
@@ -226,5 +221,5 @@ def register(name: str, fake: Callable, triton_impl: Optional[Callable[[], Calla
 
 __all__ = ["BACKENDS", "BackendUnavailableError", "CUDA_POOL_VARIANTS", "available_backends", "compiled_op",
            "cuda_archs", "cuda_pool_variant", "extension", "pool_op", "triton_pool_kernel",
-           "has_cpu_kernels", "has_cuda_kernels", "has_op", "load_error", "register", "resolve", "resolve_for", "runs_compiled",
+           "has_cpu_kernels", "has_cuda_kernels", "has_op", "load_error", "register", "resolve", "resolve_for",
            "triton", "triton_available", "triton_interpreting"]

@@ -2,13 +2,11 @@
 `sampling_probs`, their argument checks, their fake implementations, and the unchecked fast path
 the decoders call.
 
-`pool_probs` and `sampling_probs` check every argument on every call, values included (token ids
-and the neighbour table in range: each a read-back, on a GPU a synchronisation). The decoders
-produce those values themselves and check their own arguments once at `decode()`, so they call
-`pool_probs_unchecked` / `sampling_probs_unchecked`: on the compiled backends (`cpu`, `cuda`)
-the registered `torch.ops.specdec.*` op directly, which keeps its shape and dtype checks and skips
-the data-dependent ones (an out-of-range id gives a NaN row there, never an out-of-bounds read);
-the `reference` and `triton` backends go through the checked functions.
+Each public op is its checks followed by its fast path (`pool_probs_unchecked`,
+`sampling_probs_unchecked`): one function per op that picks the backend once and launches that
+backend's kernel, checking nothing and reading nothing back. The decoders produce their token
+ids and sampling settings themselves and check them once at `decode()`, so they call the fast
+path directly; a token id out of range gives a NaN row there, never an out-of-bounds read.
 """
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from specdec.ops import dispatch
 from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, check_finite_scalar, check_ids_in_range,
                                 check_same_device, check_table_in_range, check_tensor, fail)
 from specdec.reference import pooling as _reference
+from specdec.settings import SamplingArgs
 
 
 # ---- argument checks ------------------------------------------------------------------------
@@ -50,7 +49,7 @@ def check_top_p(top_p) -> float:
 
 
 def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.0):
-    """Checks of steps 1-3 of kernel 1; returns normalised (logits, uncond, cfg, temp, top_k, top_p)."""
+    """Checks of steps 1-3 of kernel 1; returns normalised (logits, uncond_logits, SamplingArgs)."""
     logits = logits_2d(logits)
     if uncond_logits is not None:
         uncond_logits = logits_2d(uncond_logits, "uncond_logits")
@@ -66,13 +65,13 @@ def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         fail(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
     top_p = check_top_p(top_p)
-    return logits, uncond_logits, cfg_scale, temperature, top_k, top_p
+    return logits, uncond_logits, SamplingArgs(cfg_scale, temperature, top_k, top_p)
 
 
 def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p=1.0):
-    """Checks of kernel 1; returns the normalised arguments in the same order."""
-    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
-        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    """Checks of kernel 1; returns normalised (logits, tokens, neighbors, uncond_logits, SamplingArgs,
+    delta)."""
+    logits, uncond_logits, sampling = sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
     n, v = logits.shape
     check_tensor(tokens, "tokens")
     if tokens.dim() != 1 or tokens.shape[0] != n:
@@ -101,7 +100,7 @@ def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, 
             fail(f"delta must be None or a number >= 0, got {delta!r}")
         if math.isnan(delta) or delta < 0:
             fail(f"delta must be None or >= 0, got {delta!r}")
-    return logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p
+    return logits, tokens, neighbors, uncond_logits, sampling, delta
 
 
 # ---- the public ops -------------------------------------------------------------------------
@@ -115,8 +114,8 @@ def pool_probs(
     cfg_scale: float = 1.0,
     temperature: float = 1.0,
     top_k: int = 0,
-    top_p: float = 1.0,
     delta: Optional[float] = None,
+    top_p: float = 1.0,
     backend: Optional[str] = None,
 ) -> PooledProbs:
     """Fused probability pooling (kernel 1): the target probability of each row's token plus
@@ -131,34 +130,21 @@ def pool_probs(
         cfg_scale: guidance scale s in l = u + s * (c - u).
         temperature: must be > 0; logits are divided by it.
         top_k: keep the top_k largest logits per row (ties kept); 0 keeps all.
+        delta: None moves the mass of all K neighbours; a number >= 0 moves the longest prefix of
+            neighbours whose mass stays <= delta (LANTERN's total-variation bound).
         top_p: in (0, 1]; after top-k, keep token v iff the mass of the tokens strictly more
             probable than v is < top_p (the smallest nucleus reaching top_p, ties kept); the
             kept logits are renormalised by their softmax. 1 keeps all (and costs nothing).
             Masses are exact fixed point (see specdec.reference.pooling.top_p_mask), so the
             nucleus is the same set on every backend.
-        delta: None moves the mass of all K neighbours; a number >= 0 moves the longest prefix of
-            neighbours whose mass stays <= delta (LANTERN's total-variation bound).
 
     Returns:
         PooledProbs(pooled, p_token, row_max, row_lse), float32 [N] each. A row whose guided
         logits hold NaN or +inf (or no finite value) gives NaN in all four, for that row only.
     """
-    args = pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k,
-                                 delta, top_p)
-    logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p = args
-    chosen = dispatch.resolve(backend, logits.device)
-    if chosen == "reference":
-        return _reference.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits,
-                                       cfg_scale=cfg_scale, temperature=temperature, top_k=top_k, delta=delta,
-                                       top_p=top_p)
-    if chosen == "triton":
-        out = dispatch.triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                                    temperature, top_k, delta, top_p,
-                                                    kernel=dispatch.triton_pool_kernel())
-    else:
-        out = dispatch.pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                                     temperature, top_k, delta, top_p)
-    return PooledProbs(*out)
+    logits, tokens, neighbors, uncond_logits, sampling, delta = pool_args(
+        logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p)
+    return pool_probs_unchecked(logits, tokens, neighbors, uncond_logits, sampling, delta, backend)
 
 
 def sampling_probs(
@@ -174,52 +160,47 @@ def sampling_probs(
     """Steps 1-3 of kernel 1 written out: the sampling distribution p[N, V] (float32) after
     CFG, temperature, top-k and top-p (see pool_probs). Meant for the few rows that must be
     resampled."""
-    logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
-        logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-    chosen = dispatch.resolve(backend, logits.device)
+    logits, uncond_logits, sampling = sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
+    return sampling_probs_unchecked(logits, uncond_logits, sampling, backend)
+
+
+# ---- the decoders' fast path ----------------------------------------------------------------
+
+def sampling_probs_unchecked(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], sampling: SamplingArgs,
+                             backend: Optional[str] = None) -> torch.Tensor:
+    """`sampling_probs` on arguments the caller has checked: logits [N, V] (and uncond_logits)
+    with unit stride along V, `sampling` from `Sampling.args`."""
+    chosen = dispatch.resolve_for("sampling_probs", backend, logits.device)
+    cfg_scale, temperature, top_k, top_p = sampling
     if chosen == "reference":
         return _reference.sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
-                                           temperature=temperature, top_k=top_k, top_p=top_p)
+                                         temperature=temperature, top_k=top_k, top_p=top_p)
     if chosen == "triton":
         return dispatch.triton("pooling").sampling_probs(logits, uncond_logits, cfg_scale, temperature, top_k, top_p,
                                                          kernel=dispatch.triton_pool_kernel())
     return dispatch.pool_op("sampling_probs", chosen)(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
 
 
-# ---- the decoders' fast path ----------------------------------------------------------------
-
-def sampling_probs_unchecked(logits: torch.Tensor, uncond_logits: Optional[torch.Tensor], cfg_scale: float,
-                             temperature: float, top_k: int, top_p: float,
-                             backend: Optional[str] = None) -> torch.Tensor:
-    """`sampling_probs` with settings checked once by the caller (a `Sampling`), straight to the
-    registered op on cpu/cuda."""
-    chosen = dispatch.resolve_for("sampling_probs", backend, logits.device)
-    if chosen in ("cpu", "cuda"):
-        uncond = None if uncond_logits is None else uncond_logits.contiguous()
-        return dispatch.pool_op("sampling_probs", chosen)(logits.contiguous(), uncond, float(cfg_scale),
-                                                          float(temperature), int(top_k), float(top_p))
-    return sampling_probs(logits, uncond_logits=uncond_logits, cfg_scale=cfg_scale, temperature=temperature,
-                          top_k=top_k, top_p=top_p, backend=chosen)
-
-
 def pool_probs_unchecked(logits: torch.Tensor, tokens: torch.Tensor, neighbors: Optional[torch.Tensor],
-                         uncond_logits: Optional[torch.Tensor], settings: tuple, delta: Optional[float] = None,
+                         uncond_logits: Optional[torch.Tensor], sampling: SamplingArgs, delta: Optional[float] = None,
                          backend: Optional[str] = None) -> PooledProbs:
-    """`pool_probs` without the range checks of the token ids and the neighbour table (each a
-    read-back) on cpu/cuda: the decoders' tokens come from the samplers, the table was built by
-    specdec.neighbors. `settings`: (cfg_scale, temperature, top_k, top_p), checked by the caller."""
-    cfg_scale, temperature, top_k, top_p = settings
+    """`pool_probs` on arguments the caller has checked: token ids in range (the decoders' come from
+    the samplers), a contiguous neighbour table with ids in range (specdec.neighbors builds one),
+    `sampling` from `Sampling.args`. An int64 table is converted (pass int32 to skip the copy)."""
     chosen = dispatch.resolve_for("pool_probs", backend, logits.device)
-    if chosen in ("cpu", "cuda"):
-        logits, uncond_logits, cfg_scale, temperature, top_k, top_p = sampling_args(
-            logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-        if neighbors is not None:
-            neighbors = (neighbors.to(torch.int32) if neighbors.dtype == torch.int64 else neighbors).contiguous()
-        delta = None if delta is None else float(delta)
-        return PooledProbs(*dispatch.pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale,
-                                                                   temperature, top_k, delta, top_p))
-    return pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
-                      temperature=temperature, top_k=top_k, top_p=top_p, delta=delta, backend=chosen)
+    if neighbors is not None and neighbors.dtype == torch.int64:
+        neighbors = neighbors.to(torch.int32).contiguous()
+    cfg_scale, temperature, top_k, top_p = sampling
+    if chosen == "reference":
+        return _reference.pool_probs(logits, tokens, neighbors, uncond_logits=uncond_logits, cfg_scale=cfg_scale,
+                                     temperature=temperature, top_k=top_k, delta=delta, top_p=top_p)
+    if chosen == "triton":
+        out = dispatch.triton("pooling").pool_probs(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature,
+                                                    top_k, delta, top_p, kernel=dispatch.triton_pool_kernel())
+    else:
+        out = dispatch.pool_op("pool_probs", chosen)(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature,
+                                                     top_k, delta, top_p)
+    return PooledProbs(*out)
 
 
 # ---- torch.library registration -------------------------------------------------------------

@@ -2,12 +2,14 @@
 `sample_residual`, their argument checks and randomness, their fake implementations, and the
 unchecked fast path the decoders call.
 
-Data checks (NaN scores, uniforms in [0, 1), probabilities in [0, 1]) cost one small reduction
-per tensor, and one call reads all of them back together: a read-back from a GPU is a host
-synchronisation, and on the CPU each extra op and transfer costs microseconds a decoding loop pays
-every step. They keep the kernels free of undefined cases. The decoders' probabilities come from
-the kernels and their uniforms from the image streams, so they call `verify_grid_unchecked` /
-`sample_residual_unchecked`, which skip those checks on the compiled backends (cpu, cuda).
+The fast path (`verify_grid_unchecked`, `sample_residual_unchecked`) picks the backend once and
+launches that backend's kernel (`_verify_grid`, `_sample_residual`), checking nothing and reading
+nothing back. Each public op is its checks and the same launch. The checks of shapes, dtypes and
+scalars cost O(1). The checks over values (probabilities in [0, 1], uniforms in [0, 1), NaN
+scores) ride in the kernel's own pass: the kernel writes one code per row (sample_residual) or
+per grid (verify_grid), the op reads one flag from those codes and, only when it is set, looks
+again to say what is wrong. The decoders' probabilities come from the kernels and their uniforms
+from the image streams, so they call the fast path directly.
 """
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ def _read_values(stats: list):
 
 
 def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
-    """Returns normalised (p, q, tau, uniforms, radius, valid); q/uniforms None when unused."""
+    """Returns normalised (p, q, tau, uniforms, radius, valid), checked for everything but their
+    values (the kernels check those, see `explain_verify_values`); q/uniforms None when unused."""
     check_tensor(p, "p")
     if p.dim() != 3:
         fail(f"p must be 3-D [B, H, W], got shape {tuple(p.shape)}")
@@ -134,7 +137,6 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         if tau is None:
             fail("tau is required for rule='threshold' (accept iff p >= tau)")
         tau = check_finite_scalar(tau, "tau")
-        _check_no_nan(_read_values(_nan_stat(p)), p, "p")
         # The threshold rule uses neither the draft probabilities nor randomness.
         return p, None, tau, None, radius, valid
     if tau is not None:
@@ -146,17 +148,20 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         if generator is not None:
             _check_generator(generator, p.device)
         uniforms = torch.rand((b, h, w), generator=generator, device=p.device, dtype=torch.float32)
-        drawn = True
     else:
         uniforms = _uniforms_layout(uniforms, (b, h, w), p.device, generator)
-        drawn = False
-    # Every value check of the call from one transfer.
-    values = _read_values(_nan_stat(p) + _nan_stat(q) + ([] if drawn else _uniform_stats(uniforms)))
-    _check_no_nan(values, p, "p")
-    _check_no_nan(values, q, "q")
-    if not drawn:
-        _check_uniform_values(values, uniforms)
     return p, q, 0.0, uniforms, radius, valid
+
+
+def explain_verify_values(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]):
+    """Raise the ValueError that names what is wrong with the values of verify_grid's inputs (the
+    error path only: a kernel's grid codes said something is)."""
+    values = _read_values(_nan_stat(p) + ([] if q is None else _nan_stat(q)) + _uniform_stats(uniforms))
+    _check_no_nan(values, p, "p")
+    if q is not None:
+        _check_no_nan(values, q, "q")
+    _check_uniform_values(values, uniforms)
+    raise RuntimeError("verify_grid: a kernel flagged the input values but none is out of range; please report this")
 
 
 def _check_range(lo: float, hi: float, name: str):
@@ -176,7 +181,8 @@ def philox_seed(generator: Optional[torch.Generator], device: torch.device) -> i
 
 
 def sample_residual_args(p, q, uniforms, generator):
-    """Returns normalised (p, q, uniforms) for sample_residual; uniforms stays None when the
+    """Returns normalised (p, q, uniforms) for sample_residual, checked for everything but their
+    values (the kernels check those, see `explain_sample_values`); uniforms stays None when the
     caller gave none (the generator, if any, is checked): randomness is drawn by the caller of
     this function (`philox_seed` for the kernels, `uniforms_arg` for the reference)."""
     check_tensor(p, "p")
@@ -194,8 +200,13 @@ def sample_residual_args(p, q, uniforms, generator):
             _check_generator(generator, p.device)
     else:
         uniforms = _uniforms_layout(uniforms, (m,), p.device, generator)
-    # Every value check of the call from one transfer: p's extremes and smallest row maximum
-    # (a row below 2**-30 everywhere has no mass), q's and the uniforms' extremes.
+    return p, q, uniforms
+
+
+def explain_sample_values(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]):
+    """Raise the ValueError that names what is wrong with the values of sample_residual's inputs
+    (the error path only: a kernel's row codes said something is)."""
+    m = p.shape[0]
     stats = []
     if m:
         row_min, row_max = torch.aminmax(p, dim=1)
@@ -212,7 +223,8 @@ def sample_residual_args(p, q, uniforms, generator):
     if q is not None and q.numel():
         _check_range(next(values), next(values), "q")
     _check_uniform_values(values, uniforms)
-    return p, q, uniforms
+    raise RuntimeError("sample_residual: a kernel flagged the input values but none is out of range; "
+                       "please report this")
 
 
 # ---- the public ops -------------------------------------------------------------------------
@@ -255,15 +267,12 @@ def verify_grid(
     """
     p, q, tau, uniforms, radius, valid = verify_grid_args(
         p, q, rule, tau, uniforms, generator, mode, radius, valid)
-    chosen = dispatch.resolve(backend, p.device)
-    if chosen == "reference":
-        return _reference.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode,
-                                             radius=radius, valid=valid)
-    if chosen == "triton":
-        out = dispatch.triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius)
-    else:
-        out = dispatch.compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius)
-    return GridVerdict(*out)
+    chosen = dispatch.resolve_for("verify_grid", backend, p.device)
+    grid_errors = torch.empty(p.shape[0], dtype=torch.int32, device=p.device)
+    out = _verify_grid(chosen, p, q, rule, tau, uniforms, mode, radius, valid, grid_errors)
+    if p.shape[0] and bool(grid_errors.any()):  # the one read of the value checks
+        explain_verify_values(p, q, uniforms)
+    return out
 
 
 def sample_residual(
@@ -297,71 +306,101 @@ def sample_residual(
         SampleResult(tokens int32 [M] in [0, V), fallback bool [M]).
     """
     p, q, uniforms = sample_residual_args(p, q, uniforms, generator)
-    chosen = dispatch.resolve(backend, p.device)
-    if chosen == "reference":
-        if uniforms is None:  # the reference cannot run the kernels' Philox stream: torch.rand
+    chosen = dispatch.resolve_for("sample_residual", backend, p.device)
+    seed = 0
+    if uniforms is None:
+        if chosen == "reference":  # the reference cannot run the kernels' Philox stream: torch.rand
             uniforms = uniforms_arg(None, (p.shape[0],), p.device, generator)
+        else:
+            seed = philox_seed(generator, p.device)
+    row_errors = torch.empty(p.shape[0], dtype=torch.int32, device=p.device)
+    out = _sample_residual(chosen, p, q, uniforms, seed, row_errors)
+    if p.shape[0] and bool(row_errors.any()):  # the one read of the value checks
+        explain_sample_values(p, q, uniforms)
+    return out
+
+
+# ---- the decoders' fast path ----------------------------------------------------------------
+
+def _sample_residual(chosen: str, p, q, uniforms, seed: int, row_errors=None) -> SampleResult:
+    """sample_residual's kernel on backend `chosen`; with `row_errors` [M] int32 the kernel also
+    writes each row's value-check code there (specdec.reference.verification.BAD_P and others)."""
+    if chosen == "reference":
+        if row_errors is not None:
+            row_errors.copy_(_reference.sample_residual_row_errors(p, q, uniforms))
         return _reference.sample_residual(p, q, uniforms)
-    seed = 0 if uniforms is not None else philox_seed(generator, p.device)
     if chosen == "triton":
-        out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0,
+        out = dispatch.triton("verification").sample_residual(p, q, uniforms, seed, 0, row_errors,
                                                               kernel=dispatch.triton_pool_kernel())
+    elif row_errors is not None:  # the value checks ride in the default kernel (no variant takes them)
+        out = dispatch.compiled_op("sample_residual")(p, q, uniforms, seed, 0, row_errors=row_errors)
     else:
         out = dispatch.pool_op("sample_residual", chosen)(p, q, uniforms, seed, 0)
     return SampleResult(*out)
 
 
-# ---- the decoders' fast path ----------------------------------------------------------------
-
 def sample_residual_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor,
                               backend: Optional[str] = None) -> SampleResult:
-    """`sample_residual` with caller-supplied uniforms, without the value checks on cpu/cuda."""
+    """`sample_residual` on arguments the caller has checked: float32 rows of probabilities and
+    uniforms in [0, 1) (the decoders' come from the kernels and the image streams)."""
     chosen = dispatch.resolve_for("sample_residual", backend, p.device)
-    if chosen in ("cpu", "cuda"):
-        q = None if q is None else q.float().contiguous()
-        op = dispatch.pool_op("sample_residual", chosen)
-        return SampleResult(*op(p.float().contiguous(), q, uniforms.contiguous(), 0, 0))
-    return sample_residual(p, q, uniforms=uniforms, backend=chosen)
+    q = None if q is None else q.float().contiguous()
+    return _sample_residual(chosen, p.float().contiguous(), q, uniforms.contiguous(), 0)
+
+
+def _verify_grid(chosen: str, p, q, rule, tau, uniforms, mode, radius, valid, grid_errors=None) -> GridVerdict:
+    """verify_grid's kernel on backend `chosen`; with `grid_errors` [B] int32 the kernel also
+    writes each grid's value-check code there (specdec.reference.verification.NAN_P and others)."""
+    if chosen == "reference":
+        if grid_errors is not None:
+            grid_errors.copy_(_reference.verify_grid_errors(p, q, uniforms))
+        return _reference.verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius,
+                                      valid=valid)
+    if chosen == "triton":
+        out = dispatch.triton("verification").verify_grid(p, q, uniforms, valid, rule, tau, mode, radius, grid_errors)
+    else:
+        out = dispatch.compiled_op("verify_grid")(p, q, uniforms, valid, rule, tau, mode, radius,
+                                                  grid_errors=grid_errors)
+    return GridVerdict(*out)
 
 
 def verify_grid_unchecked(p: torch.Tensor, q: Optional[torch.Tensor], rule: str, *, tau: Optional[float] = None,
                           uniforms: Optional[torch.Tensor] = None, mode: str = "local", radius: int = 1,
                           valid: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> GridVerdict:
-    """`verify_grid` without its NaN and uniform-range checks (one read-back per call) on
-    cpu/cuda: p and q come from the kernels, the uniforms from the image streams."""
-    if dispatch.runs_compiled("verify_grid", backend, p.device):
-        p = p.float().contiguous()
-        if rule == "ratio":
-            q, uniforms, tau = q.float().contiguous(), uniforms.contiguous(), 0.0
-        else:
-            q, uniforms, tau = None, None, float(tau)
-        valid = None if valid is None else valid.contiguous()
-        return GridVerdict(*torch.ops.specdec.verify_grid(p, q, uniforms, valid, rule, tau, mode, radius))
-    return verify_grid(p, q, rule=rule, tau=tau, uniforms=uniforms, mode=mode, radius=radius, valid=valid,
-                       backend=dispatch.resolve_for("verify_grid", backend, p.device))
+    """`verify_grid` on arguments the caller has checked: scores without NaN, uniforms in [0, 1)
+    for rule="ratio" (the decoders' come from the kernels and the image streams)."""
+    chosen = dispatch.resolve_for("verify_grid", backend, p.device)
+    p = p.float().contiguous()
+    if rule == "ratio":
+        q, uniforms, tau = q.float().contiguous(), uniforms.contiguous(), 0.0
+    else:
+        q, uniforms, tau = None, None, float(tau)
+    valid = None if valid is None else valid.contiguous()
+    return _verify_grid(chosen, p, q, rule, tau, uniforms, mode, radius, valid)
 
 
 # ---- torch.library registration -------------------------------------------------------------
 
-def _fake_verify_grid(p, q, uniforms, valid, rule, tau, mode, radius):
+def _fake_verify_grid(p, q, uniforms, valid, rule, tau, resample_mode, radius, grid_errors=None):
     b = p.shape[0]
     return (p.new_empty(p.shape, dtype=torch.bool), p.new_empty(p.shape, dtype=torch.bool),
             p.new_empty((b,), dtype=torch.int32), p.new_empty(p.shape, dtype=torch.int32),
             p.new_empty((b,), dtype=torch.int32))
 
 
-def _fake_sample_residual(p, q, uniforms, seed, offset):
+def _fake_sample_residual(p, q, uniforms, seed, offset, row_errors=None):
     m = p.shape[0]
     return p.new_empty((m,), dtype=torch.int32), p.new_empty((m,), dtype=torch.bool)
 
 
-dispatch.register("verify_grid", _fake_verify_grid, lambda: dispatch.triton("verification").verify_grid)
 def _fake_sample_residual_variant(p, q, uniforms, seed, offset, variant):
     return _fake_sample_residual(p, q, uniforms, seed, offset)
 
 
+dispatch.register("verify_grid", _fake_verify_grid, lambda: dispatch.triton("verification").verify_grid)
 dispatch.register("sample_residual", _fake_sample_residual, lambda: dispatch.triton("verification").sample_residual)
 dispatch.register("sample_residual_variant", _fake_sample_residual_variant)   # CUDA only (SPECDEC_CUDA_POOL)
 
-__all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "philox_seed", "sample_residual", "sample_residual_args",
-           "sample_residual_unchecked", "uniforms_arg", "verify_grid", "verify_grid_args", "verify_grid_unchecked"]
+__all__ = ["GridVerdict", "MAX_VOCAB", "SampleResult", "explain_sample_values", "explain_verify_values", "philox_seed",
+           "sample_residual", "sample_residual_args", "sample_residual_unchecked", "uniforms_arg", "verify_grid",
+           "verify_grid_args", "verify_grid_unchecked"]

@@ -3,8 +3,9 @@
 `verify_grid` decides which drafted grid positions are kept, which are resampled, and splits
 the resampled set into 8-connected islands; `sample_residual` draws the replacement tokens.
 Everything is vectorised over the batch; the only loops are the rounds of the connected
-component labelling (min-label hooking + pointer jumping), whose count is logarithmic in
-practice and never one round per pixel of a path.
+component labelling of 2-D grids (min-label hooking + pointer jumping), whose count is
+logarithmic in practice and never one round per pixel of a path; each round reads a convergence
+flag back. One-row grids (the decoders' drafts) are labelled in closed form, without a read.
 
 Sampling arithmetic (shared bit for bit with csrc/include/specdec/verify_math.h and
 triton_kernels/verification.py): a float32 cumulative sum depends on the summation order, so
@@ -25,6 +26,18 @@ from specdec._types import GridVerdict, SampleResult
 #: Fixed-point resolution of residual masses (see the module docstring).
 MASS_FRACTION_BITS = 30
 MASS_UNIT = 2.0 ** -MASS_FRACTION_BITS
+
+#: Bits of a row's code in the value checks of sample_residual (`sample_residual_row_errors`), the
+#: same on every backend: the kernels set them in the pass they make over the row anyway.
+BAD_P = 1       #: an entry of p is NaN or outside [0, 1]
+P_NO_MASS = 2   #: every entry of p is below MASS_UNIT
+BAD_Q = 4       #: an entry of q is NaN or outside [0, 1]
+BAD_UNIFORM = 8  #: the row's uniform is NaN or outside [0, 1)
+
+#: Bits of a grid's code in the value checks of verify_grid (`verify_grid_errors`).
+NAN_P = 1          #: a score p is NaN
+NAN_Q = 2          #: a draft probability q is NaN (rule="ratio")
+BAD_GRID_UNIFORM = 4  #: a uniform is NaN or outside [0, 1) (rule="ratio")
 
 RULES = ("threshold", "ratio")
 MODES = ("raster", "independent", "local")
@@ -56,6 +69,19 @@ def _dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
     x = mask.to(torch.float32)[:, None]  # [B, 1, H, W]
     x = torch.nn.functional.max_pool2d(x, kernel_size=k, stride=1, padding=radius)
     return x[:, 0] > 0
+
+
+def label_runs(resample: torch.Tensor) -> torch.Tensor:
+    """label_islands of one-row grids [B, 1, W] in closed form: the islands are the runs of set
+    positions, each labelled by its first index (a running maximum of the run starts). No loop and
+    no read-back, so the decoders' drafts (one row of tokens per image) cost no host round trip."""
+    b, _, w = resample.shape
+    s = resample.reshape(b, w)
+    before = torch.nn.functional.pad(s, (1, 0), value=False)[:, :w]
+    index = torch.arange(w, device=s.device, dtype=torch.int64).expand(b, w)
+    starts = torch.where(s & ~before, index, torch.full_like(index, -1))
+    label = torch.cummax(starts, dim=1).values
+    return torch.where(s, label, torch.full_like(label, -1)).to(torch.int32).view(b, 1, w)
 
 
 def label_islands(resample: torch.Tensor, return_rounds: bool = False):
@@ -129,7 +155,7 @@ def verify_grid(
         resample = rejected
     else:
         resample = valid & at_or_after & _dilate(rejected, radius)
-    islands = label_islands(resample)
+    islands = label_runs(resample) if h == 1 else label_islands(resample)
     num_islands = (islands == raster.to(torch.int32)).reshape(b, -1).sum(1).to(torch.int32)
     return GridVerdict(valid & ~resample, resample, first_reject.to(torch.int32), islands, num_islands)
 
@@ -153,6 +179,37 @@ def inverse_cdf(units: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # of entries at or below it.
     index = (cum <= threshold[:, None]).sum(1)
     return index.clamp(max=units.shape[1] - 1).to(torch.int32)
+
+
+def _flag(bad_rows: torch.Tensor, bit: int) -> torch.Tensor:
+    return bad_rows.to(torch.int32) * bit
+
+
+def sample_residual_row_errors(p: torch.Tensor, q: Optional[torch.Tensor],
+                               uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """The value checks of sample_residual, one int32 code per row (0: the row is fine; else the
+    bits BAD_P, P_NO_MASS, BAD_Q, BAD_UNIFORM). `not (x >= 0)` rather than `x < 0` so that NaN
+    counts as bad."""
+    in_unit = (p >= 0) & (p <= 1)
+    code = _flag(~in_unit.all(1), BAD_P) | _flag(~(p >= MASS_UNIT).any(1), P_NO_MASS)
+    if q is not None:
+        code |= _flag(~((q >= 0) & (q <= 1)).all(1), BAD_Q)
+    if uniforms is not None:
+        code |= _flag(~((uniforms >= 0) & (uniforms < 1)), BAD_UNIFORM)
+    return code
+
+
+def verify_grid_errors(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """The value checks of verify_grid, one int32 code per grid (0: fine; else the bits NAN_P,
+    NAN_Q, BAD_GRID_UNIFORM); q and uniforms are given for rule="ratio" only."""
+    b = p.shape[0]
+    code = _flag(torch.isnan(p).reshape(b, -1).any(1), NAN_P)
+    if q is not None:
+        code |= _flag(torch.isnan(q).reshape(b, -1).any(1), NAN_Q)
+    if uniforms is not None:
+        outside = ~((uniforms >= 0) & (uniforms < 1))
+        code |= _flag(outside.reshape(b, -1).any(1), BAD_GRID_UNIFORM)
+    return code
 
 
 def sample_residual(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: torch.Tensor) -> SampleResult:

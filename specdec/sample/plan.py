@@ -63,7 +63,8 @@ def _class_id(value, num_classes: int, class_names: Sequence[str], where: str) -
     return value
 
 
-def parse_classes(values: Optional[Sequence[str]], num_classes: int, class_names: Sequence[str] = ()) -> Optional[List[int]]:
+def parse_classes(values: Optional[Sequence[str]], num_classes: int,
+                  class_names: Sequence[str] = ()) -> Optional[List[int]]:
     """--classes 0 3 7 or --classes 0,3,7 (ids or class names) -> [0, 3, 7]; None when not given."""
     if values is None:
         return None

@@ -230,7 +230,8 @@ def gather(job: Job, out_dir: str, per_rank: List[dict], todo: dict, wall_s: flo
              "draft_forwards": sum(r["draft_forwards"] for r in per_rank), "wall_s": wall_s,
              "images_per_s": decoded / wall_s if wall_s > 0 else 0.0,
              "target_forwards_per_image": sum(r["target_forwards"] for r in per_rank) / max(1, decoded)}
-    summary = {"method": job.settings["method"], "num": len(job.items), "skipped_as_done": len(job.items) - len(todo["pending"]),
+    summary = {"method": job.settings["method"], "num": len(job.items),
+               "skipped_as_done": len(job.items) - len(todo["pending"]),
                "world_size": len(per_rank), "attempt": todo["attempt"], "npz_shape": list(shape),
                "npz_s": time.perf_counter() - t0, "total": total, "per_rank": per_rank}
     store.atomic_write_json(os.path.join(out_dir, "stats.json"), summary)

@@ -180,7 +180,8 @@ def write_npz(path: str, images: Iterable[np.ndarray], shape: Tuple[int, int, in
                     np.lib.format.write_array_header_1_0(f, header)
                     for image in images:
                         if image.shape != shape[1:] or image.dtype != np.uint8:
-                            raise ValueError(f"image {written} is {image.dtype} {image.shape}, expected uint8 {shape[1:]}")
+                            raise ValueError(f"image {written} is {image.dtype} {image.shape}, expected uint8 "
+                                             f"{shape[1:]}")
                         f.write(np.ascontiguousarray(image).tobytes())
                         written += 1
             raw.flush()

@@ -51,7 +51,8 @@ def run_one(name: str, argv: List[str]) -> None:
         importlib.import_module(f"specdec.train.{module}").main(extra + list(argv))
 
 
-def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object], poll_seconds: float = 0.5) -> Dict[str, float]:
+def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object],
+             poll_seconds: float = 0.5) -> Dict[str, float]:
     """Run `names` at most `jobs` at a time, each once its NEEDS are done. `start(name)` returns a
     Popen-like object (poll() -> None while running, else the exit code). Returns wall seconds
     per script; raises RuntimeError naming the first script that fails."""

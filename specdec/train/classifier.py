@@ -63,7 +63,8 @@ def main(argv=None) -> None:
     model.register_buffer("pool_features", feats[n_ref:n].half().contiguous())
     model.register_buffer("pool_labels", test_labels[n_ref:n].to(torch.int16).contiguous())
     path = os.path.join(args.out, "evaluator.safetensors")
-    save_weights(model, path, {"num_classes": 10}, test_accuracy=acc, train_seconds=log.elapsed(), train_cpu_seconds=log.cpu(), steps=steps)
+    save_weights(model, path, {"num_classes": 10}, test_accuracy=acc, train_seconds=log.elapsed(),
+                 train_cpu_seconds=log.cpu(), steps=steps)
     log(f"saved {path}")
 
 

@@ -25,7 +25,8 @@ GENERATION_BATCH = 8
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("a model of your own (as `specdec generate --model` takes it)")
     g.add_argument("--model", default=None, metavar="PATH",
-                   help="a transformers save_pretrained folder or a LlamaGen checkpoint, instead of the embedded target")
+                   help="a transformers save_pretrained folder or a LlamaGen checkpoint, instead of the embedded "
+                        "target")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="text-conditional --model: one prompt per line (text, or a JSON list of token ids), cycled")
     g.add_argument("--vq", default=None, metavar="PATH", help="LlamaGen: the VQ checkpoint (needed by the up-sampler)")

@@ -113,7 +113,8 @@ def _fit_on_wrapped_model(args, steps: int, batch: int, rng: torch.Generator, lo
         return _fit_on_previews(args, gen, steps, batch, rng, log)
     tok = family.tokenizer
     if tok is None or not hasattr(tok, "encode"):
-        raise SystemExit(f"--model {args.model}: no VQ encoder (LlamaGen: pass --vq), which the up-sampler's pairs need")
+        raise SystemExit(f"--model {args.model}: no VQ encoder (LlamaGen: pass --vq), which the up-sampler's pairs "
+                         "need")
     if high.shape[1] % args.factor or high.shape[2] % args.factor:
         raise SystemExit(f"--factor {args.factor} does not divide the model's grid {tuple(high.shape[1:])}")
     high = high.to(args.device)

@@ -81,7 +81,8 @@ def main(argv=None) -> None:
             used = torch.unique(codes).numel()
             log(f"test {size}x{size}: reconstruction mse {mse:.4f}, codes used {used}/{model.codebook_size}")
     path = os.path.join(args.out, "tokenizer.safetensors")
-    save_weights(model, path, model.config.to_dict(), train_seconds=log.elapsed(), train_cpu_seconds=log.cpu(), steps=steps)
+    save_weights(model, path, model.config.to_dict(), train_seconds=log.elapsed(), train_cpu_seconds=log.cpu(),
+                 steps=steps)
     log(f"saved {path}")
 
 

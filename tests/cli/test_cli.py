@@ -3,7 +3,6 @@ and (when the trained weights are present) the embedded default family end to en
 import json
 
 import pytest
-import torch
 
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, decoding

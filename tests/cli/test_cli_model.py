@@ -1,7 +1,6 @@
 """`specdec generate --model PATH`: LlamaGen checkpoints (class-conditional, text-to-image with
 caption features from a file) and transformers folders (through specdec.models.hf.load_pretrained,
 faked here), with one-line errors (exit code 2, no traceback) for every way a model can be wrong."""
-import os
 import subprocess
 import sys
 import types
@@ -241,7 +240,8 @@ def test_ssd_heads_and_a_drafter_from_files(files, heads_files, tmp_path):
 
 
 @pytest.mark.parametrize("method, extra, match", [
-    ("ssd", ["--heads", "{d}/heads16.safetensors"], "heads for hidden size 16 and grid width 4, the model has 32 and 4"),
+    ("ssd", ["--heads", "{d}/heads16.safetensors"],
+     "heads for hidden size 16 and grid width 4, the model has 32 and 4"),
     ("ar", ["--heads", "{d}/heads.safetensors"], "--heads: ar takes no SSD heads"),
     ("ar", ["--drafter", "{d}/c2i.pt"], "--drafter: ar takes no drafter"),
     ("ssd", ["--heads", "{d}/nope.safetensors"], "--heads {d}/nope.safetensors: no such file or directory"),

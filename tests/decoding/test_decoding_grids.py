@@ -44,10 +44,12 @@ def test_every_method_decodes_a_non_square_grid_batched(fam, method):
 
 def test_zipar_with_a_full_row_window_is_ar_at_h_not_w(fam):
     H, W = fam.target.grid
-    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W), run=RunSettings(seed=4, sampling=SAMPLING))
+    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W),
+                     run=RunSettings(seed=4, sampling=SAMPLING))
     b = ar.decode(fam.target, CLASSES, run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1), run=RunSettings(seed=4, sampling=SAMPLING))
+    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1),
+                          run=RunSettings(seed=4, sampling=SAMPLING))
     assert narrow.stats.target_forwards_per_image == (H - 1) + W
 
 

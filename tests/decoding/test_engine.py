@@ -220,7 +220,8 @@ def test_compiled_ar_gives_the_eager_tokens_without_graph_breaks(fam):
 SHARED = [("sjd", {}), ("ssd", {}), ("mulo", {}), ("mulo", dict(resample="raster"))]
 
 
-@pytest.mark.parametrize("method,options", SHARED, ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o in SHARED])
+@pytest.mark.parametrize("method,options", SHARED,
+                         ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o in SHARED])
 def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, monkeypatch, method, options):
     """The images of a batch share their passes: with batch_size=3 the target passes the runner
     actually makes are fewer than the single-image runs' together (each pass counts once, whatever

@@ -6,9 +6,9 @@
 - when the extension was built with CUDA, its fatbinary holds sm_90a machine code (cuobjdump);
 - the attention kernels' machine code: 16-bit programs issue tensor-core instructions (HMMA or
   HGMMA in the SASS), float32 programs none (IEEE dots), and nothing spills to local memory
-  (benchmarks/machine/MC.py reads cuobjdump -res-usage / -sass, and writes the same as a table).
+  (benchmarks/machine/machine_code.py, imported as MC, reads cuobjdump -res-usage / -sass, and
+  writes the same as a table).
 """
-import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -20,7 +20,7 @@ import specdec
 import specdec.triton_kernels
 
 TRITON_MODULES = sorted(m.name for m in pkgutil.iter_modules(specdec.triton_kernels.__path__))
-from helpers import ROOT, machine_code as _machine_code  # noqa: E402
+from helpers import machine_code as _machine_code  # noqa: E402
 
 MC = _machine_code()
 _LOWERED = {}
@@ -73,7 +73,7 @@ def _sass_tools_or_skip():
 
 @pytest.mark.parametrize("module", ["pooling", "verification"])
 def test_triton_pooling_kernels_use_128bit_loads(module, tmp_path_factory):
-    """Issue #19 item 5: at an aligned launch (16-byte aligned rows, V % 16 == 0: LlamaGen's
+    """At an aligned launch (16-byte aligned rows, V % 16 == 0: LlamaGen's
     V = 16384) the row-streaming loads of pool_probs, sampling_probs and sample_residual are
     128-bit (LDG.E.128), and no config spills (checked for all specs above)."""
     _sass_tools_or_skip()
@@ -91,7 +91,7 @@ def test_triton_pooling_kernels_use_128bit_loads(module, tmp_path_factory):
 @pytest.mark.skipif(not specdec.build_info()["cuda_kernels"], reason="extension built without CUDA kernels")
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_cuda_pooling_kernels_use_128bit_loads_and_do_not_spill(arch):
-    """Issue #19 item 5, CUDA: every instantiation of the pooling kernels is free of spills, and the
+    """CUDA: every instantiation of the pooling kernels is free of spills, and the
     shared-memory (v2) kernels read their rows with LDG.E.128 (v1 streams with scalar loads)."""
     _sass_tools_or_skip()
     if arch[3:] not in [a.replace(".", "") for a in specdec.build_info()["cuda_archs"]]:
@@ -138,7 +138,7 @@ def test_cuda_attention_kernels_never_spill():
     assert len(split) == 24 * len(archs) and archs, sorted(archs)
     spilled = [(u["arch"], k, u["STACK"], u["LOCAL"]) for u, k in kernels if u["STACK"] or u["LOCAL"]]
     # The default wmma kernel (tree_attention_kernel) has kept an 8-byte frame in float32 on
-    # sm_80 since before issue #19: tolerated as the Triton test tolerates a few words.
+    # sm_80 for longer than the split kernels: tolerated as the Triton test tolerates a few words.
     assert all(k[0] == "tree_attention_kernel" and stack <= 64 and not local for _, k, stack, local in spilled), (
         f"attention kernels with a stack frame or local memory: {spilled}")
 

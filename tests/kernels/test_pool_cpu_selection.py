@@ -1,4 +1,4 @@
-"""The CPU kernels' few-pass selection (issue #28): top-k by radix select on the ordered keys, the
+"""The CPU kernels' few-pass selection: top-k by radix select on the ordered keys, the
 top-p nucleus by the same radix walk over int64 sums of the fixed-point weights, and the
 vectorised sample_residual, against the reference on inputs built to stress them.
 
@@ -202,7 +202,8 @@ def test_rows_with_a_stride():
     u = torch.randn(5, 300)[:, 11:128]
     assert x.stride(0) != x.shape[1]
     for kw in (dict(), dict(top_k=9), dict(top_p=0.6)):
-        assert torch.equal(_sampling(x, u, cfg_scale=2.0, **kw), _sampling(x.contiguous(), u.contiguous(), cfg_scale=2.0, **kw))
+        assert torch.equal(_sampling(x, u, cfg_scale=2.0, **kw),
+                           _sampling(x.contiguous(), u.contiguous(), cfg_scale=2.0, **kw))
         assert_probs_match(_sampling(x, u, cfg_scale=2.0, **kw),
                            ref.sampling_probs(x, uncond_logits=u, cfg_scale=2.0, **kw))
 

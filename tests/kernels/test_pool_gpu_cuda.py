@@ -1,4 +1,4 @@
-"""The CUDA pooling variants (issue #28; issue #27 item 7): chosen from Python, never by getenv in C++.
+"""The CUDA pooling variants: chosen from Python, never by getenv in C++.
 
 SPECDEC_CUDA_POOL in {"default", "v2", "radix"} picks, on the cuda backend, the plain op
 (torch.ops.specdec.pool_probs / sampling_probs / sample_residual: the kernels run on the H200) or the
@@ -99,7 +99,7 @@ def test_variant_fakes_trace():
 
 
 def test_cuda_sources_read_no_environment():
-    # Issue #27 item 7: the variant is an argument chosen in Python, not an environment read in C++.
+    # The variant is an argument chosen in Python, not an environment read in C++.
     import glob
     import os
 

@@ -1,4 +1,4 @@
-"""Machine code of the opt-in pooling kernels of issue #28, read without a GPU (cuobjdump / nvdisasm):
+"""Machine code of the opt-in pooling kernels, read without a GPU (cuobjdump / nvdisasm):
 
 - Triton, kernel="onchip" (every spec in LOWERING_SPECS of specdec.triton_kernels.{pooling,verification}
   whose kernel name holds "onchip": the launch configs of _onchip_config / _onchip_options), lowered
@@ -10,7 +10,6 @@
 Kernel names for benchmarks' machine-code reader: TRITON_ONCHIP and CUDA_RADIX below.
 Skipped where cuobjdump / nvdisasm, the Triton NVIDIA backend or the CUDA kernels are missing.
 """
-import importlib.util
 import re
 
 import pytest

@@ -1,4 +1,4 @@
-"""The opt-in Triton pooling kernels (kernel="onchip", issue #28 items 2-3): the row read once and
+"""The opt-in Triton pooling kernels (kernel="onchip"): the row read once and
 held in registers, top-k and top-p found by a bracket search that snaps to keys present in the row.
 
 They have never run on a GPU. Here they run under the Triton interpreter on CPU tensors (and on

@@ -297,7 +297,8 @@ def test_reference_materialises_but_is_the_definition():
     # Independent check of the reference itself, written from docs/design.md step by step in float64.
     g = torch.Generator().manual_seed(13)
     v, k, delta = 12, 5, 0.15
-    cond, uncond = torch.randn(1, v, generator=g, dtype=torch.float64), torch.randn(1, v, generator=g, dtype=torch.float64)
+    cond = torch.randn(1, v, generator=g, dtype=torch.float64)
+    uncond = torch.randn(1, v, generator=g, dtype=torch.float64)
     nb = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(v)]).int()
     x = 4
     l = (uncond + 2.0 * (cond - uncond)) / 0.8

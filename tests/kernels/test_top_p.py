@@ -275,7 +275,8 @@ def test_decode_never_leaves_the_nucleus(method):
         out = ar.decode(target, classes, run=RunSettings(seed=3, sampling=sampling))
     else:
         drafter = tiny_gpt(grid, vocab, seed=2, dim=16, layers=1, scale=0.6)
-        out = sd.decode(target, classes, drafter=drafter, options=sd.SDOptions(chunk=3), run=RunSettings(seed=3, sampling=sampling))
+        out = sd.decode(target, classes, drafter=drafter, options=sd.SDOptions(chunk=3),
+                        run=RunSettings(seed=3, sampling=sampling))
     grids = out.tokens.reshape(len(classes), -1)
     with torch.no_grad():
         p0 = target.prefix_len - 1

@@ -1,4 +1,4 @@
-"""The opt-in tree_attention paths of issue #19 (specdec.ops.attention): split-KV decoding with
+"""The opt-in tree_attention paths (specdec.ops.attention): split-KV decoding with
 GQA heads packed into M (Triton and CUDA) and the CUDA tensor-core prefill kernel, each against
 the float64 reference with the same inputs and tolerances as tests/kernels/test_tree_attention.py, plus
 the dispatcher's routing and argument checks.

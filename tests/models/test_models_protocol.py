@@ -5,7 +5,7 @@ import torch
 
 import specdec
 from specdec.models import ARImageModel, GPTConfig, LlamaGenGPT, cfg_logits, split_cfg
-from specdec.models.attention import dense_tree_attention
+from specdec.models.attention import attend
 
 ATOL = 2e-5
 
@@ -210,17 +210,17 @@ def test_slot_invalidation_with_cfg_hits_both_halves():
     assert v.tolist() == [[True, False, True, True], [True, True, False, True]] * 2
 
 
-def test_dense_fallback_matches_reference_op():
+def test_models_attend_through_the_op():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
     q_pos = torch.randint(0, 9, (2, 5), dtype=torch.int32)
     kv_pos = torch.randint(0, 9, (2, 9), dtype=torch.int32)
     valid = torch.rand(2, 9) > 0.3
     tree = torch.randint(0, 2 ** 5, (2, 5, 1), dtype=torch.int32)
-    ours = dense_tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=valid, tree_mask=tree)
+    ours = attend(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=valid, tree_mask=tree, backend="reference")
     ref = specdec.ops.tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=valid, tree_mask=tree,
                                      backend="reference")
-    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    assert torch.equal(ours, ref)
 
 
 @pytest.mark.parametrize("call, match", [

@@ -13,8 +13,7 @@ from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # n
 from specdec import decoding
 from specdec.decoding.runner import ModelRunner
 from specdec.settings import Sampling
-from specdec.models import CheckpointMismatchError, LlamaGenGPT, Prompts, llamagen_manifest, load_llamagen
-from specdec.models.loaders import llamagen_gpt_config
+from specdec.models import CheckpointMismatchError, Prompts, llamagen_manifest, load_llamagen
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
 from llamagen_models import CAPTION_DIM, GRID, SLOTS, TINY, VOCAB, captions, t5_style, tiny_t2i, upstream_t2i_state
@@ -248,7 +247,8 @@ def test_runner_probs_follow_cfg_interval_and_rule():
         torch.testing.assert_close(p[:, n], torch.softmax(mixed / temp, -1), atol=1e-6, rtol=0)
     # cfg_rule: below 1 the default still mixes; LlamaGen's rule samples the conditional logits alone
     assert Sampling(cfg_scale=0.5).guided and not Sampling(cfg_scale=0.5, cfg_rule="llamagen").guided
-    assert not Sampling(cfg_scale=1.0, cfg_rule="llamagen").guided and Sampling(cfg_scale=1.01, cfg_rule="llamagen").guided
+    assert not Sampling(cfg_scale=1.0, cfg_rule="llamagen").guided and Sampling(cfg_scale=1.01,
+                                                                                cfg_rule="llamagen").guided
     r = ModelRunner(model, Sampling(cfg_scale=0.5, temperature=temp, cfg_rule="llamagen"), batch=2)
     assert not r.cache.cfg
     r.prefill(classes)

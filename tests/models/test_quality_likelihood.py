@@ -19,7 +19,9 @@ def target():
 
 
 def _excess_of_ar_at(target, temperature, seed):
-    tokens = ar.decode(target, CLASSES, run=RunSettings(seed=seed, batch_size=N, sampling=Sampling(cfg_scale=SAMPLING.cfg_scale, temperature=temperature))).tokens
+    tokens = ar.decode(target, CLASSES,
+                       run=RunSettings(seed=seed, batch_size=N,
+                                       sampling=Sampling(cfg_scale=SAMPLING.cfg_scale, temperature=temperature))).tokens
     return quality.likelihood_excess(target, tokens, CLASSES, SAMPLING, batch_size=128)
 
 

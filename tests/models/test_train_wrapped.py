@@ -168,7 +168,8 @@ def test_glm_image_from_the_command_line(tmp_path, keep_threads, capsys):
     for method, extra in (("ssd", ["--heads", heads]), ("mulo", [])):
         out = tmp_path / f"{method}.pt"
         assert cli.main(["generate", "--model", str(folder), *size, "--prompt", "a red fox", "--method", method,
-                         *extra, "--num", "2", "--seed", "0", "--quiet", "--out", str(out)]) == 0, capsys.readouterr().err
+                         *extra, "--num", "2", "--seed", "0", "--quiet", "--out", str(out)]) == 0, \
+            capsys.readouterr().err
         tokens = torch.load(str(out))["tokens"]
         assert tokens.shape == (2, 24, 16) and int(tokens.max()) < 16384
         assert prior_token_ids(tokens).shape == (2, 4 * 24 * 16)

@@ -238,7 +238,8 @@ def test_pieces_give_each_pending_index_to_exactly_one_rank_in_consecutive_runs(
             assert 1 <= count <= size
             got += range(first, first + count)
     assert sorted(got) == sorted(pending)
-    assert all(set(range(f, f + c)) <= set(pending) for r in range(world) for f, c in plan.pieces(list(pending), world, r, size))
+    assert all(set(range(f, f + c)) <= set(pending)
+               for r in range(world) for f, c in plan.pieces(list(pending), world, r, size))
 
 
 def test_progress_line_counts_earlier_images_toward_n_but_not_toward_the_rate():

@@ -119,7 +119,8 @@ def _record_engine():
     import sys
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))     # it imports bench_helpers
-    spec = importlib.util.spec_from_file_location("record_engine", os.path.join(ROOT, "benchmarks", "decoders", "record_engine.py"))
+    spec = importlib.util.spec_from_file_location("record_engine",
+                                                  os.path.join(ROOT, "benchmarks", "decoders", "record_engine.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -178,7 +179,8 @@ def test_the_scaling_table_and_plot_show_every_method_by_grid(tmp_path):
     import types
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("record_scaling", os.path.join(ROOT, "benchmarks", "decoders", "record_scaling.py"))
+    spec = importlib.util.spec_from_file_location("record_scaling",
+                                                  os.path.join(ROOT, "benchmarks", "decoders", "record_scaling.py"))
     rs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rs)
     stats = lambda fed: types.SimpleNamespace(stats=types.SimpleNamespace(target_tokens_fed=fed, images=2))  # noqa

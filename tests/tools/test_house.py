@@ -1,7 +1,7 @@
 """The house rules that code review alone would let slip, read from the sources with `ast`: no
 import cycle in specdec/ or triton_kernels/, models/ never imports decoding/, triton_kernels/
-imports nothing of specdec, no module of specdec/ over 500 lines, and no public function of
-specdec.decoding or specdec.ops with more than 10 parameters."""
+imports nothing of specdec, no Python module over 500 lines anywhere in the repository, and no
+public function of specdec.decoding or specdec.ops with more than 10 parameters."""
 import ast
 import os
 
@@ -104,10 +104,18 @@ def test_triton_kernels_import_nothing_of_specdec():
     assert bad == set()
 
 
+def python_files():
+    """Every Python file of the repository's own folders (package, kernels, benchmarks, tests)."""
+    for top in ("specdec", "triton_kernels", "benchmarks", "tests"):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            yield from (os.path.join(folder, f) for f in files if f.endswith(".py"))
+
+
 def test_no_module_over_500_lines():
-    long = {name: n for name, path in modules().items()
-            if path and not name.startswith("specdec.triton_kernels")
-            and (n := sum(1 for _ in open(path))) > 500}
+    files = list(python_files())
+    assert any(f.endswith(os.path.join("triton_kernels", "pooling.py")) for f in files)
+    long = {os.path.relpath(f, ROOT): n for f in files if (n := sum(1 for _ in open(f))) > 500}
     assert long == {}
 
 

@@ -13,7 +13,7 @@ namespace specdec {
 
 // Which kernels pool_probs, sampling_probs and sample_residual run on CUDA: the `variant` argument of
 // the pool_probs_variant / sampling_probs_variant / sample_residual_variant ops, chosen in Python
-// (specdec/ops.py reads SPECDEC_CUDA_POOL; the plain ops always run kStreamed).
+// (specdec/ops/dispatch.py reads SPECDEC_CUDA_POOL; the plain ops always run kStreamed).
 //   0 kStreamed: rows streamed from global memory, bisections: the default, run on H200s;
 //   1 kStaged ("v2"): rows staged once in shared memory with 128-bit loads, bisections;
 //   2 kRadix ("radix"): staged rows, radix-select thresholds (specdec/radix_select.cuh); rows too

@@ -23,6 +23,24 @@ namespace specdec {
 constexpr int kMassFractionBits = 30;
 constexpr float kMassScale = 1073741824.0f;  // 2^30
 
+// The value checks of sample_residual, one code per row (bits below; 0: the row is fine), as
+// sample_residual_row_errors in specdec/reference/verification.py defines them. The kernels set
+// them in the pass they already make over each row; the Python op reads one flag from the codes.
+constexpr int32_t kBadP = 1;        // an entry of p is NaN or outside [0, 1]
+constexpr int32_t kPNoMass = 2;     // every entry of p is below 2^-30
+constexpr int32_t kBadQ = 4;        // an entry of q is NaN or outside [0, 1]
+constexpr int32_t kBadUniform = 8;  // the row's uniform is NaN or outside [0, 1)
+
+// The value checks of verify_grid, one code per grid (bits; verify_grid_errors in
+// specdec/reference/verification.py defines them), set in the kernels' first pass over the grid.
+constexpr int32_t kNanP = 1;            // a score p is NaN
+constexpr int32_t kNanQ = 2;            // a draft probability q is NaN (rule="ratio")
+constexpr int32_t kGridBadUniform = 4;  // a uniform is NaN or outside [0, 1) (rule="ratio")
+
+SPECDEC_HD bool outside_unit(float x) { return !(x >= 0.0f && x <= 1.0f); }
+SPECDEC_HD bool has_mass(float x) { return x >= 1.0f / kMassScale; }
+SPECDEC_HD bool bad_uniform(float u) { return !(u >= 0.0f && u < 1.0f); }
+
 enum class VerifyRule : int { kThreshold = 0, kRatio = 1 };
 enum class VerifyMode : int { kRaster = 0, kIndependent = 1, kLocal = 2 };
 

@@ -46,7 +46,6 @@ import torch
 import torch.nn as nn
 
 from specdec import masks
-from specdec.models.attention import _compiled_tree_attention
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
 from specdec.models.protocol import ForwardOutput
@@ -221,7 +220,8 @@ class HFImageModel(nn.Module, abc.ABC):
             if isinstance(cond, (list, tuple)):
                 cond = Prompts(list(cond))
             else:
-                raise ValueError("cond must be a Prompts batch (or a list of 1-D token ids) for a text-conditional model")
+                raise ValueError("cond must be a Prompts batch (or a list of 1-D token ids) for a text-conditional "
+                                 "model")
         rows = [self._ids(c, f"prompts[{i}]") for i, c in enumerate(cond.cond)]
         if len(rows) != cache.batch:
             raise ValueError(f"{len(rows)} prompts for a cache of batch {cache.batch}")
@@ -231,7 +231,8 @@ class HFImageModel(nn.Module, abc.ABC):
                 raise ValueError(f"{len(negatives)} negative prompts for {len(rows)} prompts")
             for i, c in enumerate(list(rows)):
                 n = None if negatives is None else negatives[i]
-                rows.append(self.unconditional_prompt(c).long() if n is None else self._ids(n, f"negative_prompts[{i}]"))
+                rows.append(self.unconditional_prompt(c).long() if n is None else self._ids(n,
+                                                                                            f"negative_prompts[{i}]"))
         vocab = self.language_model.get_input_embeddings().num_embeddings
         for i, r in enumerate(rows):
             if int(r.min()) < 0 or int(r.max()) >= vocab:
@@ -288,7 +289,8 @@ class HFImageModel(nn.Module, abc.ABC):
         if tree_mask is not None:
             words = masks.num_words(N)
             if tree_mask.dtype != torch.int32 or tree_mask.dim() != 3 or tree_mask.shape[1:] != (N, words):
-                raise ValueError(f"tree_mask must be int32 [B, {N}, {words}], got {tuple(tree_mask.shape)} {tree_mask.dtype}")
+                raise ValueError(f"tree_mask must be int32 [B, {N}, {words}], got {tuple(tree_mask.shape)} "
+                                 f"{tree_mask.dtype}")
             if tree_mask.shape[0] == cache.batch and cache.cfg:
                 tree_mask = torch.cat([tree_mask, tree_mask])
             if tree_mask.shape[0] != cache.rows:
@@ -379,8 +381,6 @@ class HFImageModel(nn.Module, abc.ABC):
             old = cache.valid.clone().scatter_(1, slots, False)[:, :limit]
             kv_valid = torch.cat([old, live], dim=1)
             kv_pos = torch.cat([cache.kv_pos[:, :limit], q_pos], dim=1)
-        if backend is None and h.device.type == "cpu" and not _compiled_tree_attention():
-            backend = "reference"   # an extension built before kernel 3
         position_ids = self.position_ids(cache, slots)
         position_embeddings = self.rotary_embeddings(h, position_ids)
         visibility = dict(q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask,

@@ -122,7 +122,8 @@ def image_token_ids(hf_model, image_tokens: ImageTokens = None) -> torch.Tensor:
     return ids
 
 
-def codebook_for(hf_model, image_ids: torch.Tensor, codebook: Union[str, torch.Tensor, None] = "vq") -> Optional[torch.Tensor]:
+def codebook_for(hf_model, image_ids: torch.Tensor,
+                 codebook: Union[str, torch.Tensor, None] = "vq") -> Optional[torch.Tensor]:
     """[K, D] code vectors for LANTERN / MuLo-SD neighbour tables (`knn_table`, L2 distance).
 
     "vq" (default): the VQ quantizer's table inside the checkpoint, `model.vqmodel.quantize.embedding`,

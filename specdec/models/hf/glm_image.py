@@ -190,7 +190,8 @@ class GlmImageStage(HFImageModel):
         over one user message when it has one (else the bare text), with the grid tail for this
         model's size."""
         if self.processor is None:
-            raise ValueError("string prompts need the GlmImageProcessor (wrap(model, processor=...)); or pass token ids")
+            raise ValueError("string prompts need the GlmImageProcessor (wrap(model, processor=...)); or pass token "
+                             "ids")
         th, tw = self._pixels()
         if getattr(self.processor, "chat_template", None):
             messages = [[{"role": "user", "content": [{"type": "text", "text": text}]}]]
@@ -229,7 +230,8 @@ class GlmImageStage(HFImageModel):
                 if ids.numel() < n or not torch.equal(ids[-n:].cpu(), tail):
                     raise ValueError(f"a prompt's grid tail names another size than this model's "
                                      f"{self.target_grid[0]}x{self.target_grid[1]} target and "
-                                     f"{self.preview_grid[0]}x{self.preview_grid[1]} preview (wrap(..., height=, width=))")
+                                     f"{self.preview_grid[0]}x{self.preview_grid[1]} preview (wrap(..., height=, "
+                                     "width=))")
             return ids
         if tail is None:
             raise ValueError("token-id prompts must end with GLM-Image's grid tail <sop>H W<eop><sop>h w<eop> and bos "
@@ -271,7 +273,8 @@ class GlmImageStage(HFImageModel):
         for r in rows:
             if r.numel() <= n or int(r[-n - 1]) != self.bos:
                 raise ValueError("the target stage's conditions are the prompts followed by their preview grids "
-                                 "(target.condition_on_preview(prompts, preview)); decode(method, family, ...) builds them")
+                                 "(target.condition_on_preview(prompts, preview)); decode(method, family, ...) builds "
+                                 "them")
         return rows
 
     def prefill(self, cache: GlmImageCache, cond, uncond=None, backend: Optional[str] = None):

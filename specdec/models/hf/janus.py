@@ -71,7 +71,8 @@ class JanusImageModel(HFImageModel):
 
 
 class JanusVQ(nn.Module):
-    """Janus's VQ as specdec's tokenizer: `decode(tokens [B, h, w]) -> images [B, 3, f*h, f*w]` (f: the VQ's up-sampling)
+    """Janus's VQ as specdec's tokenizer: `decode(tokens [B, h, w]) -> images [B, 3, f*h, f*w]`
+    (f: the VQ's up-sampling)
     in [-1, 1] (any grid size: the code vectors are looked up and l2-normalised as Janus's
     `get_codebook_entry` does, without its fixed reshape), `encode(images) -> tokens [B, h, w]`,
     `codebook` [V, D] l2-normalised."""

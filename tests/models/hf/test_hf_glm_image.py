@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from glm_image_models import BOS, EOP, K, SOP, glm_generate, prompt_ids, tail_ids, text_ids, tiny_glm_image, tiny_processor  # noqa: E402
+from glm_image_models import (BOS, EOP, K, SOP, glm_generate, prompt_ids, tail_ids, text_ids,  # noqa: E402
+                              tiny_glm_image, tiny_processor)
 
 from specdec import masks  # noqa: E402
 from specdec.decoding import METHODS, RunSettings, Sampling, ar, decode, sjd, stages  # noqa: E402
@@ -326,7 +327,8 @@ def test_string_prompts_through_the_processor():
     chat = tiny_processor(chat_template=True)
     wrapped = hf.wrap(tiny_glm_image(seed=0), chat, height=128, width=96)
     got = wrapped.preview.encode_prompts(["abc"]).cond[0]
-    assert torch.equal(got, torch.cat([torch.tensor([SOP]), text_ids("abc"), torch.tensor([EOP]), tail_ids(grid, preview)]))
+    assert torch.equal(got,
+                       torch.cat([torch.tensor([SOP]), text_ids("abc"), torch.tensor([EOP]), tail_ids(grid, preview)]))
 
 
 def test_prior_token_ids_are_the_pipelines_2x_nearest():
