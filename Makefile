@@ -1,21 +1,32 @@
 # specdec developer entry points. Each target sets itself up from nothing: it creates the venv
 # if missing, installs the pinned torch (a CUDA 13.0 build: the CUDA kernels compile even on a
 # machine without a GPU) and builds the extension in place.
+#
+# Another torch of the supported range (README, "Install"): `make test TORCH_VERSION=2.13.0` sets
+# up .venv-2.13.0 the same way, from nothing, and installs specdec there as a user would
+# (`pip install --no-build-isolation .`, not in place: one source tree, one extension per torch).
+# `make matrix` runs the kernel, op and decoder tests for each release of TORCH_MATRIX.
 PYTHON ?= python3
+TORCH_PINNED := 2.14.1
+TORCH_VERSION ?= $(TORCH_PINNED)
+TORCH_MATRIX ?= 2.13.0 2.15.0
+ifeq ($(TORCH_VERSION),$(TORCH_PINNED))
 VENV ?= .venv
-TORCH_VERSION ?= 2.14.1
+else
+VENV ?= .venv-$(TORCH_VERSION)
+endif
 MAX_JOBS ?= 2
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.specdec-deps
 INSTALL_STAMP := $(VENV)/.specdec-installed
 BUILD_STAMP := $(VENV)/.specdec-built
-SOURCES := setup.py $(shell find csrc -type f 2>/dev/null)
+SOURCES := setup.py $(shell find csrc build_support -type f -not -name '*.pyc' 2>/dev/null)
 # The Triton kernels run on CPU tensors through Triton's interpreter when there is no GPU.
 TEST_ENV := TRITON_INTERPRET=$${TRITON_INTERPRET:-$$($(BIN)/python -c 'import torch; print(0 if torch.cuda.is_available() else 1)')}
 
 DOCS_STAMP := $(VENV)/.specdec-docs
 
-.PHONY: demo test bench results docs build clean lint
+.PHONY: demo test test-kernels matrix bench results docs build clean lint
 
 # The main job: every decoder on the embedded default family, one table (a few minutes on 2 CPU
 # cores); image grids and MuLo-SD's acceptance/island maps as PNGs in out/. The kernel demo that
@@ -25,11 +36,26 @@ demo: $(BUILD_STAMP)
 	$(BIN)/python -m specdec.cli compare --num-images $(DEMO_IMAGES) --seed 0 --json out/compare.json --out-dir out
 
 test: $(BUILD_STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -q tests
+	$(TEST_RUN) -q $(TESTS_AT)tests
+
+# The kernel, op and decoder tests: what CI runs for each torch of the matrix (a few minutes).
+KERNEL_TESTS ?= tests/kernels/test_torch_versions.py tests/kernels/test_cuda_toolkit.py \
+	tests/kernels/test_build.py tests/kernels/test_dispatch.py tests/kernels/test_pool_probs.py \
+	tests/kernels/test_sample_residual.py tests/kernels/test_verify_grid.py \
+	tests/kernels/test_tree_attention.py tests/decoding/test_decoding_methods.py
+# The Triton machine-code checks (no spills, 128-bit loads) hold for the pinned torch's Triton;
+# another Triton release lowers the same kernels differently, so the matrix leaves them out.
+KERNEL_TESTS_DESELECT ?= tests/kernels/test_build.py::test_triton_kernels_lower_to_sm90a \
+	tests/kernels/test_build.py::test_triton_pooling_kernels_use_128bit_loads
+test-kernels: $(BUILD_STAMP)
+	$(TEST_RUN) -q $(addprefix $(TESTS_AT),$(KERNEL_TESTS)) $(addprefix --deselect=,$(KERNEL_TESTS_DESELECT))
+
+matrix:
+	set -e; for v in $(TORCH_MATRIX); do $(MAKE) --no-print-directory test-kernels TORCH_VERSION=$$v; done
 
 # pyflakes and pycodestyle over the Python sources (rules in pyproject.toml, [tool.ruff]).
 lint: $(DEPS_STAMP)
-	$(BIN)/ruff check specdec triton_kernels tests benchmarks
+	$(BIN)/ruff check specdec triton_kernels tests benchmarks build_support setup.py
 
 bench: $(BUILD_STAMP)
 	$(TEST_ENV) $(BIN)/python benchmarks/run.py
@@ -50,6 +76,11 @@ $(DOCS_STAMP): requirements-docs.txt
 
 build: $(BUILD_STAMP)
 
+ifeq ($(TORCH_VERSION),$(TORCH_PINNED))
+# The source tree on the path (`python -m`) is the package: editable install, extension in place.
+TEST_RUN := $(TEST_ENV) $(BIN)/python -m pytest
+TESTS_AT :=
+
 $(DEPS_STAMP): requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install torch==$(TORCH_VERSION) -r requirements-dev.txt
@@ -65,6 +96,41 @@ $(INSTALL_STAMP): $(DEPS_STAMP) setup.py pyproject.toml
 $(BUILD_STAMP): $(INSTALL_STAMP) $(SOURCES)
 	flock /tmp/specdec-build.lock env MAX_JOBS=$(MAX_JOBS) $(BIN)/python setup.py -q build_ext --inplace
 	touch $@
+else
+# The tests import the installed specdec: pytest's own script (not `python -m pytest`), started
+# in the venv's folder, keeps the source tree (whose in-place extension belongs to the pinned
+# torch) off sys.path, in pytest and in the interpreters the tests start (`python -c`).
+TEST_RUN = export $(TEST_ENV) && cd $(VENV) && $(abspath $(BIN))/pytest --rootdir=$(CURDIR) -p no:cacheprovider
+TESTS_AT := $(CURDIR)/
+# Machines whose pip configuration caps torch (ours do, at the releases kept on local disk) would
+# refuse the exact release asked for here: an empty constraints file lifts the cap for this venv.
+VPIP := PIP_CONSTRAINT=/dev/null $(BIN)/python -m pip
+# torch and its CUDA libraries (a few GB for a CUDA build) are downloaded once into a wheel cache
+# outside the tree, which CI's fresh clones on the same machine reuse.
+WHEELHOUSE ?= $(HOME)/.cache/specdec/wheels/torch-$(TORCH_VERSION)
+# One architecture keeps the CUDA compile of these builds short (the pinned build has both);
+# exported, so that the tests expect the architectures the build was given.
+MATRIX_ARCHS ?= 9.0a
+export TORCH_CUDA_ARCH_LIST ?= $(MATRIX_ARCHS)
+PY_SOURCES := $(shell find specdec triton_kernels -name '*.py' 2>/dev/null)
+
+$(DEPS_STAMP): requirements-dev.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(VPIP) download -q -d $(WHEELHOUSE) torch==$(TORCH_VERSION)
+	$(VPIP) install --no-index --find-links $(WHEELHOUSE) torch==$(TORCH_VERSION)
+	$(VPIP) install torch==$(TORCH_VERSION) -r requirements-dev.txt
+	touch $@
+
+$(INSTALL_STAMP): $(DEPS_STAMP)
+	touch $@
+
+# What a user runs; ninja reuses the objects in build/torch-<version>/ that did not change.
+$(BUILD_STAMP): $(INSTALL_STAMP) pyproject.toml $(SOURCES) $(PY_SOURCES)
+	flock /tmp/specdec-build.lock env MAX_JOBS=$(MAX_JOBS) \
+		$(VPIP) install -q --no-build-isolation --no-deps --force-reinstall .
+	cd / && $(abspath $(BIN))/python -c 'import specdec; print("specdec built:", specdec.build_info()["extension_build"])'
+	touch $@
+endif
 
 clean:
-	rm -rf build site specdec/_C*.so *.egg-info $(BUILD_STAMP) $(INSTALL_STAMP)
+	rm -rf build site specdec/_C*.so specdec/_C_build.json *.egg-info $(BUILD_STAMP) $(INSTALL_STAMP)

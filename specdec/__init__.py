@@ -14,10 +14,12 @@ __version__ = "0.1.0"
 
 
 def build_info() -> dict:
-    """What this install can run: compiled backends, CUDA architectures, library versions, and the
-    opt-in switches (their values here and which of them have never run on a GPU)."""
+    """What this install can run: compiled backends, CUDA architectures, library versions, the
+    torch the extension was built against (`extension_build["torch"]`), and the opt-in switches
+    (their values here and which of them have never run on a GPU)."""
     import torch
 
+    from specdec import _extension
     from specdec.ops import dispatch
 
     try:
@@ -36,6 +38,9 @@ def build_info() -> dict:
         "triton": triton_version,
         "triton_interpret": dispatch.triton_interpreting(),
         "extension_error": dispatch.load_error(),
+        # What setup.py recorded: the torch the extension was compiled against (it loads only
+        # under that one), nvcc's version, the CUDA architectures; None for a build without record.
+        "extension_build": _extension.build_record(),
         "backends_cpu_tensors": available_backends(torch.device("cpu")),
         "switches": switches.table(),
     }

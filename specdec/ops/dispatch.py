@@ -4,7 +4,8 @@ what `torch.library` needs beside the compiled kernels (docs/design.md, "Backend
 - The extension `specdec._C` (C++ CPU kernels, optional CUDA kernels) registers the
   `torch.ops.specdec.*` schemas when imported. A missing or broken extension is not fatal: the
   reference and Triton backends still work, and the reason is kept so that asking for the
-  `cpu`/`cuda` backend can say why it is unavailable.
+  `cpu`/`cuda` backend can say why it is unavailable. One built for another torch is: an
+  ImportError that names both versions and the rebuild command (specdec/_extension.py).
 - Backend precedence: the `backend=` argument of an op, then the SPECDEC_BACKEND switch, then the
   automatic choice: CUDA tensors -> `cuda` if the extension has CUDA kernels, else `triton`; CPU
   tensors -> `cpu` if the extension is built, else `reference`.
@@ -23,17 +24,13 @@ from typing import Callable, Optional
 
 import torch
 
-from specdec import switches
+from specdec import _extension, switches
 from specdec.settings import BACKENDS
 from specdec.triton_kernels._interpreter import interpreting
 
-_C = None
-_load_error: Optional[str] = None
-
-try:
-    from specdec import _C  # noqa: F811
-except Exception as exc:  # pragma: no cover - exercised only on broken installs
-    _load_error = f"{type(exc).__name__}: {exc}"
+# specdec._extension checks the build record against the running torch (an extension built for
+# another torch raises one ImportError saying how to rebuild) and warns when it is missing.
+_C, _load_error = _extension.load()
 
 
 class BackendUnavailableError(RuntimeError):
