@@ -154,8 +154,11 @@ else:
 setup(
     name="specdec-image",
     version="0.1.0",
-    description="2-D-aware speculative decoding kernels (Triton, CUDA, C++) and decoders for autoregressive image models",
-    long_description=open(os.path.join(ROOT, "README.md")).read() if os.path.exists(os.path.join(ROOT, "README.md")) else "",
+    description=("2-D-aware speculative decoding kernels (Triton, CUDA, C++) and decoders for autoregressive "
+                 "image models"),
+    long_description=open(os.path.join(ROOT, "README.md")).read()
+    if os.path.exists(os.path.join(ROOT, "README.md"))
+    else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["specdec", "specdec.*"]) + ["specdec.triton_kernels"],

@@ -18,7 +18,7 @@ device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of s
 """
 from __future__ import annotations
 
-from specdec.decoding import api
+from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for)
 from specdec.decoding.ar import AROptions

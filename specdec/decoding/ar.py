@@ -26,8 +26,17 @@ class AROptions:
 
 
 @torch.no_grad()
-def sample_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams, *, start_out=None, x=None, start: int = 0,
-                end=None, step: Optional[TokenStep] = None) -> torch.Tensor:
+def sample_grid(
+    runner: ModelRunner,
+    classes: torch.Tensor,
+    streams: ImageStreams,
+    *,
+    start_out=None,
+    x=None,
+    start: int = 0,
+    end=None,
+    step: Optional[TokenStep] = None,
+) -> torch.Tensor:
     """Raster AR over runner's grid for B classes -> int64 [B, H*W].
 
     `start_out`: the output giving the distribution of token `start` when the caller already has
@@ -49,17 +58,17 @@ def sample_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStream
     us = step_uniforms(streams, max(0, end - start - 1), B, runner.device)
     for u in range(start + 1, end):
         pos.fill_(u - 1)
-        x[:, u] = step(x[:, u - 1:u], pos, us[u - start - 1], reach=u - 1)
+        x[:, u] = step(x[:, u - 1 : u], pos, us[u - start - 1], reach=u - 1)
     return x
 
 
-def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(),
-           run: RunSettings = RunSettings()):
+def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(), run: RunSettings = RunSettings()):
     """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch). With
     `run.compile` each step (model pass + sampling) runs through torch.compile
     (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
     stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is kept on the
     model), and is part of wall_s of the batch that paid it."""
+
     def decode_batch(cls, engine):
         runner = engine.runner(target)
         return sample_grid(runner, cls, engine.streams, step=runner.token_step())
@@ -69,4 +78,4 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
 
 OPTIONS = AROptions
 PRESETS = {}
-TAKES = ()   #: no model besides the target
+TAKES = ()  #: no model besides the target

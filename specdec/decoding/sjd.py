@@ -102,22 +102,24 @@ class JacobiWindows:
         kept = jl < a[:, None]
         dpos = padded_block(c, n, L)                                          # distinct per row
         last = (c - 1)[:, None]
-        x.scatter_(1, torch.where(kept, dpos, last.expand(-1, L)), torch.where(kept, y, x.gather(1, last).expand(-1, L)))
+        x.scatter_(
+            1, torch.where(kept, dpos, last.expand(-1, L)), torch.where(kept, y, x.gather(1, last).expand(-1, L))
+        )
         picks, fix = [], []
         for b, (cb, ab, nb) in enumerate(zip(self.c.host, a_host, self.n_host)):
             if ab < nb:
                 picks.append((b, cb + ab))
                 fix.append(True)
             elif nb > 0 and cb + nb < self.HW:
-                picks.append((b, cb + nb))                                  # a bonus token
+                picks.append((b, cb + nb))  # a bonus token
                 fix.append(False)
         if any(ab < nb for ab, nb in zip(a_host, self.n_host)):
-            self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))   # stale guesses
+            self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))  # stale guesses
         if picks:
             rows = _long([b for b, _ in picks], x.device)
             col = torch.where(a < n, a, n)[rows]
             q_rows = torch.where(_long(fix, x.device)[:, None].bool(), self.q[rows, col.clamp(max=L - 1)], 0.0)
-            self.engine.redraw(x, picks, p[rows, col], q_rows)              # q = 0: a bonus draw from p
+            self.engine.redraw(x, picks, p[rows, col], q_rows)  # q = 0: a bonus draw from p
 
     def _next_windows(self, p, a, n, new_n) -> None:
         """Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
@@ -144,8 +146,7 @@ def sjd_grid(engine: Engine, runner: ModelRunner, classes, *, window: int) -> to
     return x
 
 
-def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptions(),
-           run: RunSettings = RunSettings()):
+def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptions(), run: RunSettings = RunSettings()):
     """Speculative Jacobi decoding of `target`. With `run.compile` every target pass runs through
     compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
     check_grid_model(target, "target")
@@ -158,4 +159,4 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
 
 OPTIONS = SJDOptions
 PRESETS = {}
-TAKES = ()   #: no model besides the target
+TAKES = ()  #: no model besides the target

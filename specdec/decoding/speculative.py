@@ -120,9 +120,10 @@ class RasterSpeculation:
         j = torch.arange(n, device=x.device)[None]
         kept = j < a[:, None]
         last = (c.device - 1)[:, None]
-        x.scatter_(1, torch.where(kept, dpos, last.expand(-1, n)), torch.where(kept, d, x.gather(1, last).expand(-1, n)))
+        x.scatter_(1, torch.where(kept, dpos, last.expand(-1, n)),
+                   torch.where(kept, d, x.gather(1, last).expand(-1, n)))
         if any(ab < nbb for ab, nbb in zip(a_host, nb_host)):
-            self.target.invalidate_where(dpos, (j < nb[:, None]) & ~kept)     # stale keys and values
+            self.target.invalidate_where(dpos, (j < nb[:, None]) & ~kept)  # stale keys and values
         active = nb > 0
         new = active & (c.device + a < self.end)
         if self.hidden_out is not None:
@@ -131,10 +132,13 @@ class RasterSpeculation:
         picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(c.host, a_host, new_host)) if nw]
         if picks:
             rows = to_device([b for b, _ in picks], x.device, torch.long)
-            p_new = self.target.probs(sel)[:, 0][rows]                          # [M, V]
+            p_new = self.target.probs(sel)[:, 0][rows]  # [M, V]
             # q = 0 where every draft was kept: a bonus draw from p
-            q_new = torch.where((a < nb)[:, None], rnd.q[torch.arange(x.shape[0], device=x.device),
-                                                          a.clamp(max=n - 1)], torch.zeros_like(rnd.q[:, 0]))[rows]
+            q_new = torch.where(
+                (a < nb)[:, None],
+                rnd.q[torch.arange(x.shape[0], device=x.device), a.clamp(max=n - 1)],
+                torch.zeros_like(rnd.q[:, 0]),
+            )[rows]
             self.engine.redraw(x, picks, p_new, q_new)
         rows_b = torch.arange(self.hid_prev.shape[0], device=x.device) % x.shape[0]
         self.hid_prev.copy_(torch.where(active[rows_b][:, None], sel.hidden[:, 0], self.hid_prev))
@@ -144,7 +148,7 @@ class RasterSpeculation:
         span): a fixed-shape select over the span, no index list."""
         hidden_out = self.hidden_out
         rows_b = torch.arange(hidden_out.shape[0], device=a.device) % a.shape[0]
-        jj = torch.arange(self.end, device=a.device)[None] - c.device[:, None]            # [B, end]
+        jj = torch.arange(self.end, device=a.device)[None] - c.device[:, None]  # [B, end]
         exact = ((jj >= 0) & (jj <= a[:, None]) & active[:, None])[rows_b]
         src = out.hidden.gather(1, jj.clamp(0, self.chunk)[rows_b][..., None].expand(-1, -1, out.hidden.shape[-1]))
         hidden_out.copy_(torch.where(exact[..., None], src, hidden_out))

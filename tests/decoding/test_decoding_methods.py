@@ -95,11 +95,18 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
     h, w = fam.drafter.grid
     H, W = fam.target.grid
     for resample in ("islands", "raster"):
-        out = mulo.decode(fam.target, CLASSES[:1], drafter=fam.drafter, tokenizer=fam.tokenizer, options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"), run=RunSettings(seed=3, sampling=SAMPLING))
+        out = mulo.decode(
+            fam.target,
+            CLASSES[:1],
+            drafter=fam.drafter,
+            tokenizer=fam.tokenizer,
+            options=mulo.MuloOptions(tau=1.5, resample=resample, upsample="pixel"),
+            run=RunSettings(seed=3, sampling=SAMPLING),
+        )
         assert out.stats.method_stats.resampled == [H * W]
         assert not bool(out.stats.acceptance_maps[0].any())
         gen = ImageStreams(3, [0])
-        gen.rand((h * w,))                                            # the drafter's uniforms
+        gen.rand((h * w,))  # the drafter's uniforms
         expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
         assert torch.equal(out.tokens.view(1, -1), expected)
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
@@ -119,9 +126,18 @@ def test_ssd_target_passes_follow_its_schedule(fam, rounds, vertical_heads, comm
     H = fam.target.grid[0]
     groups = -(-(H - 1) // vertical_heads)
     for max_tail, final_passes in SSD_BOUNDS if commit == "verify" else [(None, None)]:
-        out = decoding.decode("ssd", fam, CLASSES, seed=2, sampling=SAMPLING, rounds=rounds,
-                              vertical_heads=vertical_heads, commit=commit, max_tail=max_tail,
-                              final_passes=final_passes)
+        out = decoding.decode(
+            "ssd",
+            fam,
+            CLASSES,
+            seed=2,
+            sampling=SAMPLING,
+            rounds=rounds,
+            vertical_heads=vertical_heads,
+            commit=commit,
+            max_tail=max_tail,
+            final_passes=final_passes,
+        )
         row0 = out.stats.method_stats.row0_passes
         assert all(c0 >= 1 for c0 in row0)
         if commit == "write":
@@ -140,20 +156,50 @@ def test_ssd_bounds_decide_how_many_tokens_are_kept_as_judged(fam):
     HW = fam.target.grid[0] * fam.target.grid[1]
     kept = {}
     for bounds in SSD_BOUNDS:
-        out = ssd.decode(fam.target, torch.tensor([0, 1, 2, 0, 1, 2]), heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]), run=RunSettings(seed=4, sampling=SAMPLING))
+        out = ssd.decode(
+            fam.target,
+            torch.tensor([0, 1, 2, 0, 1, 2]),
+            heads=fam.ssd_heads,
+            options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=bounds[0], final_passes=bounds[1]),
+            run=RunSettings(seed=4, sampling=SAMPLING),
+        )
         kept[bounds] = out.stats.method_stats.kept_as_judged
         assert all(0 <= k <= HW for k in kept[bounds])
         assert all(0 <= o <= k for o, k in zip(out.stats.method_stats.open_at_end, kept[bounds]))
     assert kept[(None, None)] == [0] * 6
     assert sum(kept[(0, 0)]) > 0
     # Bounds no tail reaches change nothing: the exact variant's tokens, passes and judgments.
-    exact = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
-    loose = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW), run=RunSettings(seed=4, sampling=SAMPLING))
+    exact = ssd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=None, final_passes=None),
+        run=RunSettings(seed=4, sampling=SAMPLING),
+    )
+    loose = ssd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=1, commit="verify", max_tail=HW, final_passes=HW),
+        run=RunSettings(seed=4, sampling=SAMPLING),
+    )
     assert torch.equal(exact.tokens, loose.tokens)
     assert exact.stats.target_forwards == loose.stats.target_forwards
     assert exact.stats.accepted == loose.stats.accepted
-    a = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING))
-    b = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"), run=RunSettings(seed=4, sampling=SAMPLING))
+    a = ssd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=1, commit="write", max_tail=None, final_passes=None),
+        run=RunSettings(seed=4, sampling=SAMPLING),
+    )
+    b = ssd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(max_tail=0, final_passes=0, rounds=1, commit="write"),
+        run=RunSettings(seed=4, sampling=SAMPLING),
+    )
     assert torch.equal(a.tokens, b.tokens)
 
 
@@ -161,17 +207,35 @@ def test_ssd_two_vertical_heads_draft_two_rows_per_group(fam):
     """With H = 4 the groups are rows {1, 2} and {3}: the first verification of each group scores
     two rows, then one (per image)."""
     W = fam.target.grid[1]
-    out = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
-    row0 = out.stats.method_stats.row0_passes[0]                         # row 0's raster rounds come first
+    out = ssd.decode(
+        fam.target,
+        CLASSES[:1],
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=1, vertical_heads=2, commit="write", max_tail=None, final_passes=None),
+        run=RunSettings(seed=3, sampling=SAMPLING),
+    )
+    row0 = out.stats.method_stats.row0_passes[0]  # row 0's raster rounds come first
     assert out.stats.drafted[row0:] == [2 * W, W]
-    one = ssd.decode(fam.target, CLASSES[:1], heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=3, sampling=SAMPLING))
-    assert one.stats.drafted[one.stats.method_stats.row0_passes[0]:] == [W, W, W]
+    one = ssd.decode(
+        fam.target,
+        CLASSES[:1],
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=1, vertical_heads=1, commit="write", max_tail=None, final_passes=None),
+        run=RunSettings(seed=3, sampling=SAMPLING),
+    )
+    assert one.stats.drafted[one.stats.method_stats.row0_passes[0] :] == [W, W, W]
 
 
 def test_ssd_batched_rows_follow_the_same_schedule(fam):
-    out = ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3))
+    out = ssd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=ssd.SSDOptions(rounds=2, commit="write", max_tail=None, final_passes=None),
+        run=RunSettings(seed=2, sampling=SAMPLING, batch_size=3),
+    )
     row0 = out.stats.method_stats.row0_passes
-    assert len(row0) == 3 and len(set(row0)) == 1                    # one batch: its images share row 0's passes
+    assert len(row0) == 3 and len(set(row0)) == 1  # one batch: its images share row 0's passes
     assert out.stats.target_forwards == 3 * (1 + row0[0] + (fam.target.grid[0] - 1) * 3)
 
 
@@ -190,7 +254,7 @@ def test_draw_residual_returns_the_distribution_it_samples_from():
     want = want / want.sum(-1, keepdim=True).clamp_min(1e-30)
     want[0] = p[0]
     torch.testing.assert_close(resid, want)
-    assert bool((resid.gather(1, tokens[:, None]) > 0).all())     # every token lies in its residual
+    assert bool((resid.gather(1, tokens[:, None]) > 0).all())  # every token lies in its residual
 
 
 @pytest.mark.parametrize("bounds", SSD_BOUNDS)
@@ -215,15 +279,15 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
         kept += stats.method_stats.kept_as_judged[0] - stats.method_stats.open_at_end[0]
         clean = ModelRunner(fam.target, SAMPLING)
         clean.prefill(CLASSES[:1])
-        clean.forward(x[:, :H * W - 1], torch.arange(H * W - 1))
+        clean.forward(x[:, : H * W - 1], torch.arange(H * W - 1))
         open_at_end = stats.method_stats.open_at_end[0]
         # The last token's key is never written, nor those of an open tail and the correction before it.
         end = P + H * W - 1 - open_at_end
         for got, want in zip(runner.cache.k + runner.cache.v, clean.cache.k + clean.cache.v):
             torch.testing.assert_close(got[:, :, :end], want[:, :, :end], rtol=1e-4, atol=1e-4)
-    assert corrected > 0                                # the passes did correct tokens
+    assert corrected > 0  # the passes did correct tokens
     if bounds == (0, 0) and rounds == 0:
-        assert kept > 0                                 # and max_tail kept some mid-image tokens
+        assert kept > 0  # and max_tail kept some mid-image tokens
 
 
 def test_learned_upsampler_is_row_causal():
@@ -238,35 +302,65 @@ def test_learned_upsampler_is_row_causal():
         changed = low.clone()
         changed[:, i:] = (changed[:, i:] + 1 + torch.randint(0, 15, changed[:, i:].shape)) % 16
         out = net(changed)
-        assert torch.equal(out[:, :, :2 * i], full[:, :, :2 * i])
-        assert not torch.equal(out[:, :, 2 * i:2 * i + 2], full[:, :, 2 * i:2 * i + 2])
+        assert torch.equal(out[:, :, : 2 * i], full[:, :, : 2 * i])
+        assert not torch.equal(out[:, :, 2 * i : 2 * i + 2], full[:, :, 2 * i : 2 * i + 2])
 
 
 def test_sd_from_a_family_drafts_with_its_same_grid_drafter(fam):
     a = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING)
-    b = sd.decode(fam.target, CLASSES, drafter=fam.sd_drafter, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
+    b = sd.decode(
+        fam.target,
+        CLASSES,
+        drafter=fam.sd_drafter,
+        options=sd.SDOptions(chunk=4),
+        run=RunSettings(seed=3, sampling=SAMPLING),
+    )
     assert torch.equal(a.tokens, b.tokens) and a.stats.draft_forwards == b.stats.draft_forwards > 0
     c = decoding.decode("sd", fam, CLASSES, seed=3, sampling=SAMPLING, heads=fam.ssd_heads)
-    d = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=sd.SDOptions(chunk=4), run=RunSettings(seed=3, sampling=SAMPLING))
+    d = sd.decode(
+        fam.target,
+        CLASSES,
+        heads=fam.ssd_heads,
+        options=sd.SDOptions(chunk=4),
+        run=RunSettings(seed=3, sampling=SAMPLING),
+    )
     assert torch.equal(c.tokens, d.tokens)
 
 
 def test_zipar_with_a_full_row_window_is_plain_ar(fam):
     W = fam.target.grid[1]
-    a = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=W), run=RunSettings(seed=4, sampling=SAMPLING))
+    a = zipar.decode(
+        fam.target, CLASSES, options=zipar.ZipAROptions(window=W), run=RunSettings(seed=4, sampling=SAMPLING)
+    )
     b = ar.decode(fam.target, CLASSES, run=RunSettings(seed=4, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    narrow = zipar.decode(fam.target, CLASSES, options=zipar.ZipAROptions(window=1), run=RunSettings(seed=4, sampling=SAMPLING))
+    narrow = zipar.decode(
+        fam.target, CLASSES, options=zipar.ZipAROptions(window=1), run=RunSettings(seed=4, sampling=SAMPLING)
+    )
     H = fam.target.grid[0]
     assert narrow.stats.target_forwards_per_image == (H - 1) * 1 + W
 
 
 def test_lantern_with_zero_budget_is_sd(fam):
     """delta = 0 moves no mass: the acceptance ratio, hence every token, equals raster SD's."""
-    a = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=0.0), run=RunSettings(seed=8, sampling=SAMPLING))
+    a = lantern.decode(
+        fam.target,
+        CLASSES,
+        codebook=fam.codebook,
+        heads=fam.ssd_heads,
+        options=lantern.LanternOptions(delta=0.0),
+        run=RunSettings(seed=8, sampling=SAMPLING),
+    )
     b = sd.decode(fam.target, CLASSES, heads=fam.ssd_heads, run=RunSettings(seed=8, sampling=SAMPLING))
     assert torch.equal(a.tokens, b.tokens)
-    more = lantern.decode(fam.target, CLASSES, codebook=fam.codebook, heads=fam.ssd_heads, options=lantern.LanternOptions(delta=1.0), run=RunSettings(seed=8, sampling=SAMPLING))
+    more = lantern.decode(
+        fam.target,
+        CLASSES,
+        codebook=fam.codebook,
+        heads=fam.ssd_heads,
+        options=lantern.LanternOptions(delta=1.0),
+        run=RunSettings(seed=8, sampling=SAMPLING),
+    )
     assert more.stats.target_forwards <= b.stats.target_forwards * 1.5
 
 
@@ -278,6 +372,7 @@ def test_batched_sd_matches_its_per_image_statistics_shape(fam):
 
 
 # ---- bad arguments --------------------------------------------------------------------------
+
 
 def test_unknown_method_is_a_clear_error(fam):
     with pytest.raises(ValueError, match="unknown method 'medusa'"):
@@ -300,30 +395,52 @@ def test_grid_mismatch_between_drafter_and_target(fam):
         sd.decode(fam.target, CLASSES, drafter=fam.drafter)
     odd = tiny_gpt(3, 16, seed=1)
     with pytest.raises(ValueError, match=r"drafter grid \(3, 3\) does not divide the target grid .* learned"):
-        mulo.decode(fam.target, CLASSES, drafter=odd, upsampler=fam.upsampler, options=mulo.MuloOptions(upsample="learned"))
+        mulo.decode(
+            fam.target, CLASSES, drafter=odd, upsampler=fam.upsampler, options=mulo.MuloOptions(upsample="learned")
+        )
     with pytest.raises(ValueError, match="larger than the target grid"):
-        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt((2, 5), 16, seed=1), options=mulo.MuloOptions(upsample="nearest"))
+        mulo.decode(
+            fam.target, CLASSES, drafter=tiny_gpt((2, 5), 16, seed=1), options=mulo.MuloOptions(upsample="nearest")
+        )
     with pytest.raises(ValueError, match="vocabulary"):
-        mulo.decode(fam.target, CLASSES, drafter=tiny_gpt(2, 8), tokenizer=fam.tokenizer, options=mulo.MuloOptions(upsample="pixel"))
+        mulo.decode(
+            fam.target,
+            CLASSES,
+            drafter=tiny_gpt(2, 8),
+            tokenizer=fam.tokenizer,
+            options=mulo.MuloOptions(upsample="pixel"),
+        )
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(radius=-1), "radius"), (dict(delta=-0.5), "delta"), (dict(upsample="bilinear"), "upsample"),
-    (dict(drafting="tree"), "drafting"), (dict(resample="all"), "resample"), (dict(window=0), "window"),
-    (dict(tau=-1), "tau"), (dict(k=-1), "k must"), (dict(draft_sampling="hot"), "draft_sampling"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(radius=-1), "radius"),
+        (dict(delta=-0.5), "delta"),
+        (dict(upsample="bilinear"), "upsample"),
+        (dict(drafting="tree"), "drafting"),
+        (dict(resample="all"), "resample"),
+        (dict(window=0), "window"),
+        (dict(tau=-1), "tau"),
+        (dict(k=-1), "k must"),
+        (dict(draft_sampling="hot"), "draft_sampling"),
+    ],
+)
 def test_mulo_bad_options_are_refused_when_made(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mulo.MuloOptions(**kwargs)
 
 
-@pytest.mark.parametrize("options, models, match", [
-    (dict(drafting="zipar", window=3), {}, "window"),                    # wider than the 2x2 drafter
-    (dict(upsample="learned"), {}, "up-sampler"),
-    (dict(upsample="learned"), dict(upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
-    (dict(upsample="pixel"), dict(tokenizer=None), "tokenizer"),
-    (dict(upsample="nearest"), dict(drafter=None), "low-resolution drafter"),
-])
+@pytest.mark.parametrize(
+    "options, models, match",
+    [
+        (dict(drafting="zipar", window=3), {}, "window"),  # wider than the 2x2 drafter
+        (dict(upsample="learned"), {}, "up-sampler"),
+        (dict(upsample="learned"), dict(upsampler=TokenUpsampler(8, 4)), "maps 8 codes"),
+        (dict(upsample="pixel"), dict(tokenizer=None), "tokenizer"),
+        (dict(upsample="nearest"), dict(drafter=None), "low-resolution drafter"),
+    ],
+)
 def test_mulo_options_the_models_do_not_fit(fam, options, models, match):
     kw = dict(drafter=fam.drafter, tokenizer=fam.tokenizer)
     kw.update(models)
@@ -345,7 +462,7 @@ def test_other_bad_arguments(fam):
     for bad in (0, True):
         with pytest.raises(ValueError, match="vertical_heads"):
             ssd.SSDOptions(vertical_heads=bad)
-    with pytest.raises(ValueError, match="vertical_heads"):       # more than the heads have
+    with pytest.raises(ValueError, match="vertical_heads"):  # more than the heads have
         ssd.decode(fam.target, CLASSES, heads=fam.ssd_heads, options=ssd.SSDOptions(vertical_heads=3))
     with pytest.raises(ValueError, match="grid width"):
         ssd.decode(fam.target, CLASSES, heads=tiny_heads(32, width=8))
@@ -375,7 +492,7 @@ def test_mulo_other_upsamplers_and_zipar_drafting(fam, mode):
     b = decoding.decode("mulo", fam, CLASSES, seed=1, sampling=SAMPLING, drafting="zipar", window=1, **kw)
     assert torch.equal(a.tokens, b.tokens)
     h = fam.drafter.grid[0]
-    assert a.stats.draft_forwards == 3 * ((h - 1) * 1 + h)            # zipar steps on the 2x2 drafter grid
+    assert a.stats.draft_forwards == 3 * ((h - 1) * 1 + h)  # zipar steps on the 2x2 drafter grid
 
 
 def test_upsample_shapes_and_errors(fam):
@@ -423,8 +540,7 @@ class _ProtocolOnly:
         return getattr(self._model, name)
 
     def forward_tokens(self, cache, tokens, positions, *, tree_mask=None, write=True, backend=None):
-        return self._model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
-                                          backend=backend)
+        return self._model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write, backend=backend)
 
 
 def test_a_model_with_only_the_protocols_keywords_decodes(fam):
@@ -432,11 +548,14 @@ def test_a_model_with_only_the_protocols_keywords_decodes(fam):
     models whose forward_tokens takes only the protocol's keywords: the tokens of the models as
     they are."""
     only = type("Fam", (), {"target": _ProtocolOnly(fam.target), "tokenizer": fam.tokenizer})()
-    assert torch.equal(decoding.decode("ar", only, CLASSES, seed=2, sampling=SAMPLING).tokens,
-                       decoding.decode("ar", fam, CLASSES, seed=2, sampling=SAMPLING).tokens)
+    assert torch.equal(
+        decoding.decode("ar", only, CLASSES, seed=2, sampling=SAMPLING).tokens,
+        decoding.decode("ar", fam, CLASSES, seed=2, sampling=SAMPLING).tokens,
+    )
     plain = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest")
-    wrapped = decoding.decode("mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest",
-                              drafter=_ProtocolOnly(fam.drafter))
+    wrapped = decoding.decode(
+        "mulo", fam, CLASSES, seed=2, sampling=SAMPLING, upsample="nearest", drafter=_ProtocolOnly(fam.drafter)
+    )
     assert torch.equal(wrapped.tokens, plain.tokens)
 
 
@@ -451,4 +570,4 @@ def test_tokens_fed_to_the_target_are_counted(fam, method):
     for out in (one, batched):
         fed = out.stats.target_tokens_fed / out.stats.images
         assert fed == H * W - 1 if method == "ar" else fed >= H * W - 1
-    assert one.stats.target_tokens_fed >= one.stats.target_forwards - one.stats.images   # >= 1 per pass
+    assert one.stats.target_tokens_fed >= one.stats.target_forwards - one.stats.images  # >= 1 per pass

@@ -68,7 +68,13 @@ def sd_counts(request):
         kw = dict(drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6))
     else:
         kw = dict(heads=tiny_heads(16, seed=5))
-    out = sd.decode(target, torch.full((N_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES), **kw)
+    out = sd.decode(
+        target,
+        torch.full((N_SAMPLES,), CLASS),
+        options=sd.SDOptions(chunk=3),
+        run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES),
+        **kw,
+    )
     return target, out
 
 
@@ -91,6 +97,7 @@ def test_chi_square_detects_a_wrong_distribution(sd_counts):
 
 # ---- many rounds: a 4x4 grid -----------------------------------------------------------------
 
+
 def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
     """Chi-square test that two count vectors come from one distribution (2 x k contingency table;
     categories empty in both are dropped)."""
@@ -99,8 +106,9 @@ def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
     expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     df = table.shape[1] - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 GRID_4X4_SAMPLES = 20_000
@@ -112,7 +120,11 @@ def ar_4x4():
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
     from specdec.decoding import ar
 
-    out = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
+    out = ar.decode(
+        target,
+        torch.full((GRID_4X4_SAMPLES,), CLASS),
+        run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
+    )
     return target, out.tokens.view(GRID_4X4_SAMPLES, 16)
 
 
@@ -130,11 +142,20 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     the batch at different progress. Every position's marginal and a few pairs' joints under sd
     match plain AR's (two-sample chi-square, Bonferroni over the 20 statistics)."""
     target, ar_tokens = ar_4x4
-    kw = (dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6)) if drafter == "model"
-          else dict(heads=tiny_heads(16, seed=5)))
-    out = sd.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), options=sd.SDOptions(chunk=3), run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES), **kw)
+    kw = (
+        dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6))
+        if drafter == "model"
+        else dict(heads=tiny_heads(16, seed=5))
+    )
+    out = sd.decode(
+        target,
+        torch.full((GRID_4X4_SAMPLES,), CLASS),
+        options=sd.SDOptions(chunk=3),
+        run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
+        **kw,
+    )
     accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
-    assert 0.05 < accepted / drafted < 0.95                     # real rejections and real acceptances
+    assert 0.05 < accepted / drafted < 0.95  # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
     pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(sd_tokens))]
     assert min(pvalues) > 1e-3 / len(pvalues)
@@ -145,12 +166,17 @@ def test_two_sample_test_has_power(ar_4x4):
     target, ar_tokens = ar_4x4
     from specdec.decoding import ar
 
-    other = ar.decode(target, torch.full((GRID_4X4_SAMPLES,), CLASS), run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0), batch_size=GRID_4X4_SAMPLES)).tokens.view(GRID_4X4_SAMPLES, 16)
+    other = ar.decode(
+        target,
+        torch.full((GRID_4X4_SAMPLES,), CLASS),
+        run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0), batch_size=GRID_4X4_SAMPLES),
+    ).tokens.view(GRID_4X4_SAMPLES, 16)
     pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(other))]
     assert min(pvalues) < 1e-3 / len(pvalues)
 
 
 # ---- SSD: the published rule is lossy, commit="verify" is not ------------------------------------
+
 
 def _ssd_4x4(commit):
     """20,000 SSD images in one batch: under commit="verify" each image settles its own spans
@@ -161,7 +187,13 @@ def _ssd_4x4(commit):
     heads = tiny_heads(16, width=4, seed=5)
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
     if commit == "write":
-        return ssd.decode(target, classes, heads=heads, options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None), run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES))
+        return ssd.decode(
+            target,
+            classes,
+            heads=heads,
+            options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None),
+            run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
+        )
     run = RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES)
     engine = Engine("ssd", run, ImageStreams(4, range(GRID_4X4_SAMPLES)), (4, 4))
     options = ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None)
@@ -180,8 +212,8 @@ def test_ssd_commit_verify_keeps_the_ar_distribution(ar_4x4):
     _, ar_tokens = ar_4x4
     out = _ssd_4x4("verify")
     accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
-    assert accepted < drafted                                   # corrections happened ...
-    assert sum(out.stats.method_stats.final_passes) > 0            # ... and left open tails to close
+    assert accepted < drafted  # corrections happened ...
+    assert sum(out.stats.method_stats.final_passes) > 0  # ... and left open tails to close
     pvalues = _pvalues_against_ar(ar_tokens, out)
     assert min(pvalues) > 1e-3 / len(pvalues)
 

@@ -145,4 +145,5 @@ def test_supported_range_is_stated_alike_everywhere():
         return tuple(int(x) for x in v.split(".")[:2])
 
     assert all(key(low) <= key(v) < key(high) for v in versions), versions
-    assert {key(v) for v in versions} >= {key(low), key(last)}, f"the matrix {versions} leaves an end of the range untested"
+    assert {key(v) for v in versions} >= {key(low), key(last)}, \
+        f"the matrix {versions} leaves an end of the range untested"
