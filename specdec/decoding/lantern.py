@@ -23,8 +23,8 @@ from specdec.settings import RunSettings, check_int
 
 
 # The tables of the last few codebooks: a decoder call builds its table from the codebook, and
-# decoding image by image would rebuild it for every image (a sort over V x V distances; 7 ms,
-# 10% of a compiled MuLo-SD image on the embedded family). Keyed by the codebook's contents (a
+# decoding image by image would rebuild it for every image (a sort over V x V distances, a
+# sizeable share of a compiled MuLo-SD image on a small model). Keyed by the codebook's contents (a
 # digest of its bytes: families hand out a freshly normalised tensor on every call, so its
 # storage says nothing), shape, dtype and device.
 _TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()

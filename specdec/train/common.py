@@ -17,8 +17,8 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="folder holding the Fashion-MNIST IDX files")
     p.add_argument("--out", default=DEFAULT_OUT, help="folder for the trained safetensors")
     p.add_argument("--seed", type=int, default=0)
-    # One thread by default: on this shared 2-core machine a 2-thread step was measured 2.5x
-    # slower in wall time (threads wait for each other at every op when cores are busy).
+    # One thread by default: on a small shared machine a 2-thread step is slower in wall time
+    # (threads wait for each other at every op when the cores are busy).
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--steps", type=int, default=None, help="optimiser steps (default: the script's)")
     p.add_argument("--batch-size", type=int, default=None)
