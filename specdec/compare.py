@@ -46,9 +46,10 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     """Every method on the same classes and seeds. The methods take turns, `turn` images each, so
     that a slow spell of a shared machine (such spells last minutes) falls on all methods alike
     instead of on whichever ran through it. Image i of every method depends only on (seed, i), so
-    the turns change no token. `run`: the settings every method runs with (`run.progress` is not used: `progress(images done of all methods)` is); `options[m]`: method
-    m's options. A method may be given twice under labels `METHOD+NAME` (`mulo+zipar`), each
-    with its own options: a variant measured beside the default in the same run."""
+    the turns change no token. `run`: the settings every method runs with (`run.progress` is not
+    used: `progress(images done of all methods)` is); `options[m]`: method m's options. A method
+    may be given twice under labels `METHOD+NAME` (`mulo+zipar`), each with its own options: a
+    variant measured beside the default in the same run."""
     from specdec import images, quality
 
     for m in list(methods) + list(options):
