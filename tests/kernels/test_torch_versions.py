@@ -1,4 +1,4 @@
-"""The extension and the torch it runs under (issue #40): the build records the torch it compiled
+"""The extension and the torch it runs under: the build records the torch it compiled
 against, `build_info()` shows it, an extension built for another torch is one ImportError that
 names both versions and the rebuild command, and a missing one falls back with a warning. Also
 the supported range, stated alike in the package metadata, the README and the Makefile's matrix.
