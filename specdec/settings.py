@@ -103,6 +103,9 @@ class RunSettings:
     backend: Optional[str] = None
     #: images decoded in the same passes (1: the latency setting speculative decoding is for)
     batch_size: int = 1
+    #: continuous batching: images decoded at once, each in a slot of its own that the next
+    #: image takes as soon as it is done (None: lockstep batches of batch_size)
+    concurrency: Optional[int] = None
     #: model passes through torch.compile (CUDA graphs on a GPU), padded to a few widths
     compile: bool = False
     #: called with the number of images done after each batch
@@ -117,6 +120,10 @@ class RunSettings:
         if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)} or None, got {self.backend!r}")
         check_int(self.batch_size, "batch_size", 1)
+        if self.concurrency is not None:
+            check_int(self.concurrency, "concurrency", 1)
+            if self.batch_size != 1:
+                raise ValueError("pass batch_size (lockstep batches) or concurrency (continuous batching), not both")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
         if self.progress is not None and not callable(self.progress):

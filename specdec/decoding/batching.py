@@ -4,13 +4,15 @@ statistics; the checks of a decoder's common arguments (the model's protocol, th
 happen here, once per call."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
 import torch
 
 from specdec.decoding.engine import Engine
-from specdec.decoding.results import DecodeResult, DecodeStats
+from specdec.decoding.continuous import decode_continuous
+from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
@@ -44,12 +46,20 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     and its statistics, which it completes when the batch ends. Image i depends only on (seed,
     first_index + i), whatever the batch size: a run of N images split into calls with
     `first_index` set to each call's offset gives the same images as one call. batch_size=1 is
-    the latency setting speculative decoding is for. Each batch is timed; the grids are decoded
+    the latency setting speculative decoding is for. With `run.concurrency` set, class-conditional
+    decodes run under continuous batching instead (`specdec.decoding.continuous`: each image in a
+    slot of its own, refilled as images finish; the same images). Each batch is timed; the grids are decoded
     to images with `tokenizer` (not timed); preview grids a method decoded itself (the engine's
     `previews`) become the result's `preview`."""
     check_grid_model(model, "target")
     conditions = check_classes(model, conditions)
     H, W = model.grid
+    if run.concurrency is not None:
+        if not is_prompts(conditions):
+            return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)
+        # Prompts of different lengths would need a prefix length per cache row: until the caches
+        # have one, prompt-conditioned models decode in lockstep batches of `concurrency` images.
+        run = dataclasses.replace(run, batch_size=run.concurrency, concurrency=None)
     total = DecodeStats(method)
     grids, previews = [], []
     n, step = conditions.shape[0], run.batch_size
@@ -71,11 +81,7 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
         if run.progress is not None:
             run.progress(min(i + step, n))
     tokens = torch.cat(grids)
-    images = None
-    if tokenizer is not None:
-        with torch.no_grad():
-            images = tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
-    return DecodeResult(tokens, images, total, torch.cat(previews) if previews else None)
+    return DecodeResult(tokens, decode_images(tokens, tokenizer), total, torch.cat(previews) if previews else None)
 
 
 __all__ = ["check_classes", "check_grid_model", "run_batches"]

@@ -72,8 +72,12 @@ class Judgement:
 class Engine:
     """One batch of a decode: its images' streams and statistics, its runners, its judgements."""
 
-    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int]):
+    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int], slot=None):
+        """`slot`: under continuous batching, the image's place in the continuous engine
+        (`specdec.decoding.continuous.Slot`): its runners' passes and its host reads are then
+        made together with the other images' (a batch of one image)."""
         self.run = run
+        self.slot = slot
         self.streams = streams
         self.batch = len(streams)
         self.H, self.W = grid
@@ -95,8 +99,11 @@ class Engine:
         on its preview grid: target passes of the preview stage)."""
         if role not in ("target", "drafter", "preview"):
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
-        runner = runner_for(model, sampling or self.run.sampling_or_default, self.batch, self.run.backend,
-                            compile=self.run.compile)
+        sampling = sampling or self.run.sampling_or_default
+        if self.slot is not None:
+            runner = self.slot.runner(model, sampling)
+        else:
+            runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile)
         self._runners.append((runner, role))
         return runner
 
@@ -122,7 +129,7 @@ class Engine:
         # The one host read of the pass: which drafts were kept and which are drawn again (and
         # where the islands are). How many uniforms each image draws next depends on it, and so
         # do the next pass's shape and the loop's control.
-        host = torch.cat([t.long() for t in parts], 1).tolist()
+        host = self.read(torch.cat([t.long() for t in parts], 1))
         L = parts[0].shape[1]
         accept = [[bool(v) for v in row[:L]] for row in host]
         resample = [[bool(v) for v in row[L:2 * L]] for row in host]
@@ -132,6 +139,11 @@ class Engine:
             out.num_islands = [row[3 * L] for row in host]
         self.record(accept, starts, judged)
         return out
+
+    def read(self, t: torch.Tensor) -> list:
+        """The host values of a [B, K] tensor (a host read; under continuous batching one read
+        serves every image that waits on one)."""
+        return t.tolist() if self.slot is None else self.slot.read(t)
 
     def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int]) -> None:
         """One judgement into the statistics: the map of kept drafts over the grid, and the
@@ -178,7 +190,7 @@ class Engine:
         s.draft_passes = [count["drafter"] + self.head_passes] * B
         if count["preview"]:
             s.preview_passes = [count["preview"]] * B
-        if self.run.compile:
+        if self.run.compile and self.slot is None:   # a continuous engine times its shared graphs
             s.compile_s.append(sum(r.take_compile_s() for r, _ in self._runners if isinstance(r, CompiledRunner)))
         return s
 

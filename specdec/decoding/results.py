@@ -122,6 +122,14 @@ class DecodeResult(NamedTuple):
     preview: Optional[torch.Tensor] = None
 
 
+def decode_images(tokens: torch.Tensor, tokenizer) -> Optional[torch.Tensor]:
+    """The images of token grids [B, H, W] through the VQ `tokenizer` (None without one)."""
+    if tokenizer is None:
+        return None
+    with torch.no_grad():
+        return tokenizer.decode(tokens.to(next(tokenizer.parameters()).device)).cpu()
+
+
 def concat_results(method: str, parts: List[DecodeResult]) -> DecodeResult:
     """One result from the results of consecutive calls (e.g. chunks of a run decoded with
     `first_index` set to each chunk's offset): grids and images concatenated, statistics merged."""

@@ -108,6 +108,10 @@ class HFSlotCache(SlotKVCache, _HFCache):
         self._appended = 0
         self._step = None
 
+    def load_row(self, source: "HFSlotCache", row: int) -> None:
+        super().load_row(source, row)
+        self.pad[[row, row + self.batch] if self.cfg else [row]] = source.pad
+
     def clone(self) -> "HFSlotCache":
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)

@@ -1,0 +1,234 @@
+"""Slots: the model passes of many images' decodes, made together.
+
+Under continuous batching (`specdec.decoding.continuous`) every image runs the method's own code
+for one image, in a fiber, on a `SlotRunner`: a ModelRunner look-alike of one image that owns no
+cache. Its passes become requests; a `SharedModel` holds the model's one cache of `slots` rows
+(image s of the engine in row s) and answers the requests of every waiting image with one batched
+pass:
+
+- `prefill`: the condition is written by a one-image runner and its cache row copied into the
+  image's row (`SlotKVCache.load_row`), so that a request joins while the others are half done;
+- `forward`: every image's tokens in one pass. In-place passes (no tree mask, written) of any
+  widths share one pass: a shorter row is padded by feeding its last token again at its own
+  position (which writes the same keys and values at the same slot and sees what that token
+  sees: bit for bit the pass it asked for). A block attended with a tree mask or without writing
+  reads its own width in every query's softmax, so such passes share a pass only with passes of
+  the same width. Rows with nothing to do ride along at the last raster position, whose output
+  predicts a position past the grid that nothing reads (and only a query there sees its slot);
+- `step`: the AR step of every waiting image in one step, each at its own position.
+
+Everything else a method asks of its runner is a function of the outputs it already has
+(`probs`, `token_probs`, SSD's head drafts through `function`): the one-image runner computes it,
+in the image's fiber. Forgetting slots (`invalidate*`) touches the image's own row only.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+
+from specdec import masks
+from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
+from specdec.decoding.runner import ModelRunner, Outputs, TokenStep
+
+
+class Forward(NamedTuple):
+    slot: int
+    tokens: torch.Tensor                 #: [1, N]
+    positions: torch.Tensor              #: [1, N]
+    tree_mask: Optional[torch.Tensor]    #: [1, N, words] or None
+    write: bool
+
+
+class Step(NamedTuple):
+    slot: int
+    token: torch.Tensor       #: [1, 1]
+    position: int
+    uniform: torch.Tensor     #: [1]
+
+
+class Prefill(NamedTuple):
+    slot: int
+    condition: torch.Tensor   #: [1] class id (or its embedding)
+
+
+def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool) -> ModelRunner:
+    """The runner of all slots: eager, or a compiled one kept on the model apart from the
+    lockstep decoders' (its AR step takes a position per row, so its graphs differ)."""
+    if not compile:
+        return ModelRunner(model, sampling, batch=slots, backend=backend)
+    store = model.__dict__.setdefault("_specdec_slot_runners", {})
+    key = _store_key(model, sampling, slots, backend)
+    if key not in store:
+        store[key] = CompiledRunner(model, sampling, batch=slots, backend=backend)
+    store[key].reset()
+    return store[key]
+
+
+class SharedModel:
+    """One model's passes for all the slots of a continuous engine."""
+
+    def __init__(self, model, sampling, slots: int, backend, compile: bool):
+        self.slots = slots
+        self.batch = _slot_batch_runner(model, sampling, slots, backend, compile)
+        #: the one-image runner: prefills, and the functions of outputs the images compute
+        self.single = runner_for(model, sampling, 1, backend, compile=compile)
+        self.H, self.W = self.batch.H, self.batch.W
+        self.cfg = sampling.guided
+        self._step: Optional[TokenStep] = None
+
+    @property
+    def passes(self) -> int:
+        """Batched passes made so far (prefills are one-image passes, not counted here)."""
+        return self.batch.forwards
+
+    def take_compile_s(self) -> float:
+        parts = [r for r in (self.batch, self.single) if isinstance(r, CompiledRunner)]
+        return sum(r.take_compile_s() for r in parts)
+
+    # ---- the passes ----
+    def prefill(self, request: Prefill) -> Outputs:
+        self.single.reset()
+        out = self.single.prefill(request.condition)
+        self.batch.cache.load_row(self.single.cache, request.slot)
+        return out
+
+    def forward(self, requests: List[Forward]) -> Dict[int, Outputs]:
+        """One pass per group of requests that can share one (see the module's docstring)."""
+        groups: Dict[object, List[Forward]] = {}
+        for r in requests:
+            key = "in place" if r.tree_mask is None and r.write else (r.tokens.shape[1], r.tree_mask is not None, r.write)
+            groups.setdefault(key, []).append(r)
+        replies = {}
+        for group in groups.values():
+            replies.update(self._pass(group))
+        return replies
+
+    def _pass(self, group: List[Forward]) -> Dict[int, Outputs]:
+        C, dev = self.slots, self.batch.device
+        N = max(r.tokens.shape[1] for r in group)
+        tokens = torch.zeros(C, N, dtype=torch.long, device=dev)
+        positions = torch.full((C, N), self.H * self.W - 1, dtype=torch.long, device=dev)
+        for r in group:
+            n = r.tokens.shape[1]
+            tokens[r.slot, :n], tokens[r.slot, n:] = r.tokens[0], r.tokens[0, -1]
+            positions[r.slot, :n], positions[r.slot, n:] = r.positions[0], r.positions[0, -1]
+        mask = None
+        if group[0].tree_mask is not None:
+            mask = masks.pack(torch.eye(N, dtype=torch.bool, device=dev)).expand(C, -1, -1).clone()
+            for r in group:
+                mask[r.slot] = r.tree_mask[0]
+        out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write)
+        return {r.slot: self._row(out, r.slot, r.tokens.shape[1]) for r in group}
+
+    def _row(self, out: Outputs, slot: int, n: int) -> Outputs:
+        """Image `slot`'s outputs of a batched pass, as its own one-image pass gives them."""
+        rows = [slot, slot + self.slots] if out.hidden.shape[0] == 2 * self.slots else [slot]
+        return Outputs(out.cond[slot:slot + 1, :n], None if out.uncond is None else out.uncond[slot:slot + 1, :n],
+                       out.hidden[rows, :n], None if out.probs is None else out.probs[slot:slot + 1, :n])
+
+    def step(self, requests: List[Step]) -> Dict[int, torch.Tensor]:
+        """The AR step of every waiting image, each at its own position."""
+        C, dev = self.slots, self.batch.device
+        if self._step is None:
+            self._step = self.batch.token_step()
+        tokens = torch.zeros(C, 1, dtype=torch.long, device=dev)
+        positions = [self.H * self.W - 1] * C
+        uniforms = torch.zeros(C, dtype=torch.float32, device=dev)
+        for r in requests:
+            tokens[r.slot] = r.token[0]
+            positions[r.slot] = r.position
+            uniforms[r.slot] = r.uniform[0]
+        # The eager step reads the cache up to `reach`; rows riding along sit at the last position.
+        reach = max(r.position for r in requests) if len(requests) == C else None
+        position = torch.tensor(positions, dtype=torch.long).view(C, 1).to(dev)
+        out = self._step(tokens, position, uniforms, reach=reach)
+        return {r.slot: out[r.slot:r.slot + 1] for r in requests}
+
+    # ---- one row's cache ----
+    def forget(self, slot: int, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
+        """Forget image `slot`'s raster `positions` [N] or [1, N] (where `where` [1, N] is set)."""
+        positions = positions.reshape(1, -1).to(self.batch.device)
+        mine = torch.zeros(self.slots, positions.shape[1], dtype=torch.bool, device=positions.device)
+        mine[slot] = True if where is None else where.reshape(-1).to(positions.device)
+        self.batch.invalidate_where(positions.expand(self.slots, -1), mine)
+
+
+class SlotRunner:
+    """What a method's code for one image sees as its runner under continuous batching: the
+    ModelRunner interface of one image, its passes made by `shared` for all slots at once
+    (`ask` hands a request to the scheduler and returns its answer)."""
+
+    batch = 1
+
+    def __init__(self, shared: SharedModel, slot: int, ask):
+        self.shared, self.slot, self._ask = shared, slot, ask
+        single = shared.single
+        self.model, self.sampling, self.backend = single.model, single.sampling, single.backend
+        self.H, self.W, self.device = single.H, single.W, single.device
+        self.forwards = 0
+        self.fed = 0
+
+    def prefill(self, classes) -> Outputs:
+        self.forwards += 1
+        return self._ask(self.shared, Prefill(self.slot, classes))
+
+    def forward(self, tokens, positions, *, tree_mask=None, write=True) -> Outputs:
+        self.forwards += 1
+        self.fed += tokens.shape[1]
+        positions = positions.reshape(1, -1).to(self.device)
+        if tree_mask is not None and tree_mask.dim() == 2:
+            tree_mask = tree_mask[None]
+        return self._ask(self.shared, Forward(self.slot, tokens.to(self.device), positions, tree_mask, write))
+
+    def token_step(self) -> "SlotTokenStep":
+        return SlotTokenStep(self)
+
+    def invalidate(self, positions: torch.Tensor) -> None:
+        if positions.numel():
+            self.shared.forget(self.slot, positions, None)
+
+    def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        if positions.numel():
+            self.shared.forget(self.slot, positions, mask)
+
+    # ---- functions of outputs: the one-image runner's ----
+    def outputs(self, logits, hidden) -> Outputs:
+        return self.shared.single.outputs(logits, hidden)
+
+    def outputs_at(self, logits, hidden, positions) -> Outputs:
+        return self.shared.single.outputs_at(logits, hidden, positions)
+
+    def probs(self, o: Outputs) -> torch.Tensor:
+        return self.shared.single.probs(o)
+
+    def token_probs(self, o: Outputs, tokens, neighbors=None, delta=None):
+        return self.shared.single.token_probs(o, tokens, neighbors, delta)
+
+    def function(self, key, make):
+        return self.shared.single.function(key, make)
+
+    def _settings(self):
+        return self.shared.single._settings()
+
+
+class SlotTokenStep:
+    """`TokenStep`'s call for one image: its step made with every waiting image's."""
+
+    def __init__(self, runner: SlotRunner):
+        self.runner = runner
+
+    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
+        r = self.runner
+        r.forwards += 1
+        r.fed += 1
+        # `position` is a tensor the caller fills in place: its value is taken now, from the host
+        # copy the caller passes as `reach` when it has one (AR's loop does).
+        where = reach if reach is not None else int(position.reshape(-1)[0])
+        return r._ask(r.shared, Step(r.slot, tokens.to(r.device), where, uniforms.to(r.device)))
+
+    def take_compile_s(self) -> float:
+        return 0.0
+
+
+__all__ = ["SharedModel", "SlotRunner", "SlotTokenStep"]
