@@ -14,13 +14,16 @@ hooks. The engine is split by job: `engine` (a batch's round state: streams, run
 read-accept-commit step, statistics), `runner` (a model with its cache), `compiled` (the same
 through torch.compile), `streams` (one random stream per image), `uploads` (host data to the
 device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of shared passes),
-`drafters` (what proposes tokens for raster speculation), `batching`, `results`.
+`drafters` (what proposes tokens for raster speculation), `batching`, `results`; continuous
+batching (`decode(..., concurrency=N)`, and `stream(...)` for a server) is `continuous` (slots
+and the engine step), `slots` (the batched passes) and `fibers` (each image's decode as a fiber).
 """
 from __future__ import annotations
 
 from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
-                                  family_options, method_options, options_as_kwargs, options_for)
+                                  family_options, method_options, options_as_kwargs, options_for, stream)
+from specdec.decoding.continuous import ContinuousEngine, Finished
 from specdec.decoding.ar import AROptions
 from specdec.decoding.lantern import LanternOptions
 from specdec.decoding.mulo import MuloOptions
@@ -31,7 +34,7 @@ from specdec.decoding.ssd import SSDOptions
 from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
-__all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "LanternOptions", "METHODS", "MuloOptions",
+__all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "Finished", "DecodeResult", "DecodeStats", "LanternOptions", "METHODS", "MuloOptions",
            "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions", "SJDOptions", "SSDOptions", "Sampling",
            "ZipAROptions", "check_method", "concat_results", "decode", "family_options",
-           "method_options", "options_as_kwargs", "options_for"]
+           "method_options", "options_as_kwargs", "options_for", "stream"]

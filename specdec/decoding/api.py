@@ -18,9 +18,10 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
+from specdec.decoding.continuous import ContinuousEngine, Requests
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
-from specdec.settings import RunSettings, Sampling
+from specdec.settings import RunSettings, Sampling, check_int
 
 #: The methods, each one module (its options, presets, the models it takes and its decode): adding
 #: a method is adding its module here.
@@ -204,6 +205,23 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     return stages.combine(first, second)
 
 
+def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
+           **options) -> ContinuousEngine:
+    """A continuous engine of `method` on the family's target (`specdec.decoding.continuous`),
+    for a server: `submit(class_id)` requests as they arrive, `step()` and take the images it
+    returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
+    other keyword arguments are `decode`'s (run settings, models, the method's options), and
+    image i (its index: by default the order of submission, from `first_index`) is the image
+    `decode` gives it. Class-conditional families only, for now."""
+    module = _MODULES[check_method(method)]
+    if _field(family, "preview") is not None or getattr(_field(family, "target"), "text_conditional", False):
+        raise ValueError("stream takes class-conditional families for now; decode prompts with decode(...)")
+    run, given, opts = resolve(method, family, run=run, preset=preset, **options)
+    run = dataclasses.replace(run, batch_size=1, concurrency=check_int(concurrency, "concurrency", 1))
+    return module.decode(_field(family, "target"), Requests(), **_resources(module, family, given, opts), options=opts,
+                         run=run)
+
+
 def _conditions(target, classes, prompts, negative_prompts):
     """Class ids as a tensor, or the prompts as a `Prompts` batch (encoded by the target's
     `encode_prompts` when it has one: tokenisation and chat templates are the model's business)."""
@@ -224,4 +242,4 @@ def _conditions(target, classes, prompts, negative_prompts):
 
 
 __all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "Resolved", "check_method", "decode",
-           "family_options", "method_options", "options_as_kwargs", "options_for", "resolve"]
+           "family_options", "method_options", "options_as_kwargs", "options_for", "resolve", "stream"]

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from specdec.decoding.engine import Engine
-from specdec.decoding.continuous import decode_continuous
+from specdec.decoding.continuous import ContinuousEngine, Requests, decode_continuous
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
@@ -52,8 +52,10 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     to images with `tokenizer` (not timed); preview grids a method decoded itself (the engine's
     `previews`) become the result's `preview`."""
     check_grid_model(model, "target")
-    conditions = check_classes(model, conditions)
     H, W = model.grid
+    if isinstance(conditions, Requests):
+        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency or 1, tokenizer)
+    conditions = check_classes(model, conditions)
     if run.concurrency is not None:
         if not is_prompts(conditions):
             return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)

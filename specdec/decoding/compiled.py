@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
-from specdec.decoding.runner import ModelRunner, TokenStep, weights_key
+from specdec.decoding.runner import ModelRunner, TokenStep, pass_over, weights_key
 
 
 def compile_step(fn: Callable, device: torch.device) -> Callable:
@@ -115,7 +115,8 @@ def _visible_columns(real: int, width: int, device) -> torch.Tensor:
 
 class CompiledForward(_CompileClock):
     """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
-    (padded width, tree mask or not, write or not), made on first use and kept.
+    (padded width, tree mask or not, write or not, images passed: how many), made on first use
+    and kept.
 
     A pass of N tokens is padded to `bucket_width(N)` by feeding its last token again at its own
     position, with that token's view: written in place, a copy sees what the token sees (the cache
@@ -140,7 +141,7 @@ class CompiledForward(_CompileClock):
         # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
         # with eager numerics.
         self.compiler = compiler or compile_step
-        self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
+        self._graphs: Dict[Tuple[int, bool, bool, Optional[int]], Callable] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
         if cache.device.type == "cuda":
             mark_cache_static(cache)
@@ -151,9 +152,8 @@ class CompiledForward(_CompileClock):
             write = key[2]   # the mask's presence is fixed by tracing with or without one
             model, cache, backend, fast, dist = self.model, self.cache, self.backend, self.fast, self.distribution
 
-            def forward(tokens, positions, tree_mask):
-                out = model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write,
-                                           backend=backend, **fast)
+            def forward(tokens, positions, tree_mask, images):
+                out = pass_over(model, cache, images, tokens, positions, tree_mask, write, backend=backend, **fast)
                 return out.logits, out.hidden, None if dist is None else dist(out.logits, out.hidden, positions)
 
             graph = self._graphs[key] = self.compiler(forward, cache.device)
@@ -174,7 +174,7 @@ class CompiledForward(_CompileClock):
         padded[:, n:] = padded[:, n - 1:n]
         return padded
 
-    def __call__(self, tokens, positions, tree_mask=None, write: bool = True):
+    def __call__(self, tokens, positions, tree_mask=None, write: bool = True, images=None):
         rows, n = tokens.shape
         width = bucket_width(n)
         if positions.dim() == 1:
@@ -186,7 +186,7 @@ class CompiledForward(_CompileClock):
             if tree_mask is not None or not write:
                 tree_mask = self._tree_mask(tree_mask, tree_mask.shape[0] if tree_mask is not None else rows,
                                             n, width)
-        key = (width, tree_mask is not None, write)
+        key = (width, tree_mask is not None, write, None if images is None else images.shape[0])
         first = key not in self._graphs
         graph = self._graph(key)
         if self.cache.device.type == "cuda":
@@ -195,7 +195,8 @@ class CompiledForward(_CompileClock):
         # The graph was traced on contiguous inputs and keeps no guards: a strided view (a slice
         # of the token grid) would fail inductor's stride assertion.
         outputs = graph(tokens.contiguous(), positions.contiguous(),
-                        None if tree_mask is None else tree_mask.contiguous())
+                        None if tree_mask is None else tree_mask.contiguous(),
+                        None if images is None else images.contiguous())
         if first:
             self.compile_s += time.perf_counter() - start
         outputs = tuple(None if t is None else t[:, :n] for t in outputs)
@@ -241,11 +242,11 @@ class CompiledRunner(ModelRunner):
         classes = classes.to(self.device)
         return self.outputs(*self.function(("prefill", tuple(classes.shape)), make)(classes))
 
-    def forward(self, tokens, positions, *, tree_mask=None, write=True):
+    def forward(self, tokens, positions, *, tree_mask=None, write=True, images=None):
         self.forwards += 1
         self.fed += tokens.shape[1]
         tokens, positions = tokens.to(self.device), positions.to(self.device)
-        logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
+        logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write, images)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
 
     def function(self, key, make):

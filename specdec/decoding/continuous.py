@@ -16,13 +16,14 @@ So an image takes exactly the passes it takes alone, and under `batch_invariant(
 reference backend) its tokens are bit for bit those of a decode of that image alone: image i
 depends only on (seed, index), whatever the concurrency, the order of arrival or its neighbours.
 
-A server feeds it directly:
+A server feeds it directly (docs/engine.md, "Continuous batching"):
 
-    engine = ContinuousEngine("mulo", policy.decode_batch, run, concurrency=16)
-    engine.submit(torch.tensor(3), index=0)
+    engine = specdec.decoding.stream("mulo", family, concurrency=16, seed=0)
+    engine.submit(3)                      # a class id; image index 0
     while not engine.idle:
-        for image in engine.step():       # Finished(index, tokens [H, W], stats, preview)
+        for image in engine.step():       # Finished(index, tokens [H, W], stats, preview, image)
             ...
+        # submit more as they arrive
 """
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ from specdec.decoding.streams import ImageStreams
 from specdec.settings import RunSettings, check_int
 
 
+class Requests:
+    """Conditions still to come: a method's `decode` given `Requests()` as its conditions returns
+    its `ContinuousEngine` (requests submitted to it as they arrive) instead of decoding
+    (`specdec.decoding.stream` is how callers get one)."""
+
+
 @dataclass
 class Finished:
     """An image the engine has finished."""
@@ -49,6 +56,7 @@ class Finished:
     tokens: torch.Tensor              #: int64 [H, W], on the CPU
     stats: DecodeStats                #: its own statistics (one image)
     preview: Optional[torch.Tensor]   #: int64 [h, w]: the preview grid a method decoded itself, or None
+    image: Optional[torch.Tensor] = None   #: [C, h, w] pixels, when the engine has a tokenizer
 
 
 class Slot:
@@ -92,9 +100,10 @@ class ContinuousEngine:
     of one image (its `decode_batch`); `run` its run settings (seed, sampling, backend, compile)."""
 
     def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
-                 concurrency: int):
+                 concurrency: int, tokenizer=None):
         check_int(concurrency, "concurrency", 1)
         self.method, self.decode_one, self.run = method, decode_one, run
+        self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
         self.slots: List[Optional[Slot]] = [None] * concurrency
@@ -178,7 +187,10 @@ class ContinuousEngine:
             self.close()
             raise
         if s.fiber.done:
-            done.append(s.fiber.value)
+            image = s.fiber.value
+            if self.tokenizer is not None:
+                image.image = decode_images(image.tokens[None], self.tokenizer)[0]
+            done.append(image)
             self.slots[s.number] = None
 
     def _answer(self, waiting: List[Slot]) -> Dict[int, object]:
@@ -232,4 +244,4 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)
 
 
-__all__ = ["ContinuousEngine", "Finished", "decode_continuous"]
+__all__ = ["ContinuousEngine", "Finished", "Requests", "decode_continuous"]

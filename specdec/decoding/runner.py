@@ -29,6 +29,17 @@ def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torc
     return torch.where(off, cond, uncond)
 
 
+def pass_over(model, cache, images: Optional[torch.Tensor], tokens, positions, tree_mask, write, **kwargs):
+    """`model.forward_tokens` over the whole cache, or (images: int64 [k]) over those images of it
+    alone (`SlotKVCache.images`)."""
+    if images is None:
+        return model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write, **kwargs)
+    part = cache.images(images)
+    out = model.forward_tokens(part, tokens, positions, tree_mask=tree_mask, write=write, **kwargs)
+    part.commit()
+    return out
+
+
 class Outputs(NamedTuple):
     """Outputs of a forward at N positions: guidance halves and pre-norm hidden states."""
 
@@ -113,14 +124,16 @@ class ModelRunner:
         out = self.model.prefill(self.cache, classes, backend=self.backend)
         return self.outputs(out.logits, out.hidden)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True,
+                images: Optional[torch.Tensor] = None) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
-        token that follows position i in raster order."""
+        token that follows position i in raster order. `images` (int64 [k]): a pass over those
+        images of the cache only (tokens [k, N]; continuous batching)."""
         self.forwards += 1
         self.fed += tokens.shape[1]
         tokens, positions = tokens.to(self.device), positions.to(self.device)
-        out = self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
-                                        backend=self.backend, **self._fast)
+        out = pass_over(self.model, self.cache, images, tokens, positions, tree_mask, write,
+                        backend=self.backend, **self._fast)
         return self.outputs_at(out.logits, out.hidden, positions)
 
     def outputs_at(self, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> Outputs:

@@ -28,8 +28,9 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 
 from specdec import masks
-from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
+from specdec.decoding.compiled import CompiledRunner, _store_key, bucket_width, runner_for
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep
+from specdec.models.kv_cache import SlotKVCache
 
 
 class Forward(NamedTuple):
@@ -75,6 +76,9 @@ class SharedModel:
         self.single = runner_for(model, sampling, 1, backend, compile=compile)
         self.H, self.W = self.batch.H, self.batch.W
         self.cfg = sampling.guided
+        # Passes over some of the images need a cache that can make a cache of some of its rows
+        # (`SlotKVCache.images`); a model's own cache type (the transformers adapters') may not.
+        self._partial = type(self.batch.cache) is SlotKVCache
         self._step: Optional[TokenStep] = None
 
     @property
@@ -97,7 +101,9 @@ class SharedModel:
         """One pass per group of requests that can share one (see the module's docstring)."""
         groups: Dict[object, List[Forward]] = {}
         for r in requests:
-            key = "in place" if r.tree_mask is None and r.write else (r.tokens.shape[1], r.tree_mask is not None, r.write)
+            n = r.tokens.shape[1]
+            key = ("in place", bucket_width(n)) if r.tree_mask is None and r.write else (n, r.tree_mask is not None,
+                                                                                       r.write)
             groups.setdefault(key, []).append(r)
         replies = {}
         for group in groups.values():
@@ -105,27 +111,48 @@ class SharedModel:
         return replies
 
     def _pass(self, group: List[Forward]) -> Dict[int, Outputs]:
-        C, dev = self.slots, self.batch.device
+        dev = self.batch.device
         N = max(r.tokens.shape[1] for r in group)
-        tokens = torch.zeros(C, N, dtype=torch.long, device=dev)
-        positions = torch.full((C, N), self.H * self.W - 1, dtype=torch.long, device=dev)
+        images = self._images([r.slot for r in group], N)
+        where = {slot: i for i, slot in enumerate(images)}
+        k = len(images)
+        tokens = torch.zeros(k, N, dtype=torch.long, device=dev)
+        positions = torch.full((k, N), self.H * self.W - 1, dtype=torch.long, device=dev)
         for r in group:
-            n = r.tokens.shape[1]
-            tokens[r.slot, :n], tokens[r.slot, n:] = r.tokens[0], r.tokens[0, -1]
-            positions[r.slot, :n], positions[r.slot, n:] = r.positions[0], r.positions[0, -1]
+            i, n = where[r.slot], r.tokens.shape[1]
+            tokens[i, :n], tokens[i, n:] = r.tokens[0], r.tokens[0, -1]
+            positions[i, :n], positions[i, n:] = r.positions[0], r.positions[0, -1]
         mask = None
         if group[0].tree_mask is not None:
-            mask = masks.pack(torch.eye(N, dtype=torch.bool, device=dev)).expand(C, -1, -1).clone()
+            mask = masks.pack(torch.eye(N, dtype=torch.bool, device=dev)).expand(k, -1, -1).clone()
             for r in group:
-                mask[r.slot] = r.tree_mask[0]
-        out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write)
-        return {r.slot: self._row(out, r.slot, r.tokens.shape[1]) for r in group}
+                mask[where[r.slot]] = r.tree_mask[0]
+        index = None if k == self.slots else torch.tensor(images, dtype=torch.long).to(dev)
+        out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write, images=index)
+        return {r.slot: self._row(out, where[r.slot], r.tokens.shape[1]) for r in group}
 
-    def _row(self, out: Outputs, slot: int, n: int) -> Outputs:
-        """Image `slot`'s outputs of a batched pass, as its own one-image pass gives them."""
-        rows = [slot, slot + self.slots] if out.hidden.shape[0] == 2 * self.slots else [slot]
-        return Outputs(out.cond[slot:slot + 1, :n], None if out.uncond is None else out.uncond[slot:slot + 1, :n],
-                       out.hidden[rows, :n], None if out.probs is None else out.probs[slot:slot + 1, :n])
+    def _images(self, slots: List[int], width: int) -> List[int]:
+        """The cache rows a pass of `width` tokens for `slots` runs over: all, or those images
+        alone when the cache can make a pass over some of its images and that costs less. A pass
+        over k of C images gathers their cache rows once; riding along, each of the other C - k
+        rows reads its cache rows once per token: the pass is partial when (C - k) * width > k.
+        A compiled pass rounds k up to a power of two (other slots riding along), so that a few
+        graphs serve every count."""
+        k, C = len(slots), self.slots
+        if isinstance(self.batch, CompiledRunner):
+            k = min(C, 1 << (k - 1).bit_length())
+        if not self._partial or (C - k) * width <= k:
+            return list(range(C))
+        others = [s for s in range(self.slots) if s not in set(slots)]
+        return sorted(slots + others[:k - len(slots)])
+
+    @staticmethod
+    def _row(out: Outputs, i: int, n: int) -> Outputs:
+        """Row i's outputs of a batched pass, as its own one-image pass gives them."""
+        B = out.cond.shape[0]
+        rows = [i, i + B] if out.hidden.shape[0] == 2 * B else [i]
+        return Outputs(out.cond[i:i + 1, :n], None if out.uncond is None else out.uncond[i:i + 1, :n],
+                       out.hidden[rows, :n], None if out.probs is None else out.probs[i:i + 1, :n])
 
     def step(self, requests: List[Step]) -> Dict[int, torch.Tensor]:
         """The AR step of every waiting image, each at its own position."""

@@ -1,0 +1,222 @@
+"""Continuous batching (specdec.decoding.continuous): images join and leave a running batch, and
+each gets exactly the tokens and passes it gets alone; one host read per engine step at most."""
+import threading
+
+import pytest
+import torch
+
+from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding import continuous, slots
+from specdec.decoding.fibers import Fiber
+from specdec.decoding.runner import ModelRunner
+from specdec.models.kv_cache import SlotKVCache
+from specdec.numerics import batch_invariant
+from specdec.profiling import _Counter, HostSyncCount, count_host_syncs
+from specdec.settings import RunSettings, Sampling
+
+SAMPLING = Sampling(cfg_scale=2.0)
+CLASSES = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1, 0, 0, 1, 2])
+VARIANTS = [(m, {}) for m in decoding.METHODS] + [
+    ("ssd", dict(commit="write")),
+    ("mulo", dict(resample="raster")),
+    ("mulo", dict(drafting="zipar")),
+]
+IDS = [f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o in VARIANTS]
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+def alone(fam, method, options, n):
+    """Each image decoded on its own (a batch of one), image i from stream i."""
+    return [decoding.decode(method, fam, CLASSES[i:i + 1], seed=3, first_index=i, sampling=SAMPLING,
+                            backend="reference", **options) for i in range(n)]
+
+
+@pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
+def test_requests_arriving_while_others_run_get_the_tokens_they_get_alone(fam, method, options):
+    """12 requests in 5 slots through the streaming API, submitted at staggered steps while others
+    run, on the reference backend with batch-invariant numerics: every image's tokens and target
+    passes are those of its decode alone; `decode(concurrency=5)` gives the same."""
+    with batch_invariant():
+        ref = alone(fam, method, options, len(CLASSES))
+        engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING, backend="reference", **options)
+        got, arrivals = {}, {0: 3, 2: 4, 5: 5}     # engine step -> requests submitted before it
+        step = submitted = 0
+        while step <= max(arrivals) or not engine.idle:
+            for _ in range(arrivals.get(step, 0)):
+                assert engine.submit(CLASSES[submitted]) == submitted
+                submitted += 1
+            for image in engine.step():
+                got[image.index] = image
+            step += 1
+        assert sorted(got) == list(range(len(CLASSES)))
+        for i, r in enumerate(ref):
+            assert torch.equal(got[i].tokens, r.tokens[0]), f"image {i}"
+            assert got[i].stats.target_passes == r.stats.target_passes, f"image {i}"
+        whole = decoding.decode(method, fam, CLASSES, seed=3, sampling=SAMPLING, backend="reference", concurrency=5,
+                                **options)
+        assert torch.equal(whole.tokens, torch.cat([r.tokens for r in ref]))
+        assert whole.stats.target_passes == [p for r in ref for p in r.stats.target_passes]
+
+
+@pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
+def test_an_engine_step_reads_back_at_most_once(fam, monkeypatch, method, options):
+    """The budget of the continuous engine: at most one host round trip per engine step, `ar`
+    none at all, on the checked fast path (compiled cpu backend). The images' fibers read
+    nothing themselves; the one-image prefills' model checks are set-up, not per step."""
+    fiber_counts = []
+    main = Fiber._main
+
+    def counted(self):
+        fiber_counts.append(HostSyncCount())
+        with _Counter(fiber_counts[-1]):
+            main(self)
+
+    monkeypatch.setattr(Fiber, "_main", counted)
+    setup = [0]
+    prefill = slots.SharedModel.prefill
+
+    def excluded(shared, request):
+        before = count.round_trips
+        try:
+            return prefill(shared, request)
+        finally:
+            setup[0] += count.round_trips - before
+
+    monkeypatch.setattr(slots.SharedModel, "prefill", excluded)
+    engine = decoding.stream(method, fam, concurrency=3, seed=4, sampling=SAMPLING, backend="cpu", **options)
+    for c in CLASSES[:5]:
+        engine.submit(c)
+    steps = 0
+    while not engine.idle:
+        setup[0] = 0
+        with count_host_syncs() as count:
+            engine.step()
+        steps += 1
+        assert count.round_trips - setup[0] <= (0 if method == "ar" else 1), count.by_op
+    assert all(c.round_trips == 0 for c in fiber_counts), [c.by_op for c in fiber_counts]
+    assert engine.reads <= engine.steps == steps
+    if method == "ar":
+        assert engine.reads == 0
+
+
+def test_a_slot_is_refilled_as_soon_as_its_image_is_done(fam):
+    """Two slots, four images: the next request starts in the step that finishes one, and an
+    image's passes do not depend on its neighbours (mulo's differ per image)."""
+    engine = decoding.stream("mulo", fam, concurrency=2, seed=0, sampling=SAMPLING)
+    for c in CLASSES[:4]:
+        engine.submit(c)
+    assert engine.running == 0 and len(engine.queue) == 4    # requests start at the next step
+    finished = engine.step()
+    assert engine.running == 2 and len(engine.queue) == 2
+    while not engine.idle:
+        out = engine.step()
+        finished += out
+        if out and engine.queue:
+            assert engine.running == 2
+    assert sorted(f.index for f in finished) == [0, 1, 2, 3]
+    assert engine.steps < sum(f.stats.target_passes[0] + f.stats.draft_passes[0] for f in finished)
+
+
+def test_streaming_results_come_with_pixels_and_statistics(fam):
+    engine = decoding.stream("sd", fam, concurrency=2, seed=0, sampling=SAMPLING)
+    assert engine.tokenizer is fam.tokenizer
+    engine.submit(1, index=7)
+    (image,) = list(engine.results())
+    assert image.index == 7 and image.tokens.shape == fam.target.grid
+    assert image.image is not None and image.stats.images == 1
+    assert image.stats.target_passes[0] > 1
+    same = decoding.decode("sd", fam, [1], seed=0, first_index=7, sampling=SAMPLING)
+    assert torch.equal(same.tokens[0], image.tokens)
+
+
+def test_bad_requests_and_settings_are_named(fam):
+    engine = decoding.stream("ar", fam, concurrency=2)
+    with pytest.raises(ValueError, match="condition must be one class id"):
+        engine.submit(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="index"):
+        engine.submit(1, index=-1)
+    with pytest.raises(ValueError, match="concurrency"):
+        decoding.stream("ar", fam, concurrency=0)
+    with pytest.raises(ValueError, match="not both"):
+        RunSettings(batch_size=2, concurrency=2)
+    with pytest.raises(ValueError, match="concurrency"):
+        RunSettings(concurrency=0)
+
+
+def test_an_error_inside_an_image_reaches_the_caller_and_ends_the_others(fam):
+    def decode_one(conditions, engine):
+        runner = engine.runner(fam.target)
+        runner.prefill(conditions)
+        if int(conditions[0]) == 2:
+            raise RuntimeError("image failed")
+        runner.prefill(conditions)
+        return torch.zeros(1, 16, dtype=torch.long)
+
+    engine = continuous.ContinuousEngine("ar", decode_one, RunSettings(), fam.target.grid, 3)
+    for c in (0, 1, 2):
+        engine.submit(c)
+    with pytest.raises(RuntimeError, match="image failed"):
+        list(engine.results())
+    assert engine.idle
+
+
+def test_a_fiber_runs_only_while_its_caller_waits_and_keeps_its_thread_state():
+    order = []
+
+    def body():
+        order.append(("fiber", torch.is_grad_enabled(), threading.current_thread().name))
+        reply = fiber.wait("first")
+        order.append(("fiber got", reply))
+        return "done"
+
+    fiber = Fiber(body, name="f")
+    fiber.resume()
+    order.append(("caller", fiber.request))
+    fiber.resume(41)
+    assert fiber.done and fiber.value == "done"
+    assert order == [("fiber", False, "f"), ("caller", "first"), ("fiber got", 41)]
+
+
+def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam):
+    """`images=` runs the model over some rows of the cache: their outputs and what the pass
+    writes into the cache are those of the whole batch's pass (batch-invariant numerics)."""
+    with batch_invariant():
+        a = ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+        a.prefill(CLASSES[:4])
+        b = ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+        b.prefill(CLASSES[:4])
+        tokens = torch.randint(0, 16, (4, 3), generator=torch.Generator().manual_seed(0))
+        pos = torch.tensor([0, 1, 2])
+        whole = a.forward(tokens, pos)
+        rows = torch.tensor([1, 3])
+        part = b.forward(tokens[rows], pos.expand(2, -1), images=rows)
+    assert torch.equal(part.cond, whole.cond[rows])
+    assert torch.equal(part.hidden, whole.hidden[torch.cat([rows, rows + 4])])
+    every = torch.tensor([1, 3, 5, 7])    # the rows of images 1 and 3, conditional and unconditional
+    for ka, kb in zip(a.cache.k + a.cache.v, b.cache.k + b.cache.v):
+        assert torch.equal(kb[every], ka[every])
+    assert torch.equal(b.cache.valid[every], a.cache.valid[every])
+    assert not b.cache.valid[[0, 2, 4, 6], 1:].any()     # the other images' rows untouched
+
+
+def test_load_row_copies_one_image_into_its_row_and_checks_its_source(fam):
+    big = fam.target.new_cache(3, cfg=True)
+    one = fam.target.new_cache(1, cfg=True)
+    for t in one.k + one.v:
+        t.normal_()
+    one.valid[:, :2] = True
+    big.load_row(one, 1)
+    assert torch.equal(big.k[0][[1, 4]], one.k[0]) and torch.equal(big.valid[[1, 4]], one.valid)
+    assert not big.valid[[0, 2, 3, 5]].any()
+    with pytest.raises(ValueError, match="one-image cache"):
+        big.load_row(fam.target.new_cache(2, cfg=True), 0)
+    with pytest.raises(ValueError, match="row must lie"):
+        big.load_row(one, 3)
+    other = SlotKVCache(1, 1, 1, big.n_slots, 1, cfg=True, prefix_len=big.prefix_len + 1)
+    with pytest.raises(ValueError, match="prefix"):
+        SlotKVCache(1, 3, 1, big.n_slots, 1, cfg=True, prefix_len=big.prefix_len).load_row(other, 0)
