@@ -76,8 +76,19 @@ def run_settings(args, family=None, progress=None):
 
     if isinstance(args.batch_size, bool) or args.batch_size < 1:
         raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ValueError(f"--concurrency must be an int >= 1, got {args.concurrency}")
+    if args.concurrency is not None and args.batch_size != 1:
+        raise ValueError("pass --batch-size (lockstep batches) or --concurrency (continuous batching), not both")
     return RunSettings(seed=args.seed, sampling=_sampling(args, family), batch_size=args.batch_size,
-                       compile=args.compile, progress=progress)
+                       concurrency=args.concurrency, compile=args.compile, progress=progress)
+
+
+def batching_label(run) -> str:
+    """How a run shares its passes, in words."""
+    if run.concurrency is not None:
+        return f"continuous batching, concurrency {run.concurrency}"
+    return "one image at a time" if run.batch_size == 1 else f"batch size {run.batch_size}"
 
 
 def check_device(device: str) -> torch.device:
@@ -234,12 +245,13 @@ def cmd_compare(args) -> int:
     sampling = run.sampling
     t0 = time.perf_counter()
     # Each turn is a whole number of batches.
-    turn = -(-COMPARE_TURN // args.batch_size) * args.batch_size
+    width = run.concurrency or run.batch_size
+    turn = -(-COMPARE_TURN // width) * width
     bar = ProgressLine(args.num_images * len(methods), label=",".join(methods), enabled=not args.quiet)
     rows, _, fd_real = run_compare(fam, methods, args.num_images, run, options, out_dir=args.out_dir,
                                    warmup=not args.no_warmup, progress=bar, turn=turn)
     bar.close()
-    batching = "one image at a time" if args.batch_size == 1 else f"batch size {args.batch_size}"
+    batching = batching_label(run)
     print(f"{args.num_images} images (classes 0..{fam.target.num_classes - 1} in turn), seed {args.seed}, "
           f"CFG {sampling.cfg_scale}, {batching}, {'compiled' if args.compile else 'eager'}, "
           f"{torch.get_num_threads()} CPU thread(s) on {args.device}; speed-ups against ar in this run")
@@ -320,7 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--top-k", type=int, default=None,
                         help="keep the k most probable tokens (unset: the family's; 0 = all)")
         sp.add_argument("--batch-size", type=int, default=1,
-                        help="images decoded in the same passes (image i's tokens do not depend on it)")
+                        help="lockstep batches: images decoded in the same passes until the slowest is done "
+                             "(image i's tokens do not depend on it)")
+        sp.add_argument("--concurrency", type=int, default=None,
+                        help="continuous batching: N images decode at once, each slot taken by the next image as "
+                             "soon as its image is done (the same images as --batch-size 1; replaces --batch-size)")
         sp.add_argument("--compile", action="store_true",
                         help="run the decoder's model passes through torch.compile (CUDA graphs on a GPU), "
                              "padded to a few widths; the one-off compile time is reported apart")

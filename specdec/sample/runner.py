@@ -160,7 +160,7 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def _decode_share(job: Job, req: Request, world: World, out_dir: str, todo: dict, bar: ProgressLine) -> dict:
-    mine = plan.pieces(todo["pending"], world.size, world.rank, job.run.batch_size)
+    mine = plan.pieces(todo["pending"], world.size, world.rank, job.run.concurrency or job.run.batch_size)
     writer = store.ManifestWriter(store.manifest_path(out_dir, world.rank, todo["attempt"]))
     counter = store.LineCounter(out_dir, todo["attempt"])
     stats = {"rank": world.rank, "local_rank": world.local_rank, "host": socket.gethostname(), "images": 0,

@@ -43,6 +43,8 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--set", "tau=1"], "METHOD.KEY=VALUE"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.tau=-1"], "tau must be"),
     (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--concurrency", "0"], "--concurrency must be an int >= 1"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--concurrency", "2", "--batch-size", "2"], "not both"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.drafting=tree"], "drafting must be one of"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.cycle_rows=2"],
      "mulo does not take option(s) cycle_rows"),
@@ -80,6 +82,18 @@ def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
     assert "batch size 2, eager" in out
     rows = json.loads((tmp_path / "t.json").read_text())
     assert rows[0]["target_forwards"] == 16
+
+
+def test_compare_takes_a_concurrency_and_gives_the_images_of_one_at_a_time(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    runs = {}
+    for name, flags in (("alone", []), ("continuous", ["--concurrency", "3"])):
+        assert cli.main(["compare", "--methods", "ar,mulo", "--num-images", "4", "--quiet", *flags,
+                         "--json", str(tmp_path / f"{name}.json")]) == 0
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    assert "continuous batching, concurrency 3, eager" in capsys.readouterr().out
+    for a, c in zip(runs["alone"], runs["continuous"]):
+        assert a["target_forwards"] == c["target_forwards"]
 
 
 def test_compare_decodes_with_the_familys_own_options_and_names_them(monkeypatch, capsys, tmp_path):

@@ -190,6 +190,8 @@ def test_methods_decoding_a_batch_one_image_at_a_time_give_the_same_images(tiny,
     assert sample(tmp_path / "b1", method="mulo", num=3) == 0
     assert sample(tmp_path / "b3", "--batch-size", "3", method="mulo", num=3) == 0
     assert np.array_equal(npz(tmp_path / "b1"), npz(tmp_path / "b3"))
+    assert sample(tmp_path / "c2", "--concurrency", "2", method="mulo", num=3) == 0
+    assert np.array_equal(npz(tmp_path / "b1"), npz(tmp_path / "c2"))
 
 
 # ----------------------------------------------------------------------------------------------
