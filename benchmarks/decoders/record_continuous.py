@@ -1,0 +1,94 @@
+"""Continuous batching against lockstep batches: every method on an embedded family at each
+concurrency, eager or compiled, beside `ar` at the same concurrency and mode, in one run.
+
+Per cell (method, mode, concurrency, batching): images per second, target passes per image (the
+passes each image took part in), image tokens fed to the target per image, and the one-off
+compile time. `batching` is "lockstep" (batches of `concurrency` images that run until their
+slowest is done: `batch_size`) or "continuous" (`concurrency` slots, each refilled as soon as its
+image is done). `ar`'s images all take the same passes, so its lockstep batches are its best and
+the baseline: speed-ups are against `ar` lockstep at the same concurrency and mode. Kept as
+benchmarks/results/continuous-<machine>-<stamp>.json.
+
+    python benchmarks/decoders/record_continuous.py [--grid 16] [--num-images 32]
+        [--concurrency 1,4,16,64] [--modes eager,compiled] [--methods ...]
+
+Each cell first decodes the same images once (compiled: every graph the timed decode needs is
+made there; eager: the caches and allocator warm), then times a second decode.
+"""
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
+
+from bench_helpers import decode_record, save_record  # noqa: E402
+
+
+def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0):
+    kw = dict(seed=seed, compile=mode == "compiled")
+    kw.update(concurrency=concurrency) if batching == "continuous" else kw.update(batch_size=concurrency)
+    warm = decoding.decode(method, fam, classes, **kw)
+    start = time.perf_counter()
+    out = decoding.decode(method, fam, classes, **kw)
+    wall = time.perf_counter() - start
+    n = classes.shape[0]
+    return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching, "images": n,
+            "wall_s": wall, "images_per_s": n / wall, "target_passes_per_image": out.stats.target_forwards_per_image,
+            "tokens_fed_per_image": out.stats.target_tokens_fed / n, "compile_s": sum(warm.stats.compile_s)}
+
+
+def table(rows) -> str:
+    ar = {(r["mode"], r["concurrency"]): r["images_per_s"] for r in rows
+          if r["method"] == "ar" and r["batching"] == "lockstep"}
+    lines = ["| method | mode | concurrency | batching | images/s | vs ar | target passes / image |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        base = ar.get((r["mode"], r["concurrency"]))
+        vs = f"{r['images_per_s'] / base:.2f}x" if base else "-"
+        lines.append(f"| {r['method']} | {r['mode']} | {r['concurrency']} | {r['batching']} | "
+                     f"{r['images_per_s']:.2f} | {vs} | {r['target_passes_per_image']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from specdec import decoding
+    from specdec.models import default
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grid", type=int, choices=(16, 32), default=16)
+    p.add_argument("--num-images", type=int, default=32)
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--modes", default="eager,compiled")
+    p.add_argument("--methods", default=",".join(decoding.METHODS))
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = datetime.datetime.now()
+    fam = default(grid=args.grid)
+    classes = torch.arange(args.num_images) % fam.target.num_classes
+    methods = [m for m in args.methods.split(",") if m]
+    rows = []
+    for mode in args.modes.split(","):
+        for c in (int(x) for x in args.concurrency.split(",")):
+            rows.append(cell(decoding, fam, "ar", classes, mode=mode, concurrency=c, batching="lockstep"))
+            print(rows[-1], flush=True)
+            for m in methods:
+                for batching in ("lockstep", "continuous"):
+                    if m == "ar" and batching == "lockstep":
+                        continue
+                    rows.append(cell(decoding, fam, m, classes, mode=mode, concurrency=c, batching=batching))
+                    print(rows[-1], flush=True)
+    record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
+    record["grid"] = args.grid
+    print(table(rows))
+    print("wrote", save_record("continuous", started, record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
