@@ -69,6 +69,44 @@ def plot_scaling(data, out_path):
     ax.legend(fontsize=8)
     date = data["datetime"][:16].replace("T", " ")
     ax.set_title(f"Fewer target passes at higher resolution\n{data['machine']}, {date} UTC", fontsize=9)
+    return _save(fig, out_path)
+
+
+def plot_continuous(data, out_path):
+    """Images per second against concurrency, one colour per method: continuous batching solid,
+    lockstep batches dashed (one mode: the first in the file)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mode = data["rows"][0]["mode"]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    lines = {}
+    for r in data["rows"]:
+        if r["mode"] == mode:
+            lines.setdefault((r["method"], r["batching"]), {})[r["concurrency"]] = r["images_per_s"]
+    colours = {}
+    for (method, batching), points in sorted(lines.items()):
+        xs = sorted(points)
+        colour = colours.setdefault(method, f"C{len(colours)}")
+        ax.plot(xs, [points[x] for x in xs], marker="o", color=colour, linestyle="-" if batching == "continuous"
+                else "--", label=f"{method} {batching}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrency (images decoded at once)")
+    ax.set_ylabel("images / s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    date = data["datetime"][:16].replace("T", " ")
+    ax.set_title(f"{data['machine']}, {mode}, {date}", fontsize=8)
+    return _save(fig, out_path)
+
+
+def _save(fig, out_path):
+    """Lay the figure out, write it and free it; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(out_path)
     plt.close(fig)

@@ -62,7 +62,8 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     if warmup:   # first-call costs (allocator, kernel caches, compilation of a batch's shapes) are not the method's
         for m in methods:
             warm = dataclasses.replace(run, seed=run.seed + 10_000)
-            decoding.decode(method_of(m), fam, classes[:run.concurrency or run.batch_size], run=warm, **options.get(m, {}))
+            width = run.concurrency or run.batch_size
+            decoding.decode(method_of(m), fam, classes[:width], run=warm, **options.get(m, {}))
     parts: Dict[str, list] = {m: [] for m in methods}
     done = 0
     for start in range(0, num_images, turn):

@@ -85,6 +85,7 @@ def main(argv=None) -> int:
                     print(rows[-1], flush=True)
     record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
     record["grid"] = args.grid
+    record["variant"] = f"{args.grid}x{args.grid} {args.modes}"
     print(table(rows))
     print("wrote", save_record("continuous", started, record))
     return 0

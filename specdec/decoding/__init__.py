@@ -34,7 +34,7 @@ from specdec.decoding.ssd import SSDOptions
 from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
-__all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "Finished", "DecodeResult", "DecodeStats", "LanternOptions", "METHODS", "MuloOptions",
-           "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions", "SJDOptions", "SSDOptions", "Sampling",
-           "ZipAROptions", "check_method", "concat_results", "decode", "family_options",
-           "method_options", "options_as_kwargs", "options_for", "stream"]
+__all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
+           "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions",
+           "SJDOptions", "SSDOptions", "Sampling", "ZipAROptions", "check_method", "concat_results", "decode",
+           "family_options", "method_options", "options_as_kwargs", "options_for", "stream"]
