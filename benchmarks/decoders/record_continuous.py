@@ -39,7 +39,8 @@ def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0)
     n = classes.shape[0]
     return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching, "images": n,
             "wall_s": wall, "images_per_s": n / wall, "target_passes_per_image": out.stats.target_forwards_per_image,
-            "tokens_fed_per_image": out.stats.target_tokens_fed / n, "compile_s": sum(warm.stats.compile_s)}
+            "tokens_fed_per_image": out.stats.target_tokens_fed / n, "passes_made_per_image": out.stats.passes_made / n,
+            "compile_s": sum(warm.stats.compile_s)}
 
 
 def table(rows) -> str:

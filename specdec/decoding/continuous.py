@@ -69,12 +69,12 @@ class Slot:
         self._runners: Dict[int, int] = {}
         self.fiber = Fiber(self._decode, name=f"specdec-slot-{number}")
 
-    def runner(self, model, sampling) -> SlotRunner:
+    def runner(self, model, sampling, role: str = "target") -> SlotRunner:
         # The n-th runner an image makes of a model has a cache of its own (a method that runs two
         # runners of one model keeps them apart), shared with the other images' n-th.
         n = self._runners.get(id(model), 0)
         self._runners[id(model)] = n + 1
-        return SlotRunner(self.engine.shared_model(model, sampling, n), self.number, self._ask)
+        return SlotRunner(self.engine.shared_model(model, sampling, n, role), self.number, self._ask)
 
     def _ask(self, shared: SharedModel, request):
         return self.fiber.wait((shared, request))
@@ -109,6 +109,7 @@ class ContinuousEngine:
         self.slots: List[Optional[Slot]] = [None] * concurrency
         self.queue: Deque[Tuple[torch.Tensor, int]] = deque()
         self._shared: Dict[Tuple[int, object, int], SharedModel] = {}
+        self._roles: Dict[Tuple[int, object, int], str] = {}
         self._next_index = run.first_index
         self.steps = 0      #: engine steps made
         self.reads = 0      #: host reads made (at most one per step)
@@ -134,11 +135,17 @@ class ContinuousEngine:
     def running(self) -> int:
         return sum(s is not None for s in self.slots)
 
-    def shared_model(self, model, sampling, n: int = 0) -> SharedModel:
+    def shared_model(self, model, sampling, n: int = 0, role: str = "target") -> SharedModel:
         key = (id(model), sampling, n)
         if key not in self._shared:
             self._shared[key] = SharedModel(model, sampling, self.concurrency, self.run.backend, self.run.compile)
+            self._roles[key] = role
         return self._shared[key]
+
+    @property
+    def passes_made(self) -> int:
+        """Target passes made so far (the one-image prefills included), a shared pass once."""
+        return sum(m.passes for key, m in self._shared.items() if self._roles[key] != "drafter")
 
     # ---- the step ----
     def step(self) -> List[Finished]:
@@ -236,6 +243,7 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
     for index in sorted(finished):
         total.merge(finished[index].stats)
     total.wall_s = time.perf_counter() - start
+    total.passes_made = engine.passes_made
     if run.compile:
         total.compile_s = [engine.take_compile_s()]
     tokens = torch.stack([finished[i].tokens for i in sorted(finished)])

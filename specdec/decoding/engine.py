@@ -101,7 +101,7 @@ class Engine:
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
         sampling = sampling or self.run.sampling_or_default
         if self.slot is not None:
-            runner = self.slot.runner(model, sampling)
+            runner = self.slot.runner(model, sampling, role)
         else:
             runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile)
         self._runners.append((runner, role))
@@ -186,6 +186,8 @@ class Engine:
                  for role in ("target", "drafter", "preview")}
         fed = sum(r.fed for r, role in self._runners if role != "drafter")
         s.target_passes = [count["target"] + count["preview"]] * B
+        if self.slot is None:   # (a continuous engine counts the passes it makes itself)
+            s.passes_made = count["target"] + count["preview"]
         s.tokens_fed = [fed] * B
         s.draft_passes = [count["drafter"] + self.head_passes] * B
         if count["preview"]:

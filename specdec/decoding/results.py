@@ -41,6 +41,10 @@ class DecodeStats:
     #: per image of a two-stage decode (GLM-Image): the preview stage's target passes (counted
     #: in target_passes too)
     preview_passes: List[int] = field(default_factory=list)
+    #: target passes the decode made, a pass shared by images counted once (what its time goes
+    #: to where a pass costs about the same for one image as for all: lockstep batches make a
+    #: batch's passes once, continuous batching one pass per engine step and model)
+    passes_made: int = 0
     wall_s: float = 0.0
     #: per batch: seconds spent compiling graphs (0 for graphs an earlier decode compiled; empty
     #: when eager)

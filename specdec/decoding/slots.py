@@ -91,11 +91,12 @@ class SharedModel:
         # (`SlotKVCache.images`); a model's own cache type (the transformers adapters') may not.
         self._partial = type(self.batch.cache) is SlotKVCache
         self._step: Optional[TokenStep] = None
+        self.prefills = 0
 
     @property
     def passes(self) -> int:
-        """Batched passes made so far (prefills are one-image passes, not counted here)."""
-        return self.batch.forwards
+        """Passes made so far: the batched ones and the one-image prefills."""
+        return self.batch.forwards + self.prefills
 
     def take_compile_s(self) -> float:
         parts = [r for r in (self.batch, self.single) if isinstance(r, CompiledRunner)]
@@ -103,6 +104,7 @@ class SharedModel:
 
     # ---- the passes ----
     def prefill(self, request: Prefill) -> Outputs:
+        self.prefills += 1
         self.single.reset()
         out = self.single.prefill(request.condition)
         self.batch.cache.load_row(self.single.cache, request.slot)

@@ -61,6 +61,7 @@ def test_requests_arriving_while_others_run_get_the_tokens_they_get_alone(fam, m
                                 **options)
         assert torch.equal(whole.tokens, torch.cat([r.tokens for r in ref]))
         assert whole.stats.target_passes == [p for r in ref for p in r.stats.target_passes]
+        assert 0 < whole.stats.passes_made < sum(whole.stats.target_passes)    # shared passes made once
 
 
 @pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
