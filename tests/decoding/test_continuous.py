@@ -221,3 +221,15 @@ def test_load_row_copies_one_image_into_its_row_and_checks_its_source(fam):
     other = SlotKVCache(1, 1, 1, big.n_slots, 1, cfg=True, prefix_len=big.prefix_len + 1)
     with pytest.raises(ValueError, match="prefix"):
         SlotKVCache(1, 3, 1, big.n_slots, 1, cfg=True, prefix_len=big.prefix_len).load_row(other, 0)
+
+
+@pytest.mark.parametrize("method", ["mulo", "ssd"])
+def test_compiled_continuous_batching_gives_the_eager_tokens(fam, method):
+    """compile=True under continuous batching: the batched passes through compiled graphs
+    (passes over some images included), one-image prefills and head drafts compiled too."""
+    kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
+    eager = decoding.decode(method, fam, CLASSES[:5], **kw)
+    compiled = decoding.decode(method, fam, CLASSES[:5], compile=True, **kw)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_passes == eager.stats.target_passes
+    assert len(compiled.stats.compile_s) == 1
