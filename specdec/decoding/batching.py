@@ -54,7 +54,8 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     check_grid_model(model, "target")
     H, W = model.grid
     if isinstance(conditions, Requests):
-        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency or 1, tokenizer)
+        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency or 1, tokenizer,
+                                check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:
         if not is_prompts(conditions):

@@ -100,9 +100,13 @@ class ContinuousEngine:
     of one image (its `decode_batch`); `run` its run settings (seed, sampling, backend, compile)."""
 
     def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
-                 concurrency: int, tokenizer=None):
+                 concurrency: int, tokenizer=None, check: Optional[Callable] = None):
+        """`check(conditions [1]) -> conditions`: the model's check of a request's condition (its
+        class range), run at `submit` so that a bad request is refused there, not in a step
+        that other images share."""
         check_int(concurrency, "concurrency", 1)
         self.method, self.decode_one, self.run = method, decode_one, run
+        self._check = check
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
@@ -121,6 +125,8 @@ class ContinuousEngine:
         condition = torch.as_tensor(condition)
         if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
+        if self._check is not None:
+            condition = self._check(condition.reshape(1))[0]
         index = self._next_index if index is None else check_int(index, "index")
         self._next_index = index + 1
         self.queue.append((condition.reshape(()).long(), index))
@@ -230,7 +236,7 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
                       grid: Tuple[int, int], tokenizer=None) -> DecodeResult:
     """`run_batches` under continuous batching: `conditions` (class ids [N]) as requests with image
     indices first_index + i, decoded in `run.concurrency` slots; the result in image order."""
-    engine = ContinuousEngine(method, decode_one, run, grid, run.concurrency)
+    engine = ContinuousEngine(method, decode_one, run, grid, run.concurrency)   # (conditions checked by the caller)
     for i, c in enumerate(conditions):
         engine.submit(c, run.first_index + i)
     start = time.perf_counter()

@@ -141,6 +141,9 @@ def test_bad_requests_and_settings_are_named(fam):
         engine.submit(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="index"):
         engine.submit(1, index=-1)
+    with pytest.raises(ValueError, match=r"classes must lie in \[0, 3\)"):
+        engine.submit(3)                      # refused at submit: the running images go on
+    assert engine.idle and not engine.queue
     with pytest.raises(ValueError, match="concurrency"):
         decoding.stream("ar", fam, concurrency=0)
     with pytest.raises(ValueError, match="not both"):
