@@ -154,9 +154,12 @@ class ContinuousEngine:
         return sum(m.passes for key, m in self._shared.items() if self._roles[key] != "drafter")
 
     # ---- the step ----
+    @torch.no_grad()
     def step(self) -> List[Finished]:
         """Answer every waiting image (one host read, a batched pass per model), run each until it
-        needs its next pass, refill the slots of those that finished; returns them."""
+        needs its next pass, refill the slots of those that finished; returns them. Inference:
+        autograd off (a model whose parameters require grad would otherwise record graphs, and
+        torch.compile trace training graphs)."""
         done = self._fill()
         waiting = [s for s in self.slots if s is not None]
         if not waiting:

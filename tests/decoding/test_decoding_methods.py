@@ -37,8 +37,9 @@ def test_every_method_is_deterministic_under_a_seed(fam, method):
     assert s.images == 3 and s.tokens == 3 * H * W and s.target_forwards >= 3 and s.wall_s > 0
 
 
+@pytest.mark.parametrize("batching", [dict(batch_size=2), dict(concurrency=2)], ids=["lockstep", "continuous"])
 @pytest.mark.parametrize("method", decoding.METHODS)
-def test_every_model_pass_runs_without_autograd(method, monkeypatch):
+def test_every_model_pass_runs_without_autograd(method, batching, monkeypatch):
     """Parameters that require grad (a transformers checkpoint's do) must not make a decode record
     autograd graphs: every pass of every model of the decode runs with grad disabled."""
     fam = TinyFamily(seed=5)
@@ -55,7 +56,7 @@ def test_every_model_pass_runs_without_autograd(method, monkeypatch):
                 grad_modes.append(torch.is_grad_enabled())
                 return _original(*args, **kwargs)
             monkeypatch.setattr(m, name, recording)
-    decoding.decode(method, fam, CLASSES[:2], seed=1, sampling=SAMPLING, batch_size=2)
+    decoding.decode(method, fam, CLASSES[:2], seed=1, sampling=SAMPLING, **batching)
     assert grad_modes and not any(grad_modes)
 
 
