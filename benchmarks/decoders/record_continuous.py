@@ -7,7 +7,7 @@ compile time. `batching` is "lockstep" (batches of `concurrency` images that run
 slowest is done: `batch_size`) or "continuous" (`concurrency` slots, each refilled as soon as its
 image is done). `ar`'s images all take the same passes, so its lockstep batches are its best and
 the baseline: speed-ups are against `ar` lockstep at the same concurrency and mode. Kept as
-benchmarks/results/continuous-<machine>-<stamp>.json.
+benchmarks/results/continuous-<grid>-<modes>-<machine>-<stamp>.json.
 
     python benchmarks/decoders/record_continuous.py [--grid 16] [--num-images 32]
         [--concurrency 1,4,16,64] [--modes eager,compiled] [--methods ...]
@@ -88,7 +88,9 @@ def main(argv=None) -> int:
     record["grid"] = args.grid
     record["variant"] = f"{args.grid}x{args.grid} {args.modes}"
     print(table(rows))
-    print("wrote", save_record("continuous", started, record))
+    # runs of other grids and modes may start in the same second: the file name says which
+    prefix = f"continuous-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}"
+    print("wrote", save_record(prefix, started, record))
     return 0
 
 
