@@ -86,7 +86,6 @@ class SharedModel:
         #: the one-image runner: prefills, and the functions of outputs the images compute
         self.single = runner_for(model, sampling, 1, backend, compile=compile)
         self.H, self.W = self.batch.H, self.batch.W
-        self.cfg = sampling.guided
         # Passes over some of the images need a cache that can make a cache of some of its rows
         # (`SlotKVCache.images`); a model's own cache type (the transformers adapters') may not.
         self._partial = type(self.batch.cache) is SlotKVCache
