@@ -9,6 +9,7 @@ Both kinds implement one interface, `Drafter`:
 """
 from __future__ import annotations
 
+import abc
 from typing import List, Sequence, Tuple
 
 import torch
@@ -20,7 +21,7 @@ from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.runner import ModelRunner
 
 
-class Drafter:
+class Drafter(abc.ABC):
     """What raster speculation asks of a drafter, each round: `observe` the target's hidden state
     that gave each image's last committed token, `draft` n tokens after each committed prefix,
     then hear how many were kept (`accepted`)."""
@@ -31,10 +32,10 @@ class Drafter:
     def observe(self, hidden: torch.Tensor) -> None:
         """hidden [rows, dim]: the target's state that gave each image's last committed token."""
 
+    @abc.abstractmethod
     def draft(self, x: torch.Tensor, c: Lengths, n: int, going: Sequence[bool]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Drafts [B, n] and their distributions q [B, n, V] after the committed lengths c; images
         not `going` (finished) draw nothing from their streams."""
-        raise NotImplementedError
 
     def accepted(self, c: Lengths, a: torch.Tensor, a_host: List[int], n: int) -> None:
         """a [B] (a_host on the host) of each image's n drafts were kept after c."""
