@@ -124,20 +124,26 @@ class SharedModel:
         return replies
 
     def _in_place_groups(self, requests: List[Forward]) -> List[List[Forward]]:
-        """Requests in place, widest first, cut into runs that each make one pass as wide as its
-        widest, at the least total `pass_cost` (a pass's fixed cost against the padding a wider
-        pass carries)."""
-        order = sorted(requests, key=lambda r: -r.tokens.shape[1])
-        widths = [r.tokens.shape[1] for r in order]
+        """Requests in place cut into passes, each as wide as its widest, at the least total
+        `pass_cost` (a pass's fixed cost against the padding a wider pass carries). Requests of one
+        width always share a pass (splitting them never costs less), so the cuts fall between
+        widths: a search over the few distinct widths, widest first, not over every request (it
+        runs every engine step)."""
+        by_width: Dict[int, List[Forward]] = {}
+        for r in requests:
+            by_width.setdefault(r.tokens.shape[1], []).append(r)
+        widths = sorted(by_width, reverse=True)
+        counts = [0]
+        for w in widths:
+            counts.append(counts[-1] + len(by_width[w]))
         best, cut = [0.0], [0]
-        for i in range(1, len(order) + 1):
-            costs = [(best[j] + self.pass_cost(i - j, widths[j]), j) for j in range(i)]
-            cost, j = min(costs)
+        for i in range(1, len(widths) + 1):
+            cost, j = min((best[j] + self.pass_cost(counts[i] - counts[j], widths[j]), j) for j in range(i))
             best.append(cost)
             cut.append(j)
-        groups, i = [], len(order)
+        groups, i = [], len(widths)
         while i > 0:
-            groups.append(order[cut[i]:i])
+            groups.append([r for w in widths[cut[i]:i] for r in by_width[w]])
             i = cut[i]
         return groups[::-1]
 
@@ -185,11 +191,12 @@ class SharedModel:
     def _images(self, slots: List[int], width: int) -> List[int]:
         """The cache rows a pass of `width` tokens for `slots` runs over: all of them, or those
         images alone (and, compiled, others up to the rounded count) when that costs less."""
-        k, C = self._rounded(len(slots)), self.slots
+        C = self.slots
         if C * width <= self._partial_cost(len(slots), width):
             return list(range(C))
-        others = [s for s in range(self.slots) if s not in set(slots)]
-        return sorted(slots + others[:k - len(slots)])
+        mine = set(slots)
+        others = [s for s in range(C) if s not in mine]
+        return sorted(slots + others[:self._rounded(len(slots)) - len(slots)])
 
     @staticmethod
     def _row(out: Outputs, i: int, n: int) -> Outputs:
