@@ -31,7 +31,10 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 
 def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0):
     kw = dict(seed=seed, compile=mode == "compiled")
-    kw.update(concurrency=concurrency) if batching == "continuous" else kw.update(batch_size=concurrency)
+    if batching == "continuous":
+        kw["concurrency"] = concurrency
+    else:
+        kw["batch_size"] = concurrency
     warm = decoding.decode(method, fam, classes, **kw)
     start = time.perf_counter()
     out = decoding.decode(method, fam, classes, **kw)

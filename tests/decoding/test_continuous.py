@@ -236,3 +236,12 @@ def test_compiled_continuous_batching_gives_the_eager_tokens(fam, method):
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.target_passes == eager.stats.target_passes
     assert len(compiled.stats.compile_s) == 1
+
+
+def test_passes_made_count_a_shared_pass_once(fam):
+    """Lockstep batches: every image of a batch takes part in the batch's passes, made once; one
+    image at a time, an image's passes are the passes made."""
+    batched = decoding.decode("sd", fam, CLASSES[:4], seed=2, sampling=SAMPLING, batch_size=4)
+    assert batched.stats.passes_made == batched.stats.target_passes[0] == max(batched.stats.target_passes)
+    alone = decoding.decode("sd", fam, CLASSES[:4], seed=2, sampling=SAMPLING)
+    assert alone.stats.passes_made == sum(alone.stats.target_passes)
