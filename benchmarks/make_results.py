@@ -225,8 +225,8 @@ def render_continuous(data, name):
         "run on a GPU yet. Target passes / image: the "
         "passes each image took part in; passes made / image: the target passes the decode made (a shared pass "
         "once), over the images.",
-        ["method", "mode", "concurrency", "batching", "images / s", "speed-up vs ar", "target passes / image",
-         "passes made / image", "tokens fed / image", "compile s"])
+        ["method", "mode", "concurrency", "batching", "tokens / pass", "images / s", "speed-up vs ar",
+         "target passes / image", "passes made / image", "tokens fed / image", "compile s"])
     ar = {(r["mode"], r["concurrency"]): r["images_per_s"] for r in data["rows"]
           if r["method"] == "ar" and r["batching"] == "lockstep"}
     for r in data["rows"]:
@@ -234,7 +234,7 @@ def render_continuous(data, name):
         vs = "-" if not base else f"{r['images_per_s'] / base:.2f}x"
         made = "-" if r.get("passes_made_per_image") is None else f"{r['passes_made_per_image']:.1f}"
         lines.append(f"| {r['method']} | {r['mode']} | {r['concurrency']} | {r['batching']} | "
-                     f"{r['images_per_s']:.2f} | {vs} | "
+                     f"{r.get('max_tokens_per_pass') or 'no limit'} | {r['images_per_s']:.2f} | {vs} | "
                      f"{r['target_passes_per_image']:.1f} | {made} | {r['tokens_fed_per_image']:.0f} | "
                      f"{r['compile_s']:.1f} |")
     if len({r["concurrency"] for r in data["rows"]}) > 1:

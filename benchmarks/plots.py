@@ -84,7 +84,7 @@ def plot_continuous(data, out_path):
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     lines = {}
     for r in data["rows"]:
-        if r["mode"] == mode:
+        if r["mode"] == mode and r.get("max_tokens_per_pass") is None:    # (runs without a token budget)
             lines.setdefault((r["method"], r["batching"]), {})[r["concurrency"]] = r["images_per_s"]
     colours = {}
     for (method, batching), points in sorted(lines.items()):

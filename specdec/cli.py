@@ -80,15 +80,22 @@ def run_settings(args, family=None, progress=None):
         raise ValueError(f"--concurrency must be an int >= 1, got {args.concurrency}")
     if args.concurrency is not None and args.batch_size != 1:
         raise ValueError("pass --batch-size (lockstep batches) or --concurrency (continuous batching), not both")
+    if args.max_tokens_per_pass is not None and args.max_tokens_per_pass < 1:
+        raise ValueError(f"--max-tokens-per-pass must be an int >= 1, got {args.max_tokens_per_pass}")
     return RunSettings(seed=args.seed, sampling=_sampling(args, family), batch_size=args.batch_size,
-                       concurrency=args.concurrency, compile=args.compile, progress=progress)
+                       concurrency=args.concurrency, max_tokens_per_pass=args.max_tokens_per_pass,
+                       compile=args.compile, progress=progress)
 
 
 def batching_label(run) -> str:
     """How a run shares its passes, in words."""
     if run.concurrency is not None:
-        return f"continuous batching, concurrency {run.concurrency}"
-    return "one image at a time" if run.batch_size == 1 else f"batch size {run.batch_size}"
+        label = f"continuous batching, concurrency {run.concurrency}"
+    else:
+        label = "one image at a time" if run.batch_size == 1 else f"batch size {run.batch_size}"
+    if run.max_tokens_per_pass is not None:
+        label += f", at most {run.max_tokens_per_pass} tokens per pass ({run.token_share} per image)"
+    return label
 
 
 def check_device(device: str) -> torch.device:
@@ -337,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--concurrency", type=int, default=None,
                         help="continuous batching: N images decode at once, each slot taken by the next image as "
                              "soon as its image is done (the same images as --batch-size 1; replaces --batch-size)")
+        sp.add_argument("--max-tokens-per-pass", type=int, default=None,
+                        help="a token budget per target pass over the images decoded at once: each image's "
+                             "speculation narrows to its share (down to AR steps at one token; unset: no limit)")
         sp.add_argument("--compile", action="store_true",
                         help="run the decoder's model passes through torch.compile (CUDA graphs on a GPU), "
                              "padded to a few widths; the one-off compile time is reported apart")

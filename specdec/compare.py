@@ -88,8 +88,9 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
                      "tokens_per_target_pass": s.tokens_per_target_pass})
         if out_dir and out.images is not None:
             images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
-        if out_dir and method_of(m) == "mulo" and out.images is not None:
-            # MuLo-SD judges each batch once: its acceptance maps are one per image, in order
+        if out_dir and method_of(m) == "mulo" and out.images is not None and s.acceptance_maps:
+            # MuLo-SD judges each batch once: its acceptance maps are one per image, in order (none
+            # when a token budget of one per image left it plain AR steps)
             images.save_mulo_maps(out.images, torch.cat(s.acceptance_maps), s.method_stats.islands,
                                   os.path.join(out_dir, f"{m}_maps.png"))
     base = next((r for r in rows if r["method"] == "ar"), None)

@@ -106,6 +106,11 @@ class RunSettings:
     #: continuous batching: images decoded at once, each in a slot of its own that the next
     #: image takes as soon as it is done (None: lockstep batches of batch_size)
     concurrency: Optional[int] = None
+    #: the most image tokens one target pass may feed, over all the images decoded at once (like
+    #: vLLM's max_num_batched_tokens; None: no limit). Each image gets an equal share
+    #: (`token_share`) and its method narrows its speculation to fit it, down to plain AR steps
+    #: at a share of one token.
+    max_tokens_per_pass: Optional[int] = None
     #: model passes through torch.compile (CUDA graphs on a GPU), padded to a few widths
     compile: bool = False
     #: called with the number of images done after each batch
@@ -124,10 +129,22 @@ class RunSettings:
             check_int(self.concurrency, "concurrency", 1)
             if self.batch_size != 1:
                 raise ValueError("pass batch_size (lockstep batches) or concurrency (continuous batching), not both")
+        if self.max_tokens_per_pass is not None:
+            check_int(self.max_tokens_per_pass, "max_tokens_per_pass", 1)
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
         if self.progress is not None and not callable(self.progress):
             raise ValueError(f"progress must be callable (images done -> None) or None, got {self.progress!r}")
+
+    @property
+    def token_share(self) -> Optional[int]:
+        """The most image tokens one image may feed a target pass (the prompt's prefill aside):
+        the budget over the images decoded at once (`concurrency`, else `batch_size`), at least
+        one; None without a budget. It depends on the settings alone, never on which images share
+        a pass, so image i still depends only on (seed, first_index + i) and these settings."""
+        if self.max_tokens_per_pass is None:
+            return None
+        return max(1, self.max_tokens_per_pass // (self.concurrency or self.batch_size))
 
     @property
     def sampling_or_default(self) -> Sampling:

@@ -11,6 +11,10 @@ benchmarks/results/continuous-<grid>-<modes>-<machine>-<stamp>.json.
 
     python benchmarks/decoders/record_continuous.py [--grid 16] [--num-images 32]
         [--concurrency 1,4,16,64] [--modes eager,compiled] [--methods ...]
+        [--budgets none,256,128] [--batchings lockstep,continuous]
+
+`--budgets`: the token budget per target pass (`max_tokens_per_pass`) of each cell, shared by the
+images decoded at once; `ar` feeds one token per image whatever the budget, so it runs once.
 
 Each cell first decodes the same images once (compiled: every graph the timed decode needs is
 made there; eager: the caches and allocator warm), then times a second decode.
@@ -29,8 +33,8 @@ sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 from bench_helpers import decode_record, save_record  # noqa: E402
 
 
-def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0):
-    kw = dict(seed=seed, compile=mode == "compiled")
+def cell(decoding, fam, method, classes, *, mode, concurrency, batching, budget=None, seed=0):
+    kw = dict(seed=seed, compile=mode == "compiled", max_tokens_per_pass=budget)
     if batching == "continuous":
         kw["concurrency"] = concurrency
     else:
@@ -40,7 +44,8 @@ def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0)
     out = decoding.decode(method, fam, classes, **kw)
     wall = time.perf_counter() - start
     n = classes.shape[0]
-    return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching, "images": n,
+    return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching,
+            "max_tokens_per_pass": budget, "widest_feed": max(out.stats.widest_feed), "images": n,
             "wall_s": wall, "images_per_s": n / wall, "target_passes_per_image": out.stats.target_forwards_per_image,
             "tokens_fed_per_image": out.stats.target_tokens_fed / n, "passes_made_per_image": out.stats.passes_made / n,
             "compile_s": sum(warm.stats.compile_s)}
@@ -49,12 +54,13 @@ def cell(decoding, fam, method, classes, *, mode, concurrency, batching, seed=0)
 def table(rows) -> str:
     ar = {(r["mode"], r["concurrency"]): r["images_per_s"] for r in rows
           if r["method"] == "ar" and r["batching"] == "lockstep"}
-    lines = ["| method | mode | concurrency | batching | images/s | vs ar | target passes / image |",
-             "|---|---|---:|---|---:|---:|---:|"]
+    lines = ["| method | mode | concurrency | batching | tokens / pass | images/s | vs ar | target passes / image |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         base = ar.get((r["mode"], r["concurrency"]))
         vs = f"{r['images_per_s'] / base:.2f}x" if base else "-"
         lines.append(f"| {r['method']} | {r['mode']} | {r['concurrency']} | {r['batching']} | "
+                     f"{r['max_tokens_per_pass'] or 'no limit'} | "
                      f"{r['images_per_s']:.2f} | {vs} | {r['target_passes_per_image']:.1f} |")
     return "\n".join(lines)
 
@@ -69,8 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--methods", default=",".join(decoding.METHODS))
+    p.add_argument("--budgets", default="none",
+                   help="max_tokens_per_pass values, comma-separated ('none': no limit); ar has no budget to use")
+    p.add_argument("--batchings", default="lockstep,continuous")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    budgets = [None if b == "none" else int(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()
     fam = default(grid=args.grid)
@@ -82,17 +92,21 @@ def main(argv=None) -> int:
             rows.append(cell(decoding, fam, "ar", classes, mode=mode, concurrency=c, batching="lockstep"))
             print(rows[-1], flush=True)
             for m in methods:
-                for batching in ("lockstep", "continuous"):
-                    if m == "ar" and batching == "lockstep":
-                        continue
-                    rows.append(cell(decoding, fam, m, classes, mode=mode, concurrency=c, batching=batching))
-                    print(rows[-1], flush=True)
+                for batching in args.batchings.split(","):
+                    for budget in ([None] if m == "ar" else budgets):
+                        if m == "ar" and batching == "lockstep":
+                            continue
+                        rows.append(cell(decoding, fam, m, classes, mode=mode, concurrency=c, batching=batching,
+                                         budget=budget))
+                        print(rows[-1], flush=True)
     record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
     record["grid"] = args.grid
-    record["variant"] = f"{args.grid}x{args.grid} {args.modes}"
+    record["variant"] = f"{args.grid}x{args.grid} {args.modes}" + (f" budgets {args.budgets}" if args.budgets != "none"
+                                                                   else "")
     print(table(rows))
     # runs of other grids and modes may start in the same second: the file name says which
-    prefix = f"continuous-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}"
+    prefix = f"continuous-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}" + (
+        "-budgets" if args.budgets != "none" else "")
     print("wrote", save_record(prefix, started, record))
     return 0
 

@@ -54,7 +54,9 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     check_grid_model(model, "target")
     H, W = model.grid
     if isinstance(conditions, Requests):
-        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency or 1, tokenizer,
+        # (the run says how many images decode at once: what their token share is taken over)
+        run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
+        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency, tokenizer,
                                 check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:

@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
-from specdec.decoding.runner import ModelRunner, TokenStep, pass_over, weights_key
+from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, pass_over, weights_key
 
 
 def compile_step(fn: Callable, device: torch.device) -> Callable:
@@ -243,8 +243,7 @@ class CompiledRunner(ModelRunner):
         return self.outputs(*self.function(("prefill", tuple(classes.shape)), make)(classes))
 
     def forward(self, tokens, positions, *, tree_mask=None, write=True, images=None):
-        self.forwards += 1
-        self.fed += tokens.shape[1]
+        count_pass(self, tokens.shape[1])
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write, images)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)

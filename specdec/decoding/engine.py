@@ -93,6 +93,17 @@ class Engine:
     def backend(self):
         return self.run.backend
 
+    @property
+    def token_share(self) -> Optional[int]:
+        """The most image tokens each image may feed one target pass (`RunSettings.token_share`;
+        None: no limit). A method narrows its speculation to fit it; at 1 it makes plain AR steps."""
+        return self.run.token_share
+
+    def narrowed(self, width: int, least: int = 1) -> int:
+        """`width` tokens per pass cut to the share (not below `least`)."""
+        share = self.token_share
+        return width if share is None else max(least, min(width, share))
+
     def runner(self, model, sampling=None, *, role: str = "target") -> ModelRunner:
         """The batch's runner of `model` (eager, or with `run.compile` the model's kept compiled
         one), counted at `finish` as `role`: "target", "drafter", or "preview" (the target model
@@ -189,6 +200,7 @@ class Engine:
         if self.slot is None:   # (a continuous engine counts the passes it makes itself)
             s.passes_made = count["target"] + count["preview"]
         s.tokens_fed = [fed] * B
+        s.widest_feed = [max((r.widest for r, role in self._runners if role != "drafter"), default=0)] * B
         s.draft_passes = [count["drafter"] + self.head_passes] * B
         if count["preview"]:
             s.preview_passes = [count["preview"]] * B

@@ -240,14 +240,15 @@ def resample_raster(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: O
 
 
 def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list,
-                     islands: list, base: int = 0, end: Optional[int] = None) -> list:
+                     islands: list, base: int = 0, end: Optional[int] = None, most: Optional[int] = None) -> list:
     """v2: every island of R_X advances one token per pass, all islands in one pass. resample[b]
     (bools; None: nothing to resample) and islands[b] (labels) cover image b's grid, on the
     host: the passes' positions, masks and draw counts follow from them alone, so the passes read
     nothing back. The first token of the first island (the first rejection) is drawn from the
     verification outputs `ver` (positions base, base + 1, ...): its context is all accepted.
     Returns the positions each image resolved in its last pass (host lists), whose keys and values
-    are not written yet."""
+    are not written yet. `most`: at most this many islands advance in one pass (a step of more is
+    split into passes of `most`, islands in label order; None: all at once)."""
     HW = x.shape[1]
     plans = []
     for R, isl in zip(resample, islands):
@@ -257,6 +258,8 @@ def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: 
         t0 = R.index(True)                       # the first rejection: R_X starts there
         sched = island_schedule(R, isl)
         steps = [now for now in [[u for u in sched[0] if u != t0]] + sched[1:] if now]
+        if most is not None:
+            steps = [now[i:i + most] for now in steps for i in range(0, len(now), most)]
         resolved = [not r for r in R]
         resolved[t0] = True
         plans.append((t0, steps, resolved))
@@ -306,12 +309,24 @@ class MuloPolicy:
         # "preview"), its tokens committed tokens, its grids the result's `preview`.
         drunner = engine.runner(self.drafter, self.o.draft_sampling, role="preview" if self.preview else "drafter")
         runner = engine.runner(self.target)
+        H, W = engine.H, engine.W
+        if engine.token_share == 1 and not self.preview:
+            # A share of one token per pass leaves nothing to verify a draft with: plain AR
+            # (a two-stage model still writes the preview its target stage is conditioned on).
+            B = cls.shape[0]
+            engine.stats.method_stats = MuloStats([0] * B, [0] * B, [torch.full((H, W), -1, dtype=torch.int32)] * B,
+                                                  [torch.zeros(0, dtype=torch.long)] * B)
+            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
         grids = self.draft(engine, drunner, cls)
         first = runner.prefill(self.target.condition_on_preview(cls, grids) if self.preview else cls)
+        if engine.token_share == 1:
+            B = cls.shape[0]
+            engine.stats.method_stats = MuloStats([0] * B, [0] * B, [torch.full((H, W), -1, dtype=torch.int32)] * B,
+                                                  list(grids.cpu().unbind(0)))
+            return sample_grid(runner, cls, engine.streams, start_out=first, step=runner.token_step())
         x = self.upsample(grids, runner)
         ver, judgement = self.verify(engine, runner, first, x)
         self.resample(engine, runner, x, ver, judgement)
-        H, W = engine.H, engine.W
         engine.stats.method_stats = MuloStats(
             num_islands=list(judgement.num_islands), resampled=[sum(R) for R in judgement.resample],
             islands=[torch.tensor(isl, dtype=torch.int32).view(H, W) for isl in judgement.islands],
@@ -344,7 +359,12 @@ class MuloPolicy:
         threshold and the local rejection windows -> (the verification outputs, the judgement:
         the pass's one host read, islands included)."""
         B, HW = x.shape
-        ver = Outputs.cat([first, runner.forward(x[:, :HW - 1], torch.arange(HW - 1, device=x.device))])
+        # Under a token budget the pass is cut into causal chunks of the image's share (the same
+        # outputs, more passes), as an engine chunks a long prefill.
+        step = engine.narrowed(HW - 1)
+        fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
+        ver = Outputs.cat([first] + [runner.forward(fed[:, a:a + step], positions[a:a + step])
+                                     for a in range(0, HW - 1, step)])
         pooled = runner.token_probs(ver, x, self.neighbors, self.delta).pooled
         judgement = engine.judge(pooled.view(B, runner.H, runner.W), rule="threshold", tau=self.o.tau, mode="local",
                                  radius=self.o.radius, islands=True, starts=[0] * B, judged=[HW] * B)
@@ -363,7 +383,11 @@ class MuloPolicy:
             rpos = [[t for t, r in enumerate(R) if r] for R in judgement.resample]
             resample_raster(engine, runner, x, ver, rpos)
         else:
-            resample_islands(engine, runner, x, ver, R_all, judgement.islands)
+            # A pass feeds up to two tokens per island it advances: under a token budget, fewer
+            # islands at a time.
+            share = engine.token_share
+            resample_islands(engine, runner, x, ver, R_all, judgement.islands,
+                             most=None if share is None else max(1, share // 2))
 
 
 def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codebook=None, neighbors=None,

@@ -36,6 +36,9 @@ class DecodeStats:
     target_passes: List[int] = field(default_factory=list)
     #: per image: image tokens fed to the target for it (the prefix not counted)
     tokens_fed: List[int] = field(default_factory=list)
+    #: per image: the most image tokens one target pass fed for it (the prefix's prefill aside;
+    #: at most `RunSettings.token_share` under a token budget)
+    widest_feed: List[int] = field(default_factory=list)
     #: per image: drafter passes (a drafter model's or SSD's heads'; 0 without a drafter)
     draft_passes: List[int] = field(default_factory=list)
     #: per image of a two-stage decode (GLM-Image): the preview stage's target passes (counted
@@ -99,6 +102,8 @@ class DecodeStats:
                 value = mine
             elif f.name in _PER_IMAGE:
                 value = [a + b for a, b in zip(mine, theirs)] if mine and theirs else mine or theirs
+            elif f.name == "widest_feed":
+                value = [max(a, b) for a, b in zip(mine, theirs)] if mine and theirs else mine or theirs
             elif isinstance(mine, list):
                 value = theirs + mine
             else:

@@ -79,6 +79,14 @@ def weights_key(module):
     return None if p is None else (p.dtype, p.device)
 
 
+def count_pass(runner, width: int) -> None:
+    """One pass of `width` image tokens per row into a runner's counters (every runner kind
+    counts its passes so: the eager and compiled ones, a continuous-batching slot's)."""
+    runner.forwards += 1
+    runner.fed += width
+    runner.widest = max(runner.widest, width)
+
+
 class ModelRunner:
     """A model, its slot KV cache and a pass counter; all decoders talk to models through it.
     Eager: every pass runs op by op (`specdec.decoding.compiled.CompiledRunner` compiles them)."""
@@ -93,6 +101,7 @@ class ModelRunner:
         self.cache = model.new_cache(batch, cfg=sampling.guided)
         self.forwards = 0
         self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)
+        self.widest = 0  #: the most image tokens per row one pass fed (the prefill aside)
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
         # `reach` lets an AR step read only the cache prefix up to its position.
@@ -107,7 +116,7 @@ class ModelRunner:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
         same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
         self.cache.reset()
-        self.forwards = self.fed = 0
+        self.forwards = self.fed = self.widest = 0
 
     # ---- the passes ----
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
@@ -129,8 +138,7 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order. `images` (int64 [k]): a pass over those
         images of the cache only (tokens [k, N]; continuous batching)."""
-        self.forwards += 1
-        self.fed += tokens.shape[1]
+        count_pass(self, tokens.shape[1])
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         out = pass_over(self.model, self.cache, images, tokens, positions, tree_mask, write,
                         backend=self.backend, **self._fast)
@@ -223,8 +231,7 @@ class TokenStep:
         """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
         eager step then reads only the cache prefix up to it; the compiled step ignores it and
         reads the whole cache (one shape for every step, so one graph)."""
-        self.runner.forwards += 1
-        self.runner.fed += 1
+        count_pass(self.runner, 1)
         (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
                                                                                            uniforms, reach)
         return tokens
@@ -234,4 +241,5 @@ class TokenStep:
         return self._step.take_compile_s() if self.compiled else 0.0
 
 
-__all__ = ["ModelRunner", "Outputs", "TokenStep", "supports_guidance", "unguided_after_interval", "weights_key"]
+__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass", "supports_guidance", "unguided_after_interval",
+           "weights_key"]

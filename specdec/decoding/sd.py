@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding import heads as _heads
+from specdec.decoding.ar import sample_grid
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.drafters import HeadsDrafter, ModelDrafter
 from specdec.decoding.speculative import RasterSpeculation, Relaxation
@@ -58,11 +59,16 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
     def decode_batch(cls, engine):
         runner = engine.runner(target)
-        d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         first = runner.prefill(cls)
+        # Under a token budget the drafts per pass shrink to the image's share (the pass feeds
+        # the last committed token and the drafts); with room for none, plain AR steps.
+        n = engine.narrowed(chunk + 1) - 1
+        if n == 0:
+            return sample_grid(runner, cls, engine.streams, start_out=first, step=runner.token_step())
+        d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         d.start(engine, runner, cls)
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
-        RasterSpeculation(engine, runner, d, end=x.shape[1], chunk=chunk, relax=relax).run(first, x)
+        RasterSpeculation(engine, runner, d, end=x.shape[1], chunk=n, relax=relax).run(first, x)
         return x
 
     return run_batches(method, target, conditions, decode_batch, run, tokenizer)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.decoding.ar import sample_grid
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
@@ -152,7 +153,13 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
     check_grid_model(target, "target")
 
     def decode_batch(cls, engine):
-        return sjd_grid(engine, engine.runner(target), cls, window=options.window)
+        # Under a token budget the window shrinks to the image's share (a pass feeds the last
+        # committed token and the window); with room for no guess, plain AR steps.
+        window = engine.narrowed(options.window + 1) - 1
+        runner = engine.runner(target)
+        if window == 0:
+            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
+        return sjd_grid(engine, runner, cls, window=window)
 
     return run_batches("sjd", target, conditions, decode_batch, run, tokenizer)
 

@@ -29,7 +29,7 @@ import torch
 
 from specdec import masks
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
-from specdec.decoding.runner import ModelRunner, Outputs, TokenStep
+from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
 from specdec.models.kv_cache import SlotKVCache
 
 
@@ -245,16 +245,14 @@ class SlotRunner:
         single = shared.single
         self.model, self.sampling, self.backend = single.model, single.sampling, single.backend
         self.H, self.W, self.device = single.H, single.W, single.device
-        self.forwards = 0
-        self.fed = 0
+        self.forwards = self.fed = self.widest = 0
 
     def prefill(self, classes) -> Outputs:
         self.forwards += 1
         return self._ask(self.shared, Prefill(self.slot, classes))
 
     def forward(self, tokens, positions, *, tree_mask=None, write=True) -> Outputs:
-        self.forwards += 1
-        self.fed += tokens.shape[1]
+        count_pass(self, tokens.shape[1])
         positions = positions.reshape(1, -1).to(self.device)
         if tree_mask is not None and tree_mask.dim() == 2:
             tree_mask = tree_mask[None]
@@ -299,8 +297,7 @@ class SlotTokenStep:
 
     def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
         r = self.runner
-        r.forwards += 1
-        r.fed += 1
+        count_pass(r, 1)
         # `position` is a tensor the caller fills in place: its value is taken now, from the host
         # copy the caller passes as `reach` when it has one (AR's loop does).
         where = reach if reach is not None else int(position.reshape(-1)[0])

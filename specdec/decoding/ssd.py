@@ -47,6 +47,7 @@ from typing import List, Optional
 import torch
 
 from specdec.decoding import heads as _heads
+from specdec.decoding.ar import sample_grid
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.drafters import HeadsDrafter
@@ -124,6 +125,7 @@ class RowDecoder:
 
     def __init__(self, engine: Engine, runner: ModelRunner, heads, options: SSDOptions, x, hid):
         self.engine, self.runner, self.heads, self.o = engine, runner, heads, options
+        self.share = engine.token_share   #: the most tokens an image may feed one pass (None: no limit)
         self.x, self.hid = x, hid
         self.B = x.shape[0]
         self.H, self.W = runner.H, runner.W
@@ -192,10 +194,17 @@ class RowDecoder:
             keep = [0] * B
             starts = [lo] * B
             if span is not None:
+                starts = [lo if s is None else s for s in span.starts]
+                # Under a token budget a pass feeds at most `share` tokens per image: open tokens
+                # further back are kept as last judged and not fed again (their keys and values
+                # stay as their last pass wrote them).
+                if self.share is not None:
+                    cut = [max(sb, hi - self.share) for sb in starts]
+                    kept = [k + c - sb for k, c, sb in zip(kept, cut, starts)]
+                    starts = cut
                 # max_tail: open tokens further behind this group's rows are fed once more (their
                 # keys and values then follow the final tokens before them) but kept as last judged.
-                keep = [0 if s is None or o.max_tail is None else max(0, lo - s - o.max_tail) for s in span.starts]
-                starts = [lo if s is None else s for s in span.starts]
+                keep = [0 if o.max_tail is None else max(0, lo - sb - o.max_tail) for sb in starts]
                 q = torch.cat([span.q, q], 1)
             kept = [k + kb for k, kb in zip(kept, keep)]
             span = self.settle(Span(starts, hi, q), o.rounds + 1, keep)
@@ -297,10 +306,31 @@ def decode_rows(engine: Engine, runner: ModelRunner, heads, classes, options: SS
     H, W = runner.H, runner.W
     first = runner.prefill(classes)
     x = torch.zeros(classes.shape[0], H * W, dtype=torch.long, device=runner.device)
+    # Under a token budget: fewer horizontal drafts per pass, and fewer rows drafted at once
+    # (a group of rows is fed whole); with room for less than a row, the horizontal heads draft
+    # the whole grid in raster order (sd with SSD's heads), and with room for one token, AR.
+    chunk = engine.narrowed(options.chunk + 1) - 1
+    share = engine.token_share
+    # The exact variant cannot bound its open tails without keeping tokens as judged: under a
+    # share below its widest possible span (rows 1 to H - 1) it drafts with its horizontal heads
+    # alone, which stays exact.
+    exact = options.commit == "verify" and options.max_tail is None and options.final_passes is None
+    if chunk == 0 or (share is not None and (share < W or (exact and share < (H - 1) * W))):
+        if chunk == 0:
+            sample_grid(runner, classes, engine.streams, start_out=first, x=x, step=runner.token_step())
+        else:
+            drafter = HeadsDrafter(heads)
+            drafter.start(engine, runner, classes)
+            RasterSpeculation(engine, runner, drafter, end=H * W, chunk=chunk).run(first, x)
+        B = classes.shape[0]
+        engine.stats.method_stats = SSDStats([runner.forwards - 1] * B, [0] * B, [0] * B, [0] * B, [0] * B)
+        return x
+    if share is not None and share < W * options.vertical_heads:
+        options = dataclasses.replace(options, vertical_heads=share // W)
     hid = first.hidden.new_zeros(first.hidden.shape[0], H * W, first.hidden.shape[-1])   # state giving token t
     drafter = HeadsDrafter(heads)
     drafter.start(engine, runner, classes)
-    RasterSpeculation(engine, runner, drafter, end=W, chunk=options.chunk, hidden_out=hid[:, :W]).run(first, x)
+    RasterSpeculation(engine, runner, drafter, end=W, chunk=chunk, hidden_out=hid[:, :W]).run(first, x)
     rows = RowDecoder(engine, runner, heads, options, x, hid)
     if options.commit == "verify":
         rows.verify_groups()

@@ -66,6 +66,25 @@ def schedule(H: int, W: int, window: int, device) -> list:
     return plan
 
 
+def widest_pass(H: int, W: int, window: int) -> int:
+    """The most tokens one pass of the schedule feeds: the rows in flight, and a fake end-of-row
+    query when a row starts (the same count as `schedule`'s positions, without building it)."""
+    widest = 1
+    for t in range(1, (H - 1) * window + W):
+        rows = sum(1 for i in range(H) if 0 <= t - 1 - i * window < W)
+        starts = 1 if window < W and any(t - i * window == 0 for i in range(1, H)) else 0
+        widest = max(widest, rows + starts)
+    return widest
+
+
+def narrowed_window(H: int, W: int, window: int, share) -> int:
+    """The stagger under a token share: the smallest window >= `window` whose passes fit `share`
+    tokens (fewer rows in flight); window W is raster AR, one token per pass."""
+    if share is None:
+        return window
+    return next(w for w in range(window, W + 1) if w == W or widest_pass(H, W, w) <= share)
+
+
 @torch.no_grad()
 def zipar_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams, *, window: int) -> torch.Tensor:
     """Decode B grids with the row-staggered schedule -> int64 [B, H*W]."""
@@ -93,7 +112,10 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
     window = check_window(options.window, target.grid[1])
 
     def decode_batch(cls, engine):
-        return zipar_grid(engine.runner(target), cls, engine.streams, window=window)
+        # Under a token budget fewer rows run at once: a wider stagger (window W: raster AR).
+        H, W = target.grid
+        return zipar_grid(engine.runner(target), cls, engine.streams,
+                          window=narrowed_window(H, W, window, engine.token_share))
 
     return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
 

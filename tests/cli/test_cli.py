@@ -45,6 +45,8 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "ar", "--num-images", "2", "--batch-size", "0"], "--batch-size must be an int >= 1"),
     (["compare", "--methods", "ar", "--num-images", "2", "--concurrency", "0"], "--concurrency must be an int >= 1"),
     (["compare", "--methods", "ar", "--num-images", "2", "--concurrency", "2", "--batch-size", "2"], "not both"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--max-tokens-per-pass", "0"],
+     "--max-tokens-per-pass must be an int >= 1"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.drafting=tree"], "drafting must be one of"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.cycle_rows=2"],
      "mulo does not take option(s) cycle_rows"),
@@ -94,6 +96,16 @@ def test_compare_takes_a_concurrency_and_gives_the_images_of_one_at_a_time(monke
     assert "continuous batching, concurrency 3, eager" in capsys.readouterr().out
     for a, c in zip(runs["alone"], runs["continuous"]):
         assert a["target_forwards"] == c["target_forwards"]
+
+
+def test_compare_takes_a_token_budget_and_says_each_images_share(monkeypatch, capsys, tmp_path):
+    """A budget of one token per image and pass: every method makes AR's 16 passes per image."""
+    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    assert cli.main(["compare", "--methods", "ar,sjd,mulo", "--num-images", "2", "--quiet", "--concurrency", "2",
+                     "--max-tokens-per-pass", "2", "--json", str(tmp_path / "t.json")]) == 0
+    assert "concurrency 2, at most 2 tokens per pass (1 per image)" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "t.json").read_text())
+    assert [r["target_forwards"] for r in rows] == [16, 16, 16]
 
 
 def test_compare_decodes_with_the_familys_own_options_and_names_them(monkeypatch, capsys, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
+from grid_statistics import pvalues_against
 from specdec import ops
 from specdec.decoding import sd, ssd
 from specdec.decoding.engine import Engine
@@ -98,21 +99,7 @@ def test_chi_square_detects_a_wrong_distribution(sd_counts):
 # ---- many rounds: a 4x4 grid -----------------------------------------------------------------
 
 
-def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Chi-square test that two count vectors come from one distribution (2 x k contingency table;
-    categories empty in both are dropped)."""
-    table = torch.stack([a, b]).double()
-    table = table[:, table.sum(0) > 0]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    stat = float(((table - expected) ** 2 / expected).sum())
-    df = table.shape[1] - 1
-    return float(
-        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
-    )
-
-
 GRID_4X4_SAMPLES = 20_000
-PAIRS = [(0, 15), (3, 4), (5, 10), (7, 8)]
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +113,6 @@ def ar_4x4():
         run=RunSettings(seed=1, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
     )
     return target, out.tokens.view(GRID_4X4_SAMPLES, 16)
-
-
-def _statistics(tokens):
-    """Counts of every position's token (16 x 4) and of a few pairs (4 x 16)."""
-    marg = [torch.bincount(tokens[:, i], minlength=4) for i in range(16)]
-    pairs = [torch.bincount(tokens[:, i] * 4 + tokens[:, j], minlength=16) for i, j in PAIRS]
-    return marg + pairs
 
 
 @pytest.mark.parametrize("drafter", ["model", "heads"])
@@ -157,7 +137,7 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
     assert 0.05 < accepted / drafted < 0.95  # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
-    pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(sd_tokens))]
+    pvalues = pvalues_against(ar_tokens, sd_tokens)
     assert min(pvalues) > 1e-3 / len(pvalues)
 
 
@@ -171,7 +151,7 @@ def test_two_sample_test_has_power(ar_4x4):
         torch.full((GRID_4X4_SAMPLES,), CLASS),
         run=RunSettings(seed=3, sampling=Sampling(cfg_scale=3.0), batch_size=GRID_4X4_SAMPLES),
     ).tokens.view(GRID_4X4_SAMPLES, 16)
-    pvalues = [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(other))]
+    pvalues = pvalues_against(ar_tokens, other)
     assert min(pvalues) < 1e-3 / len(pvalues)
 
 
@@ -203,7 +183,7 @@ def _ssd_4x4(commit):
 
 def _pvalues_against_ar(ar_tokens, out):
     tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
-    return [two_sample_pvalue(a, b) for a, b in zip(_statistics(ar_tokens), _statistics(tokens))]
+    return pvalues_against(ar_tokens, tokens)
 
 
 def test_ssd_commit_verify_keeps_the_ar_distribution(ar_4x4):
