@@ -29,19 +29,19 @@ from specdec import masks
 from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, pass_over, weights_key
 
 
-def compile_step(fn: Callable, device: torch.device) -> Callable:
+def compile_step(fn: Callable, device: torch.device, graphs: bool = True) -> Callable:
     """`fn` compiled for `device` without graph breaks (fullgraph=True: a break is an error, not
     a silent slow path), for the one shape it will be called with (no guards; see the module
-    docstring), as its own code object."""
-    return torch.compile(own_code(fn), fullgraph=True, dynamic=False, options=compile_options(device))
+    docstring), as its own code object; `graphs`: replayed as a CUDA graph on CUDA."""
+    return torch.compile(own_code(fn), fullgraph=True, dynamic=False, options=compile_options(device, graphs))
 
 
-def compile_options(device: torch.device) -> dict:
-    """torch.compile's options for a step on `device`: no guards, and on CUDA what
+def compile_options(device: torch.device, graphs: bool = True) -> dict:
+    """torch.compile's options for a step on `device`: no guards, and on CUDA (with `graphs`) what
     mode="reduce-overhead" stands for (CUDA graphs; torch.compile takes a mode or options, not
     both)."""
     options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
-    if device.type == "cuda":
+    if device.type == "cuda" and graphs:
         options["triton.cudagraphs"] = True
     return options
 
@@ -89,20 +89,20 @@ class CompiledFunction(_CompileClock):
     """`fn(*tensors)` compiled for one set of input shapes (no guards; see the module docstring): its
     tensor inputs are made contiguous, as traced. The first call compiles (timed in `compile_s`)."""
 
-    def __init__(self, fn: Callable, device: torch.device):
-        self._fn = compile_step(fn, device)
-        self._device = device
+    def __init__(self, fn: Callable, device: torch.device, graphs: bool = True):
+        self._fn = compile_step(fn, device, graphs)
+        self._graphs = graphs and device.type == "cuda"   # CUDA-graph replays
         self._calls = 0
 
     def __call__(self, *tensors):
-        if self._device.type == "cuda":
+        if self._graphs:
             torch.compiler.cudagraph_mark_step_begin()
         start = time.perf_counter()
         out = self._fn(*(t.contiguous() for t in tensors))
         if self._calls == 0:
             self.compile_s += time.perf_counter() - start
         self._calls += 1
-        if self._device.type == "cuda":
+        if self._graphs:
             out = tuple(t.clone() for t in out)   # a replay reuses its output memory
         return out
 
@@ -132,7 +132,7 @@ class CompiledForward(_CompileClock):
     a `distribution`."""
 
     def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None,
-                 distribution: Callable = None):
+                 distribution: Callable = None, graphs: bool = True):
         self.model, self.cache, self.backend = model, cache, backend
         # `distribution(logits, hidden, positions) -> probs [B, N, V]`: made inside each graph too
         # (the runner's `probs` of its `outputs_at`): one eager call less per pass.
@@ -140,10 +140,11 @@ class CompiledForward(_CompileClock):
         self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
         # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
         # with eager numerics.
-        self.compiler = compiler or compile_step
+        self.graphs = graphs and cache.device.type == "cuda"   #: passes replayed as CUDA graphs
+        self.compiler = compiler or (lambda fn, device: compile_step(fn, device, graphs))
         self._graphs: Dict[Tuple[int, bool, bool, Optional[int]], Callable] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
-        if cache.device.type == "cuda":
+        if self.graphs:
             mark_cache_static(cache)
 
     def _graph(self, key):
@@ -189,7 +190,7 @@ class CompiledForward(_CompileClock):
         key = (width, tree_mask is not None, write, None if images is None else images.shape[0])
         first = key not in self._graphs
         graph = self._graph(key)
-        if self.cache.device.type == "cuda":
+        if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()
         start = time.perf_counter()
         # The graph was traced on contiguous inputs and keeps no guards: a strided view (a slice
@@ -200,7 +201,7 @@ class CompiledForward(_CompileClock):
         if first:
             self.compile_s += time.perf_counter() - start
         outputs = tuple(None if t is None else t[:, :n] for t in outputs)
-        if self.cache.device.type == "cuda":
+        if self.graphs:
             # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
             # across later passes (only the real columns are copied).
             outputs = tuple(None if t is None else t.clone() for t in outputs)
@@ -214,12 +215,15 @@ class CompiledRunner(ModelRunner):
     (`function`: SSD's head drafts) each as a `CompiledFunction` kept with the runner. Made once
     per model, batch size and sampling by `compiled_runner` and reused by later decodes."""
 
-    def __init__(self, model, sampling, *, batch: int = 1, backend=None, compiler: Callable = None):
+    def __init__(self, model, sampling, *, batch: int = 1, backend=None, compiler: Callable = None,
+                 graphs: bool = True):
         """`compiler(fn, device)`: how the target passes are compiled (default `compile_step`; the
-        tests pass the identity to check the padding with eager numerics)."""
+        tests pass the identity to check the padding with eager numerics). `graphs`: on CUDA,
+        every compiled function is replayed as a CUDA graph."""
         super().__init__(model, sampling, batch=batch, backend=backend)
+        self.graphs = graphs
         self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
-                                                distribution=self._distribution)
+                                                distribution=self._distribution, graphs=graphs)
         self._token_step: Optional[TokenStep] = None
         #: compiled functions kept with the runner, by key (`function`)
         self.functions: Dict[object, CompiledFunction] = {}
@@ -251,12 +255,12 @@ class CompiledRunner(ModelRunner):
     def function(self, key, make):
         found = self.functions.get(key)
         if found is None:
-            found = self.functions[key] = CompiledFunction(make(), self.device)
+            found = self.functions[key] = CompiledFunction(make(), self.device, self.graphs)
         return found
 
     def token_step(self) -> TokenStep:
         if self._token_step is None:
-            self._token_step = TokenStep(self, compiler=CompiledFunction)
+            self._token_step = TokenStep(self, compiler=lambda fn, device: CompiledFunction(fn, device, self.graphs))
         return self._token_step
 
     def take_compile_s(self) -> float:

@@ -27,7 +27,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
-from specdec import masks
+from specdec import masks, switches
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
 from specdec.models.kv_cache import SlotKVCache
@@ -64,15 +64,22 @@ class Prefill(NamedTuple):
     condition: torch.Tensor   #: [1] class id (or its embedding)
 
 
+def slot_graphs() -> bool:
+    """Whether the engine's compiled passes replay CUDA graphs (on CUDA): opt-in by the switch
+    SPECDEC_CONTINUOUS_GRAPHS=1 until continuous batching has run on a GPU (`specdec.switches`)."""
+    return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
+
+
 def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool) -> ModelRunner:
     """The runner of all slots: eager, or a compiled one kept on the model apart from the
     lockstep decoders' (its AR step takes a position per row, so its graphs differ)."""
     if not compile:
         return ModelRunner(model, sampling, batch=slots, backend=backend)
     store = model.__dict__.setdefault("_specdec_slot_runners", {})
-    key = _store_key(model, sampling, slots, backend)
+    graphs = slot_graphs()
+    key = _store_key(model, sampling, slots, backend) + (graphs,)
     if key not in store:
-        store[key] = CompiledRunner(model, sampling, batch=slots, backend=backend)
+        store[key] = CompiledRunner(model, sampling, batch=slots, backend=backend, graphs=graphs)
     store[key].reset()
     return store[key]
 

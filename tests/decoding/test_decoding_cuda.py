@@ -176,3 +176,23 @@ def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(familie
         return
     assert counter.passes == out.stats.target_forwards // 2
     assert counter.loop_waits <= counter.passes, (counter.loop_waits, counter.passes)
+
+
+@pytest.mark.parametrize("graphs", ["0", "1"])
+@pytest.mark.parametrize("method", ["ar", "mulo", "ssd"])
+def test_continuous_batching_runs_on_cuda_compiled(families, monkeypatch, method, graphs):
+    """Continuous batching on CUDA, compiled, its batched passes with and without CUDA graphs
+    (SPECDEC_CONTINUOUS_GRAPHS, opt-in until this has run): deterministic, every image in the
+    passes it takes alone, and tokens in range. Four images in three slots: one joins a running batch."""
+    monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", graphs)
+    _, gpu = families
+    classes = torch.tensor([0, 3, 5, 7])
+    alone = decoding.decode(method, gpu, classes.cuda(), seed=0)
+    a = decoding.decode(method, gpu, classes.cuda(), seed=0, concurrency=3, compile=True)
+    b = decoding.decode(method, gpu, classes.cuda(), seed=0, concurrency=3, compile=True)
+    assert torch.equal(a.tokens, b.tokens)
+    assert int(a.tokens.min()) >= 0 and int(a.tokens.max()) < gpu.target.vocab_size
+    if method == "ar":
+        assert torch.equal(a.tokens, alone.tokens)
+    assert a.stats.target_passes == alone.stats.target_passes or method != "ar"
+    assert a.stats.images == 4 and torch.isfinite(a.images).all()

@@ -308,3 +308,21 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
             for i in range(len(classes)):
                 xi, (ai,) = row0([i], seed)
                 assert torch.equal(x[i], xi[0]) and torch.equal(after[i], ai), (seed, i)
+
+
+def test_continuous_batchings_cuda_graphs_are_opt_in(monkeypatch):
+    """The engine's compiled passes replay CUDA graphs only with SPECDEC_CONTINUOUS_GRAPHS=1 (never
+    run on a GPU yet); the lockstep decoders' compiled passes keep theirs; a bad value is named."""
+    from specdec.decoding import compiled, slots
+
+    cuda = torch.device("cuda")
+    assert compiled.compile_options(cuda)["triton.cudagraphs"] is True
+    assert "triton.cudagraphs" not in compiled.compile_options(cuda, graphs=False)
+    assert "triton.cudagraphs" not in compiled.compile_options(torch.device("cpu"))
+    monkeypatch.delenv("SPECDEC_CONTINUOUS_GRAPHS", raising=False)
+    assert slots.slot_graphs() is False
+    monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", "1")
+    assert slots.slot_graphs() is True
+    monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", "on")
+    with pytest.raises(ValueError, match="SPECDEC_CONTINUOUS_GRAPHS"):
+        slots.slot_graphs()
