@@ -165,7 +165,11 @@ class ContinuousEngine:
         if not waiting:
             return done
         self.steps += 1
-        replies = self._answer(waiting)
+        try:
+            replies = self._answer(waiting)
+        except BaseException:      # a shared pass failed: every image waiting on it is abandoned
+            self.close()
+            raise
         for s in waiting:
             self._resume(s, replies[s.number], done)
         return done + self._fill()

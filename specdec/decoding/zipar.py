@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.decoding.ar import sample_grid
 from specdec.decoding.batching import run_batches
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
@@ -112,10 +113,14 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
     window = check_window(options.window, target.grid[1])
 
     def decode_batch(cls, engine):
-        # Under a token budget fewer rows run at once: a wider stagger (window W: raster AR).
+        # Under a token budget fewer rows run at once: a wider stagger; window W is raster AR,
+        # made by AR's own step (the same tokens, one sampling step per pass).
         H, W = target.grid
-        return zipar_grid(engine.runner(target), cls, engine.streams,
-                          window=narrowed_window(H, W, window, engine.token_share))
+        runner = engine.runner(target)
+        narrowed = narrowed_window(H, W, window, engine.token_share)
+        if narrowed == W and window < W:
+            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
+        return zipar_grid(runner, cls, engine.streams, window=narrowed)
 
     return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
 

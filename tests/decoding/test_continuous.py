@@ -174,6 +174,19 @@ def test_an_error_inside_an_image_reaches_the_caller_and_ends_the_others(fam):
     assert engine.idle
 
 
+def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monkeypatch):
+    def broken(shared, requests):
+        raise RuntimeError("pass failed")
+
+    monkeypatch.setattr(slots.SharedModel, "forward", broken)
+    engine = decoding.stream("sd", fam, concurrency=2, seed=0, sampling=SAMPLING)
+    for c in (0, 1, 2):
+        engine.submit(c)
+    with pytest.raises(RuntimeError, match="pass failed"):
+        list(engine.results())
+    assert engine.idle and engine.running == 0
+
+
 def test_a_fiber_runs_only_while_its_caller_waits_in_the_callers_thread():
     """Control changes hands only at resume and wait: every operation in one fixed order."""
     order = []
