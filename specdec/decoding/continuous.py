@@ -42,6 +42,11 @@ from specdec.decoding.streams import ImageStreams
 from specdec.settings import RunSettings, check_int
 
 
+#: `ContinuousEngine.hold`'s default: chosen by measurement (docs/experiments.md, "Continuous
+#: batching on this CPU")
+HOLD = 16
+
+
 class Requests:
     """Conditions still to come: a method's `decode` given `Requests()` as its conditions returns
     its `ContinuousEngine` (requests submitted to it as they arrive) instead of decoding
@@ -68,6 +73,7 @@ class Slot:
         self.condition, self.index = condition, index
         self._runners: Dict[int, int] = {}
         self.fiber = Fiber(self._decode, name=f"specdec-slot-{number}")
+        self.held = 0     #: engine steps its pending pass has been held back (`ContinuousEngine.hold`)
 
     def runner(self, model, sampling, role: str = "target") -> SlotRunner:
         # The n-th runner an image makes of a model has a cache of its own (a method that runs two
@@ -115,6 +121,9 @@ class ContinuousEngine:
         self._shared: Dict[Tuple[int, object, int], SharedModel] = {}
         self._roles: Dict[Tuple[int, object, int], str] = {}
         self._next_index = run.first_index
+        #: how many engine steps an image's pass may be held back while the images waiting on
+        #: another model go first (0: every waiting image answered every step)
+        self.hold = HOLD
         self.steps = 0      #: engine steps made
         self.reads = 0      #: host reads made (at most one per step)
 
@@ -165,14 +174,40 @@ class ContinuousEngine:
         if not waiting:
             return done
         self.steps += 1
+        answered = self._answered(waiting)
         try:
-            replies = self._answer(waiting)
+            replies = self._answer(answered)
         except BaseException:      # a shared pass failed: every image waiting on it is abandoned
             self.close()
             raise
-        for s in waiting:
+        for s in answered:
             self._resume(s, replies[s.number], done)
         return done + self._fill()
+
+    def _answered(self, waiting: List[Slot]) -> List[Slot]:
+        """The images this step answers: every host read and prefill, and the passes of the model
+        that the most images wait on; images waiting on another model's pass are held back, so
+        that images drift into the same phase and share their passes, unless held `hold` steps
+        already (none is held for ever). Holding changes when an image's pass is made, never what
+        it computes: its tokens are the same."""
+        models: Dict[int, List[Slot]] = {}
+        answered = []
+        for s in waiting:
+            shared, request = s.fiber.request
+            if shared is None or isinstance(request, Prefill) or self.hold == 0:
+                answered.append(s)
+            else:
+                models.setdefault(id(shared), []).append(s)
+        if models:
+            busiest = max(models.values(), key=len)
+            for group in models.values():
+                for s in group:
+                    if group is busiest or s.held >= self.hold:
+                        answered.append(s)
+                        s.held = 0
+                    else:
+                        s.held += 1
+        return sorted(answered, key=lambda s: s.number)
 
     def results(self) -> Iterator[Finished]:
         """Step until idle, yielding each image as it finishes."""
