@@ -82,6 +82,21 @@ class TinyFamily:
                                           torch.randn(60, 128, generator=g), torch.arange(60) % 3)
 
 
+def submit_staggered(engine, classes, arrivals: dict) -> dict:
+    """Drive a continuous engine as a server would: before engine step t, submit arrivals[t] of
+    `classes` (in order; image i gets index i), step until idle; returns {index: Finished}."""
+    got, step, submitted = {}, 0, 0
+    while step <= max(arrivals) or not engine.idle:
+        for _ in range(arrivals.get(step, 0)):
+            assert engine.submit(classes[submitted]) == submitted
+            submitted += 1
+        for image in engine.step():
+            got[image.index] = image
+        step += 1
+    assert sorted(got) == list(range(len(classes)))
+    return got
+
+
 @pytest.fixture(autouse=True, scope="module")
 def single_thread():
     """The tiny models are latency-bound: one intra-op thread avoids OpenMP spin-waits, which cost

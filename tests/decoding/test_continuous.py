@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
+from decoding_models import TinyFamily, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import continuous, slots
 from specdec.decoding.fibers import Cancelled, Fiber
@@ -46,16 +46,7 @@ def test_requests_arriving_while_others_run_get_the_tokens_they_get_alone(fam, m
     with batch_invariant():
         ref = alone(fam, method, options, len(CLASSES))
         engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING, backend="reference", **options)
-        got, arrivals = {}, {0: 3, 2: 4, 5: 5}     # engine step -> requests submitted before it
-        step = submitted = 0
-        while step <= max(arrivals) or not engine.idle:
-            for _ in range(arrivals.get(step, 0)):
-                assert engine.submit(CLASSES[submitted]) == submitted
-                submitted += 1
-            for image in engine.step():
-                got[image.index] = image
-            step += 1
-        assert sorted(got) == list(range(len(CLASSES)))
+        got = submit_staggered(engine, CLASSES, {0: 3, 2: 4, 5: 5})     # step -> requests submitted before it
         for i, r in enumerate(ref):
             assert torch.equal(got[i].tokens, r.tokens[0]), f"image {i}"
             assert got[i].stats.target_passes == r.stats.target_passes, f"image {i}"

@@ -4,7 +4,7 @@ stay lossless under any budget; an image depends on the share, never on its neig
 import pytest
 import torch
 
-from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
+from decoding_models import TinyFamily, submit_staggered, tiny_gpt, tiny_heads, single_thread  # noqa: F401
 from grid_statistics import pvalues_against
 from specdec import decoding
 from specdec.decoding import ar, sd, sjd, ssd, zipar
@@ -85,16 +85,7 @@ def test_under_a_budget_requests_arriving_while_others_run_get_the_tokens_of_the
                                backend="reference", max_tokens_per_pass=share) for i in range(len(CLASSES))]
         engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING, backend="reference",
                                  max_tokens_per_pass=5 * share)
-        got, arrivals = {}, {0: 3, 2: 4, 4: 3}
-        step = submitted = 0
-        while step <= max(arrivals) or not engine.idle:
-            for _ in range(arrivals.get(step, 0)):
-                engine.submit(CLASSES[submitted])
-                submitted += 1
-            for image in engine.step():
-                got[image.index] = image
-            step += 1
-    assert sorted(got) == list(range(len(CLASSES)))
+        got = submit_staggered(engine, CLASSES, {0: 3, 2: 4, 4: 3})
     for i, r in enumerate(ref):
         assert torch.equal(got[i].tokens, r.tokens[0]), f"image {i}"
         assert got[i].stats.target_passes == r.stats.target_passes, f"image {i}"
