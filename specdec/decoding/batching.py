@@ -60,10 +60,11 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
                                 check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:
-        if not is_prompts(conditions):
+        if not is_prompts(conditions) and run.concurrency > 1:
             return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)
         # Prompts of different lengths would need a prefix length per cache row: until the caches
         # have one, prompt-conditioned models decode in lockstep batches of `concurrency` images.
+        # One slot is one image at a time: the same decode without the engine's hand-overs.
         run = dataclasses.replace(run, batch_size=run.concurrency, concurrency=None)
     total = DecodeStats(method)
     grids, previews = [], []

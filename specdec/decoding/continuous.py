@@ -278,7 +278,9 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
                       grid: Tuple[int, int], tokenizer=None) -> DecodeResult:
     """`run_batches` under continuous batching: `conditions` (class ids [N]) as requests with image
     indices first_index + i, decoded in `run.concurrency` slots; the result in image order."""
-    engine = ContinuousEngine(method, decode_one, run, grid, run.concurrency)   # (conditions checked by the caller)
+    # (conditions checked by the caller) No more slots than images: a slot left empty would ride
+    # along in every pass. The images' shares of a token budget still follow run.concurrency.
+    engine = ContinuousEngine(method, decode_one, run, grid, min(run.concurrency, len(conditions)))
     for i, c in enumerate(conditions):
         engine.submit(c, run.first_index + i)
     start = time.perf_counter()
