@@ -216,8 +216,9 @@ def render_continuous(data, name):
     """Continuous batching against lockstep batches (benchmarks/decoders/record_continuous.py):
     every method at each concurrency, speed-ups against ar's lockstep batches in the same mode."""
     grid = data.get("grid", 16)
+    budgets = any(r.get("max_tokens_per_pass") is not None for r in data["rows"])
     lines = _decode_section(
-        f"Continuous batching, {grid}x{grid}", data, name,
+        f"Continuous batching, {grid}x{grid}" + (", token budgets" if budgets else ""), data, name,
         f"{data['num_images']} images per cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}. "
         "Lockstep: batches of `concurrency` images run until their slowest is done; continuous: `concurrency` "
         "slots, each refilled as soon as its image is done. Speed-up: against `ar` in lockstep batches at the "
@@ -481,12 +482,15 @@ def main():
             print(f"wrote {plot_scaling(scaling[0][1], os.path.join(HERE, SCALING_PLOT))}")
         except ImportError:
             print(f"matplotlib is not installed: {SCALING_PLOT} not regenerated")
-    for kind, _, path, data in newest_per_kind(files):
-        if kind == "continuous" and len({r["concurrency"] for r in data["rows"]}) > 1:
-            try:
-                print(f"wrote {plot_continuous(data, os.path.join(HERE, CONTINUOUS_PLOT))}")
-            except ImportError:
-                print(f"matplotlib is not installed: {CONTINUOUS_PLOT} not regenerated")
+    # the continuous-batching plot: the newest run without token budgets over the most concurrencies
+    runs = [d for k, _, _, d in newest_per_kind(files) if k == "continuous"
+            and all(r.get("max_tokens_per_pass") is None for r in d["rows"])]
+    if runs:
+        data = max(runs, key=lambda d: len({r["concurrency"] for r in d["rows"]}))
+        try:
+            print(f"wrote {plot_continuous(data, os.path.join(HERE, CONTINUOUS_PLOT))}")
+        except ImportError:
+            print(f"matplotlib is not installed: {CONTINUOUS_PLOT} not regenerated")
     path, data = plot_source(files)
     if data is not None:
         try:
