@@ -2,6 +2,14 @@
 the target passes saved by grid. Both need matplotlib (requirements-dev.txt)."""
 
 
+def draw(name, make) -> None:
+    """Draw one figure (`make()` returns what it wrote), or say that matplotlib is missing."""
+    try:
+        print(f"wrote {make()}")
+    except ImportError:
+        print(f"matplotlib is not installed: {name} not regenerated (pip install -r requirements-dev.txt)")
+
+
 def plot_compare(data, name, out_path):
     """Two panels, one point per method: target passes / image and wall-clock speed-up against
     `ar`, each over FD-classifier (log scale; lower is better), AR's FD as a dashed line."""
