@@ -62,6 +62,13 @@ def sample_grid(
     return x
 
 
+def plain_ar(engine, runner: ModelRunner, classes, first=None) -> torch.Tensor:
+    """The batch's grids by raster AR with the runner's AR step (compiled when the runner is):
+    `ar` itself, and every method at a token share of one token per pass. `first`: the prefill's
+    outputs when the caller has made it."""
+    return sample_grid(runner, classes, engine.streams, start_out=first, step=runner.token_step())
+
+
 def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(), run: RunSettings = RunSettings()):
     """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch). With
     `run.compile` each step (model pass + sampling) runs through torch.compile
@@ -70,8 +77,7 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
     model), and is part of wall_s of the batch that paid it."""
 
     def decode_batch(cls, engine):
-        runner = engine.runner(target)
-        return sample_grid(runner, cls, engine.streams, step=runner.token_step())
+        return plain_ar(engine, engine.runner(target), cls)
 
     return run_batches("ar", target, conditions, decode_batch, run, tokenizer)
 

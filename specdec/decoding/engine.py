@@ -99,10 +99,10 @@ class Engine:
         None: no limit). A method narrows its speculation to fit it; at 1 it makes plain AR steps."""
         return self.run.token_share
 
-    def narrowed(self, width: int, least: int = 1) -> int:
-        """`width` tokens per pass cut to the share (not below `least`)."""
+    def narrowed(self, width: int) -> int:
+        """`width` tokens per pass cut to the share."""
         share = self.token_share
-        return width if share is None else max(least, min(width, share))
+        return width if share is None else min(width, share)
 
     def runner(self, model, sampling=None, *, role: str = "target") -> ModelRunner:
         """The batch's runner of `model` (eager, or with `run.compile` the model's kept compiled

@@ -42,7 +42,7 @@ import torch
 
 from specdec import masks
 from specdec.decoding import upsample as _up
-from specdec.decoding.ar import sample_grid
+from specdec.decoding.ar import plain_ar, sample_grid
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.engine import Engine, Judgement
 from specdec.decoding.lantern import check_delta, check_k, neighbor_table
@@ -310,20 +310,17 @@ class MuloPolicy:
         drunner = engine.runner(self.drafter, self.o.draft_sampling, role="preview" if self.preview else "drafter")
         runner = engine.runner(self.target)
         H, W = engine.H, engine.W
-        if engine.token_share == 1 and not self.preview:
-            # A share of one token per pass leaves nothing to verify a draft with: plain AR
-            # (a two-stage model still writes the preview its target stage is conditioned on).
-            B = cls.shape[0]
-            engine.stats.method_stats = MuloStats([0] * B, [0] * B, [torch.full((H, W), -1, dtype=torch.int32)] * B,
-                                                  [torch.zeros(0, dtype=torch.long)] * B)
-            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
-        grids = self.draft(engine, drunner, cls)
+        # A share of one token per pass leaves nothing to verify a draft with: plain AR, drafting
+        # nothing (a two-stage model still writes the preview its target stage is conditioned on).
+        plain = engine.token_share == 1
+        grids = self.draft(engine, drunner, cls) if self.preview or not plain else None
         first = runner.prefill(self.target.condition_on_preview(cls, grids) if self.preview else cls)
-        if engine.token_share == 1:
+        if plain:
             B = cls.shape[0]
-            engine.stats.method_stats = MuloStats([0] * B, [0] * B, [torch.full((H, W), -1, dtype=torch.int32)] * B,
-                                                  list(grids.cpu().unbind(0)))
-            return sample_grid(runner, cls, engine.streams, start_out=first, step=runner.token_step())
+            low = [torch.zeros(0, dtype=torch.long)] * B if grids is None else list(grids.cpu().unbind(0))
+            none = [torch.full((H, W), -1, dtype=torch.int32)] * B     # no islands
+            engine.stats.method_stats = MuloStats([0] * B, [0] * B, none, low)
+            return plain_ar(engine, runner, cls, first)
         x = self.upsample(grids, runner)
         ver, judgement = self.verify(engine, runner, first, x)
         self.resample(engine, runner, x, ver, judgement)

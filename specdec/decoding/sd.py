@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.ar import sample_grid
+from specdec.decoding.ar import plain_ar
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.drafters import HeadsDrafter, ModelDrafter
 from specdec.decoding.speculative import RasterSpeculation, Relaxation
@@ -64,7 +64,7 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         # the last committed token and the drafts); with room for none, plain AR steps.
         n = engine.narrowed(chunk + 1) - 1
         if n == 0:
-            return sample_grid(runner, cls, engine.streams, start_out=first, step=runner.token_step())
+            return plain_ar(engine, runner, cls, first)
         d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         d.start(engine, runner, cls)
         x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)

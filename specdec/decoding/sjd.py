@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.decoding.ar import sample_grid
+from specdec.decoding.ar import plain_ar
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
@@ -158,7 +158,7 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
         window = engine.narrowed(options.window + 1) - 1
         runner = engine.runner(target)
         if window == 0:
-            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
+            return plain_ar(engine, runner, cls)
         return sjd_grid(engine, runner, cls, window=window)
 
     return run_batches("sjd", target, conditions, decode_batch, run, tokenizer)

@@ -47,7 +47,7 @@ from typing import List, Optional
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.ar import sample_grid
+from specdec.decoding.ar import plain_ar
 from specdec.decoding.batching import check_grid_model, run_batches
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.drafters import HeadsDrafter
@@ -317,7 +317,7 @@ def decode_rows(engine: Engine, runner: ModelRunner, heads, classes, options: SS
     exact = options.commit == "verify" and options.max_tail is None and options.final_passes is None
     if chunk == 0 or (share is not None and (share < W or (exact and share < (H - 1) * W))):
         if chunk == 0:
-            sample_grid(runner, classes, engine.streams, start_out=first, x=x, step=runner.token_step())
+            x = plain_ar(engine, runner, classes, first)
         else:
             drafter = HeadsDrafter(heads)
             drafter.start(engine, runner, classes)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.decoding.ar import sample_grid
+from specdec.decoding.ar import plain_ar
 from specdec.decoding.batching import run_batches
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
@@ -119,7 +119,7 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
         runner = engine.runner(target)
         narrowed = narrowed_window(H, W, window, engine.token_share)
         if narrowed == W and window < W:
-            return sample_grid(runner, cls, engine.streams, step=runner.token_step())
+            return plain_ar(engine, runner, cls)
         return zipar_grid(runner, cls, engine.streams, window=narrowed)
 
     return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
