@@ -79,7 +79,7 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
     def decode_batch(cls, engine):
         return plain_ar(engine, engine.runner(target), cls)
 
-    return run_batches("ar", target, conditions, decode_batch, run, tokenizer)
+    return run_batches("ar", target, conditions, decode_batch, run, tokenizer, same_passes=True)
 
 
 OPTIONS = AROptions

@@ -39,7 +39,7 @@ def check_classes(model, classes):
 
 
 def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,
-                tokenizer=None) -> DecodeResult:
+                tokenizer=None, *, same_passes: bool = False) -> DecodeResult:
     """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b], engine)
     -> tokens [b, H*W]`, where `engine` (specdec.decoding.engine.Engine) holds the batch's round
     state: one random stream per image (`ImageStreams(run.seed, first_index + i ..)`), its runners
@@ -50,7 +50,13 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     decodes run under continuous batching instead (`specdec.decoding.continuous`: each image in a
     slot of its own, refilled as images finish; the same images). Each batch is timed; the grids are decoded
     to images with `tokenizer` (not timed); preview grids a method decoded itself (the engine's
-    `previews`) become the result's `preview`."""
+    `previews`) become the result's `preview`.
+
+    `same_passes`: every image takes the same passes whatever it draws (`ar`, `zipar`; every
+    method at a token share of one token, where each makes plain AR steps). Slots then have
+    nothing to gain: they would all be refilled at the same steps, so a decode given
+    `concurrency` runs in lockstep batches of that many images, the same passes without the
+    per-image work of the slots (the same images: each depends on its seed and index only)."""
     check_grid_model(model, "target")
     H, W = model.grid
     if isinstance(conditions, Requests):
@@ -60,11 +66,13 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
                                 check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:
-        if not is_prompts(conditions) and run.concurrency > 1:
+        lockstep = same_passes or run.token_share == 1 or is_prompts(conditions) or run.concurrency == 1
+        if not lockstep:
             return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)
-        # Prompts of different lengths would need a prefix length per cache row: until the caches
-        # have one, prompt-conditioned models decode in lockstep batches of `concurrency` images.
-        # One slot is one image at a time: the same decode without the engine's hand-overs.
+        # Lockstep batches of `concurrency` images: when every image takes the same passes
+        # (above), and for prompt-conditioned models (prompts of different lengths would need a
+        # prefix length per cache row; the caches have none yet). One slot is one image at a
+        # time: the same decode without the engine's hand-overs.
         run = dataclasses.replace(run, batch_size=run.concurrency, concurrency=None)
     total = DecodeStats(method)
     grids, previews = [], []

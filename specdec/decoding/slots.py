@@ -180,12 +180,27 @@ class SharedModel:
         images = self._images([r.slot for r in group], N)
         where = {slot: i for i, slot in enumerate(images)}
         k = len(images)
-        tokens = torch.zeros(k, N, dtype=torch.long, device=dev)
-        positions = torch.full((k, N), self.H * self.W - 1, dtype=torch.long, device=dev)
-        for r in group:
-            i, n = where[r.slot], r.tokens.shape[1]
-            tokens[i, :n], tokens[i, n:] = r.tokens[0], r.tokens[0, -1]
-            positions[i, :n], positions[i, n:] = r.positions[0], r.positions[0, -1]
+        # The rows are joined with one `cat` each (not written row by row into a zero tensor: a
+        # write per row costs as much host time as the small passes themselves). A shorter row is
+        # padded with its last token at its last position; a row riding along feeds token 0 at
+        # the last raster position.
+        mine = {r.slot: r for r in group}
+        idle_tokens = idle_positions = None
+        token_rows, position_rows = [], []
+        for slot in images:
+            r = mine.get(slot)
+            if r is None:
+                if idle_tokens is None:
+                    idle_tokens = torch.zeros(1, N, dtype=torch.long, device=dev)
+                    idle_positions = torch.full((1, N), self.H * self.W - 1, dtype=torch.long, device=dev)
+                token_rows.append(idle_tokens)
+                position_rows.append(idle_positions)
+                continue
+            n = r.tokens.shape[1]
+            token_rows.append(r.tokens if n == N else torch.cat([r.tokens, r.tokens[:, -1:].expand(1, N - n)], 1))
+            position_rows.append(r.positions if n == N else
+                                 torch.cat([r.positions, r.positions[:, -1:].expand(1, N - n)], 1))
+        tokens, positions = torch.cat(token_rows), torch.cat(position_rows)
         mask = None
         if group[0].tree_mask is not None:
             mask = masks.pack(torch.eye(N, dtype=torch.bool, device=dev)).expand(k, -1, -1).clone()
@@ -207,24 +222,30 @@ class SharedModel:
 
     @staticmethod
     def _row(out: Outputs, i: int, n: int) -> Outputs:
-        """Row i's outputs of a batched pass, as its own one-image pass gives them."""
+        """Row i's outputs of a batched pass, as its own one-image pass gives them (views: with CFG
+        its hidden rows i and i + B as one strided slice, not a gathered copy)."""
         B = out.cond.shape[0]
-        rows = [i, i + B] if out.hidden.shape[0] == 2 * B else [i]
         return Outputs(out.cond[i:i + 1, :n], None if out.uncond is None else out.uncond[i:i + 1, :n],
-                       out.hidden[rows, :n], None if out.probs is None else out.probs[i:i + 1, :n])
+                       out.hidden[i::B, :n], None if out.probs is None else out.probs[i:i + 1, :n])
 
     def step(self, requests: List[Step]) -> Dict[int, torch.Tensor]:
         """The AR step of every waiting image, each at its own position."""
         C, dev = self.slots, self.batch.device
         if self._step is None:
             self._step = self.batch.token_step()
-        tokens = torch.zeros(C, 1, dtype=torch.long, device=dev)
         positions = [self.H * self.W - 1] * C
-        uniforms = torch.zeros(C, dtype=torch.float32, device=dev)
         for r in requests:
-            tokens[r.slot] = r.token[0]
             positions[r.slot] = r.position
-            uniforms[r.slot] = r.uniform[0]
+        if len(requests) == C:    # every slot steps (the usual case): one `cat` per input
+            ordered = sorted(requests, key=lambda r: r.slot)
+            tokens = torch.cat([r.token for r in ordered])
+            uniforms = torch.cat([r.uniform for r in ordered])
+        else:
+            tokens = torch.zeros(C, 1, dtype=torch.long, device=dev)
+            uniforms = torch.zeros(C, dtype=torch.float32, device=dev)
+            for r in requests:
+                tokens[r.slot] = r.token[0]
+                uniforms[r.slot] = r.uniform[0]
         # The eager step reads the cache up to `reach`; rows riding along sit at the last position.
         reach = max(r.position for r in requests) if len(requests) == C else None
         position = torch.tensor(positions, dtype=torch.long).view(C, 1).to(dev)

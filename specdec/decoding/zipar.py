@@ -13,6 +13,7 @@ is (i, 0)". That slot is forgotten right after the pass and written for real lat
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +41,15 @@ class ZipAROptions:
         check_int(self.window, "window", 1)
 
 
-def schedule(H: int, W: int, window: int, device) -> list:
+@functools.lru_cache(maxsize=16)
+def schedule(H: int, W: int, window: int, device) -> tuple:
     """The passes of the row-staggered schedule, one (positions, fed, fake, src, targets) per step
     t >= 1: raster positions of the queries, the raster slots whose tokens they carry, the fake
     end-of-row slots to forget afterwards (None if none), the output index of each producing
     query, and the positions it samples. It depends on (t, window, H, W) only, so it is worked out
-    on the host once and sent to the device before the loop (no read-back, no copy per step)."""
+    on the host once and sent to the device before the loop (no read-back, no copy per step), and
+    kept for the next decode (under continuous batching every image runs the schedule; the
+    tensors are only read)."""
     def tensor(values):
         return to_device(values, device, torch.long)
 
@@ -64,7 +68,7 @@ def schedule(H: int, W: int, window: int, device) -> list:
         src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
         targets = [i * W + (t - i * window) for i in cont] + [i * W for i in start]
         plan.append((tensor(real + fake), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets)))
-    return plan
+    return tuple(plan)
 
 
 def widest_pass(H: int, W: int, window: int) -> int:
@@ -122,7 +126,7 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
             return plain_ar(engine, runner, cls)
         return zipar_grid(runner, cls, engine.streams, window=narrowed)
 
-    return run_batches("zipar", target, conditions, decode_batch, run, tokenizer)
+    return run_batches("zipar", target, conditions, decode_batch, run, tokenizer, same_passes=True)
 
 
 OPTIONS = ZipAROptions

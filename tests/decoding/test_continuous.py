@@ -9,7 +9,7 @@ import torch
 
 from decoding_models import TinyFamily, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding import continuous, slots
+from specdec.decoding import batching, continuous, slots
 from specdec.decoding.fibers import Cancelled, Fiber
 from specdec.decoding.runner import ModelRunner
 from specdec.models.kv_cache import SlotKVCache
@@ -424,3 +424,26 @@ def test_passes_made_count_a_shared_pass_once(fam):
     assert batched.stats.passes_made == batched.stats.target_passes[0] == max(batched.stats.target_passes)
     alone = decoding.decode("sd", fam, CLASSES[:4], seed=2, sampling=SAMPLING)
     assert alone.stats.passes_made == sum(alone.stats.target_passes)
+
+
+@pytest.mark.parametrize("method,budget", [("ar", None), ("zipar", None), ("sd", 5), ("mulo", 5)])
+def test_a_decode_whose_images_take_the_same_passes_runs_in_lockstep_batches(fam, method, budget, monkeypatch):
+    """`ar` and `zipar` (and every method at a share of one token: plain AR steps) take the same
+    passes for every image: decode(concurrency=c) makes lockstep batches of c (no slot engine),
+    with the images and passes the engine gives them."""
+    kw = dict(seed=3, sampling=SAMPLING, backend="reference", max_tokens_per_pass=budget)
+    with batch_invariant():
+        streamed = decoding.stream(method, fam, concurrency=5, **kw)
+        for c in CLASSES:
+            streamed.submit(c)
+        by_index = {image.index: image for image in streamed.results()}
+
+        def no_engine(*args, **kwargs):
+            raise AssertionError("a same-passes decode made a continuous engine")
+
+        monkeypatch.setattr(batching, "decode_continuous", no_engine)
+        out = decoding.decode(method, fam, CLASSES, concurrency=5, **kw)
+    assert torch.equal(out.tokens, torch.stack([by_index[i].tokens for i in range(len(CLASSES))]))
+    assert out.stats.target_passes == [by_index[i].stats.target_passes[0] for i in range(len(CLASSES))]
+    # lockstep batches of 5, 5 and 2 images: each batch's passes made once
+    assert out.stats.passes_made == 3 * out.stats.target_passes[0]
