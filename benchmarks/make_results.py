@@ -217,8 +217,11 @@ def render_continuous(data, name):
     every method at each concurrency, speed-ups against ar's lockstep batches in the same mode."""
     grid = data.get("grid", 16)
     budgets = any(r.get("max_tokens_per_pass") is not None for r in data["rows"])
+    modes = ", ".join(sorted({r["mode"] for r in data["rows"]}))
+    methods = sorted({r["method"] for r in data["rows"]} - {"ar"})
+    some = f" ({', '.join(methods)})" if len(methods) < 6 else ""    # (a run of a few of the six methods)
     lines = _decode_section(
-        f"Continuous batching, {grid}x{grid}" + (", token budgets" if budgets else ""), data, name,
+        f"Continuous batching, {grid}x{grid}, {modes}{some}" + (", token budgets" if budgets else ""), data, name,
         f"{data['num_images']} images per cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}. "
         "Lockstep: batches of `concurrency` images run until their slowest is done; continuous: `concurrency` "
         "slots, each refilled as soon as its image is done. Speed-up: against `ar` in lockstep batches at the "
@@ -238,7 +241,7 @@ def render_continuous(data, name):
                      f"{r.get('max_tokens_per_pass') or 'no limit'} | {r['images_per_s']:.2f} | {vs} | "
                      f"{r['target_passes_per_image']:.1f} | {made} | {r['tokens_fed_per_image']:.0f} | "
                      f"{r['compile_s']:.1f} |")
-    if len({r["concurrency"] for r in data["rows"]}) > 1:
+    if len({r["concurrency"] for r in data["rows"]}) > 1 and modes == "compiled":   # (the plot's mode)
         lines += ["", f"![Images per second against concurrency, lockstep and continuous]({CONTINUOUS_PLOT})"]
     return lines + [""]
 
@@ -479,11 +482,12 @@ def main():
     scaling = [(p, d) for k, _, p, d in newest_per_kind(files) if k == "scaling"]
     if scaling:
         draw(SCALING_PLOT, lambda: plot_scaling(scaling[0][1], os.path.join(HERE, SCALING_PLOT)))
-    # the continuous-batching plot: the newest run without token budgets over the most concurrencies
+    # the continuous-batching plot: the newest run without token budgets over the most
+    # concurrencies (compiled first: what a user runs)
     runs = [d for k, _, _, d in newest_per_kind(files) if k == "continuous"
             and all(r.get("max_tokens_per_pass") is None for r in d["rows"])]
     if runs:
-        data = max(runs, key=lambda d: len({r["concurrency"] for r in d["rows"]}))
+        data = max(runs, key=lambda d: (len({r["concurrency"] for r in d["rows"]}), d["rows"][0]["mode"] == "compiled"))
         draw(CONTINUOUS_PLOT, lambda: plot_continuous(data, os.path.join(HERE, CONTINUOUS_PLOT)))
     path, data = plot_source(files)
     if data is not None:

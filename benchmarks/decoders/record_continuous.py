@@ -101,8 +101,10 @@ def main(argv=None) -> int:
                         print(rows[-1], flush=True)
     record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
     record["grid"] = args.grid
-    record["variant"] = f"{args.grid}x{args.grid} {args.modes}" + (f" budgets {args.budgets}" if args.budgets != "none"
-                                                                   else "")
+    # (runs of a few methods are kept apart from the runs of all of them; ar runs in every run)
+    subset = "" if set(methods) | {"ar"} == set(decoding.METHODS) else " " + ",".join(methods)
+    record["variant"] = f"{args.grid}x{args.grid} {args.modes}{subset}" + (
+        f" budgets {args.budgets}" if args.budgets != "none" else "")
     print(table(rows))
     # runs of other grids and modes may start in the same second: the file name says which
     prefix = f"continuous-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}" + (
