@@ -51,14 +51,11 @@ def sample_grid(
         x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
     x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], streams, runner.backend)
     step = step or runner.token_step()
-    # Everything the loop touches stays on the device: the position is a tensor filled in place
-    # and the step returns the next tokens as a tensor (no host read per token). The uniforms of
-    # every step are drawn before the loop (the same numbers as drawn step by step).
-    pos = torch.zeros(1, dtype=torch.long, device=runner.device)
+    # The uniforms of every step are drawn before the loop (the same numbers as drawn step by
+    # step); the steps themselves are the step's `run` (under continuous batching the engine makes
+    # them for every slot at once, without handing back to the image between them).
     us = step_uniforms(streams, max(0, end - start - 1), B, runner.device)
-    for u in range(start + 1, end):
-        pos.fill_(u - 1)
-        x[:, u] = step(x[:, u - 1 : u], pos, us[u - start - 1], reach=u - 1)
+    step.run(x, start, end, us)
     return x
 
 

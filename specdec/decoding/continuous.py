@@ -37,7 +37,7 @@ import torch
 from specdec.decoding.engine import Engine
 from specdec.decoding.fibers import Fiber
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
-from specdec.decoding.slots import Forward, Prefill, SharedModel, SlotRunner, Step
+from specdec.decoding.slots import Forward, Prefill, Run, SharedModel, SlotRunner
 from specdec.decoding.streams import ImageStreams
 from specdec.settings import RunSettings, check_int
 
@@ -181,7 +181,8 @@ class ContinuousEngine:
             self.close()
             raise
         for s in answered:
-            self._resume(s, replies[s.number], done)
+            if s.number in replies:      # (an image whose AR steps go on waits for the next step)
+                self._resume(s, replies[s.number], done)
         return done + self._fill()
 
     def _answered(self, waiting: List[Slot]) -> List[Slot]:
@@ -268,9 +269,9 @@ class ContinuousEngine:
             forwards = [r for r in asks if isinstance(r, Forward)]
             if forwards:
                 replies.update(shared.forward(forwards))
-            steps = [r for r in asks if isinstance(r, Step)]
-            if steps:
-                replies.update(shared.step(steps))
+            runs = [r for r in asks if isinstance(r, Run)]
+            if runs:
+                replies.update(shared.step(runs))
         return replies
 
 

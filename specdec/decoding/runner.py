@@ -236,6 +236,16 @@ class TokenStep:
                                                                                            uniforms, reach)
         return tokens
 
+    def run(self, x: torch.Tensor, start: int, end: int, uniforms: torch.Tensor) -> None:
+        """The AR steps that draw x[:, start + 1 : end] in place, one after another: x [B, H*W]
+        int64 with positions up to `start` drawn (and before it in the cache), `uniforms`
+        [end - start - 1, B] the draws' uniforms, a row per step. The position is a tensor filled
+        in place and each step's tokens stay on the device: no host read per token."""
+        pos = torch.zeros(1, dtype=torch.long, device=x.device)
+        for u in range(start + 1, end):
+            pos.fill_(u - 1)
+            x[:, u] = self(x[:, u - 1:u], pos, uniforms[u - start - 1], reach=u - 1)
+
     def take_compile_s(self) -> float:
         """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
         return self._step.take_compile_s() if self.compiled else 0.0

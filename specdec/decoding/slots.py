@@ -52,11 +52,14 @@ class Forward(NamedTuple):
     write: bool
 
 
-class Step(NamedTuple):
+class Run(NamedTuple):
+    """An image's AR steps from `start` to `end` (`TokenStep.run`): answered when all are made."""
+
     slot: int
-    token: torch.Tensor       #: [1, 1]
-    position: int
-    uniform: torch.Tensor     #: [1]
+    x: torch.Tensor           #: [1, H*W] the image's grid, positions up to `start` drawn; filled in at the end
+    start: int
+    end: int
+    uniforms: torch.Tensor    #: [end - start - 1, 1]
 
 
 class Prefill(NamedTuple):
@@ -98,6 +101,13 @@ class SharedModel:
         self._partial = type(self.batch.cache) is SlotKVCache
         self._step: Optional[TokenStep] = None
         self.prefills = 0
+        # The AR runs in progress (`step`): each slot's grid and uniforms kept here, in rows of
+        # one tensor each, so that a step for every running image is a few tensor operations
+        # whatever their number; `_next[s]`: the position slot s draws next (host int).
+        self._grid: Optional[torch.Tensor] = None
+        self._uniforms: Optional[torch.Tensor] = None
+        self._runs: List[Optional[Run]] = [None] * slots
+        self._next: List[int] = [0] * slots
 
     @property
     def passes(self) -> int:
@@ -228,29 +238,46 @@ class SharedModel:
         return Outputs(out.cond[i:i + 1, :n], None if out.uncond is None else out.uncond[i:i + 1, :n],
                        out.hidden[i::B, :n], None if out.probs is None else out.probs[i:i + 1, :n])
 
-    def step(self, requests: List[Step]) -> Dict[int, torch.Tensor]:
-        """The AR step of every waiting image, each at its own position."""
-        C, dev = self.slots, self.batch.device
+    def step(self, runs: List[Run]) -> Dict[int, None]:
+        """One AR step of every image in `runs`, each at its own position; returns the images
+        whose run is complete (their grids filled in). An image's run stays with the engine from
+        step to step: the image resumes only when all its steps are made, so a step costs the
+        same few tensor operations however many images it serves (no hand-over per token)."""
+        C, dev, HW = self.slots, self.batch.device, self.H * self.W
         if self._step is None:
             self._step = self.batch.token_step()
-        positions = [self.H * self.W - 1] * C
-        for r in requests:
-            positions[r.slot] = r.position
-        if len(requests) == C:    # every slot steps (the usual case): one `cat` per input
-            ordered = sorted(requests, key=lambda r: r.slot)
-            tokens = torch.cat([r.token for r in ordered])
-            uniforms = torch.cat([r.uniform for r in ordered])
-        else:
-            tokens = torch.zeros(C, 1, dtype=torch.long, device=dev)
-            uniforms = torch.zeros(C, dtype=torch.float32, device=dev)
-            for r in requests:
-                tokens[r.slot] = r.token[0]
-                uniforms[r.slot] = r.uniform[0]
-        # The eager step reads the cache up to `reach`; rows riding along sit at the last position.
-        reach = max(r.position for r in requests) if len(requests) == C else None
-        position = torch.tensor(positions, dtype=torch.long).view(C, 1).to(dev)
+            self._grid = torch.zeros(C, HW, dtype=torch.long, device=dev)
+            self._uniforms = torch.zeros(C, HW, dtype=torch.float32, device=dev)
+        for r in runs:
+            if self._runs[r.slot] is not r:       # a run that starts: its grid and uniforms in
+                self._runs[r.slot] = r
+                self._next[r.slot] = r.start + 1
+                self._grid[r.slot] = r.x[0]
+                self._uniforms[r.slot, r.start + 1:r.end] = r.uniforms[:, 0]
+        # Each running image feeds its newest token at its position; the others ride along,
+        # feeding token 0 at the last raster position (whose output nothing reads).
+        fed = [HW - 1] * C
+        running = [False] * C
+        for r in runs:
+            fed[r.slot] = self._next[r.slot] - 1
+            running[r.slot] = True
+        position = torch.tensor(fed, dtype=torch.long).view(C, 1).to(dev)
+        going = torch.tensor(running).view(C, 1).to(dev)
+        drawn = (position + 1).clamp(max=HW - 1)
+        tokens = torch.where(going, self._grid.gather(1, position), 0)
+        uniforms = self._uniforms.gather(1, drawn)[:, 0]
+        # The eager step reads the cache up to `reach` when every row is a running image.
+        reach = max(fed) if len(runs) == C else None
         out = self._step(tokens, position, uniforms, reach=reach)
-        return {r.slot: out[r.slot:r.slot + 1] for r in requests}
+        self._grid.scatter_(1, drawn, torch.where(going, out[:, None], self._grid.gather(1, drawn)))
+        done = {}
+        for r in runs:
+            self._next[r.slot] += 1
+            if self._next[r.slot] == r.end:
+                r.x[0, r.start + 1:r.end] = self._grid[r.slot, r.start + 1:r.end]
+                self._runs[r.slot] = None
+                done[r.slot] = None
+        return done
 
     # ---- one row's cache ----
     def forget(self, slot: int, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
@@ -318,18 +345,20 @@ class SlotRunner:
 
 
 class SlotTokenStep:
-    """`TokenStep`'s call for one image: its step made with every waiting image's."""
+    """`TokenStep` for one image under continuous batching: its AR steps made with every
+    running image's (`SharedModel.step`)."""
 
     def __init__(self, runner: SlotRunner):
         self.runner = runner
 
-    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
-        r = self.runner
-        count_pass(r, 1)
-        # `position` is a tensor the caller fills in place: its value is taken now, from the host
-        # copy the caller passes as `reach` when it has one (AR's loop does).
-        where = reach if reach is not None else int(position.reshape(-1)[0])
-        return r._ask(r.shared, Step(r.slot, tokens.to(r.device), where, uniforms.to(r.device)))
+    def run(self, x: torch.Tensor, start: int, end: int, uniforms: torch.Tensor) -> None:
+        r, steps = self.runner, end - start - 1
+        if steps <= 0:
+            return
+        r.forwards += steps      # (count_pass, once per step: one token each)
+        r.fed += steps
+        r.widest = max(r.widest, 1)
+        r._ask(r.shared, Run(r.slot, x, start, end, uniforms.to(r.device)))
 
     def take_compile_s(self) -> float:
         return 0.0

@@ -447,3 +447,29 @@ def test_a_decode_whose_images_take_the_same_passes_runs_in_lockstep_batches(fam
     assert out.stats.target_passes == [by_index[i].stats.target_passes[0] for i in range(len(CLASSES))]
     # lockstep batches of 5, 5 and 2 images: each batch's passes made once
     assert out.stats.passes_made == 3 * out.stats.target_passes[0]
+
+
+def test_an_images_ar_steps_stay_with_the_engine_until_all_are_made(fam, monkeypatch):
+    """AR steps (`ar`, MuLo-SD's serial drafts) are one request per run of steps: the engine makes
+    a step for every running image each engine step and resumes an image only when its run is
+    done, not once per token; the tokens stay those of its decode alone."""
+    resumes = []
+    resume = Fiber.resume
+
+    def counted(fiber, reply=None):
+        resumes.append(fiber.name)
+        return resume(fiber, reply)
+
+    monkeypatch.setattr(Fiber, "resume", counted)
+    kw = dict(seed=1, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        engine = decoding.stream("ar", fam, concurrency=2, **kw)
+        for c in CLASSES[:3]:
+            engine.submit(c)
+        images = {image.index: image for image in engine.results()}
+        alone = decoding.decode("ar", fam, CLASSES[:3], **kw)
+    H, W = fam.target.grid
+    assert engine.steps >= 2 * H * W - 2      # two waves of one step per token (the prefill's draw aside)
+    assert len(resumes) <= 3 * 3              # per image: its start, the prefill's reply, the run's end
+    for i in range(3):
+        assert torch.equal(images[i].tokens, alone.tokens[i])
