@@ -483,11 +483,12 @@ def main():
     if scaling:
         draw(SCALING_PLOT, lambda: plot_scaling(scaling[0][1], os.path.join(HERE, SCALING_PLOT)))
     # the continuous-batching plot: the newest run without token budgets over the most
-    # concurrencies (compiled first: what a user runs)
+    # concurrencies (compiled first: what a user runs), and of the most methods
     runs = [d for k, _, _, d in newest_per_kind(files) if k == "continuous"
             and all(r.get("max_tokens_per_pass") is None for r in d["rows"])]
     if runs:
-        data = max(runs, key=lambda d: (len({r["concurrency"] for r in d["rows"]}), d["rows"][0]["mode"] == "compiled"))
+        data = max(runs, key=lambda d: (len({r["concurrency"] for r in d["rows"]}), d["rows"][0]["mode"] == "compiled",
+                                        len({r["method"] for r in d["rows"]})))
         draw(CONTINUOUS_PLOT, lambda: plot_continuous(data, os.path.join(HERE, CONTINUOUS_PLOT)))
     path, data = plot_source(files)
     if data is not None:

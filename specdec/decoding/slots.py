@@ -15,7 +15,8 @@ pass:
   reads its own width in every query's softmax, so such passes share a pass only with passes of
   the same width. Rows with nothing to do ride along at the last raster position, whose output
   predicts a position past the grid that nothing reads (and only a query there sees its slot);
-- `step`: the AR step of every waiting image in one step, each at its own position.
+- `step`: an AR step of every image in a run of AR steps (`TokenStep.run`), each at its own
+  position; the image resumes only when its run is done.
 
 Everything else a method asks of its runner is a function of the outputs it already has
 (`probs`, `token_probs`, SSD's head drafts through `function`): the one-image runner computes it,
