@@ -79,11 +79,11 @@ def weights_key(module):
     return None if p is None else (p.dtype, p.device)
 
 
-def count_pass(runner, width: int) -> None:
-    """One pass of `width` image tokens per row into a runner's counters (every runner kind
-    counts its passes so: the eager and compiled ones, a continuous-batching slot's)."""
-    runner.forwards += 1
-    runner.fed += width
+def count_pass(runner, width: int, passes: int = 1) -> None:
+    """`passes` passes of `width` image tokens per row each into a runner's counters (every
+    runner kind counts its passes so: the eager and compiled ones, a continuous-batching slot's)."""
+    runner.forwards += passes
+    runner.fed += passes * width
     runner.widest = max(runner.widest, width)
 
 

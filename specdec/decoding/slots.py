@@ -270,7 +270,10 @@ class SharedModel:
         # The eager step reads the cache up to `reach` when every row is a running image.
         reach = max(fed) if len(runs) == C else None
         out = self._step(tokens, position, uniforms, reach=reach)
-        self._grid.scatter_(1, drawn, torch.where(going, out[:, None], self._grid.gather(1, drawn)))
+        # Every row's draw is written, the riding rows' too: theirs lands at the last position,
+        # which no run feeds (a run feeds positions before its end) and a run that draws it
+        # overwrites; a run starting in a slot copies its whole grid in.
+        self._grid.scatter_(1, drawn, out[:, None])
         done = {}
         for r in runs:
             self._next[r.slot] += 1
@@ -356,9 +359,7 @@ class SlotTokenStep:
         r, steps = self.runner, end - start - 1
         if steps <= 0:
             return
-        r.forwards += steps      # (count_pass, once per step: one token each)
-        r.fed += steps
-        r.widest = max(r.widest, 1)
+        count_pass(r, 1, passes=steps)
         r._ask(r.shared, Run(r.slot, x, start, end, uniforms.to(r.device)))
 
     def take_compile_s(self) -> float:
