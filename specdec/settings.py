@@ -104,9 +104,11 @@ class RunSettings:
     #: images decoded in the same passes (1: the latency setting speculative decoding is for)
     batch_size: int = 1
     #: continuous batching: images decoded at once, each in a slot of its own that the next
-    #: image takes as soon as it is done (None: lockstep batches of batch_size). A decode whose
-    #: images all take the same passes (ar, zipar, any method at a share of one token) runs
-    #: lockstep batches of this many images instead: the same passes (`run_batches`)
+    #: image takes as soon as it is done (None: lockstep batches of batch_size). sd, lantern and
+    #: sjd run one rolling batch of this many rows (a row takes the next image at the end of the
+    #: round that finished its own); a decode whose images all take the same passes (ar, zipar,
+    #: any method at a share of one token) runs lockstep batches of this many images: the same
+    #: passes (`run_batches`)
     concurrency: Optional[int] = None
     #: the most image tokens one target pass may feed, over all the images decoded at once (like
     #: vLLM's max_num_batched_tokens; None: no limit). Each image gets an equal share

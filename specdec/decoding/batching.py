@@ -13,6 +13,7 @@ import torch
 from specdec.decoding.engine import Engine
 from specdec.decoding.continuous import ContinuousEngine, Requests, decode_continuous
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
+from specdec.decoding.rolling import decode_rolling
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
@@ -39,7 +40,7 @@ def check_classes(model, classes):
 
 
 def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,
-                tokenizer=None, *, same_passes: bool = False) -> DecodeResult:
+                tokenizer=None, *, same_passes: bool = False, rolling: bool = False) -> DecodeResult:
     """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b], engine)
     -> tokens [b, H*W]`, where `engine` (specdec.decoding.engine.Engine) holds the batch's round
     state: one random stream per image (`ImageStreams(run.seed, first_index + i ..)`), its runners
@@ -56,7 +57,12 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     method at a token share of one token, where each makes plain AR steps). Slots then have
     nothing to gain: they would all be refilled at the same steps, so a decode given
     `concurrency` runs in lockstep batches of that many images, the same passes without the
-    per-image work of the slots (the same images: each depends on its seed and index only)."""
+    per-image work of the slots (the same images: each depends on its seed and index only).
+
+    `rolling`: `decode_batch` refills its rows when `engine.rolling` is set (`sd`, `lantern`), so a
+    decode given `concurrency` runs one rolling batch of that many rows (`specdec.decoding.rolling`:
+    a finished row takes the next request at the round's end; the per-round work is made once for
+    all rows) instead of an image per slot."""
     check_grid_model(model, "target")
     H, W = model.grid
     if isinstance(conditions, Requests):
@@ -68,7 +74,8 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     if run.concurrency is not None:
         lockstep = same_passes or run.token_share == 1 or is_prompts(conditions) or run.concurrency == 1
         if not lockstep:
-            return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)
+            decode = decode_rolling if rolling else decode_continuous
+            return decode(method, conditions, decode_batch, run, (H, W), tokenizer)
         # Lockstep batches of `concurrency` images: when every image takes the same passes
         # (above), and for prompt-conditioned models (prompts of different lengths would need a
         # prefix length per cache row; the caches have none yet). One slot is one image at a

@@ -14,10 +14,13 @@ from specdec.decoding.runner import Outputs
 
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
     """Positions [B, width]: row b holds start[b] .. start[b] + count[b] - 1, then re-feed slots
-    start[b] - 1, start[b] - 2, ... (the caller guarantees start[b] >= width - count[b])."""
+    start[b] - 1, start[b] - 2, ...; where those would fall before the grid (a row that has just
+    started beside rows further on: a rolling batch), its last position again, which writes the
+    same keys and values at the same slot and sees what that token sees."""
     j = torch.arange(width, device=start.device)[None]
     real = start[:, None] + j
     pad = start[:, None] - 1 - (j - count[:, None])
+    pad = torch.where(pad >= 0, pad, real[:, :1] + count[:, None] - 1)
     return torch.where(j < count[:, None], real, pad)
 
 

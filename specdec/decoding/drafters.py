@@ -40,6 +40,9 @@ class Drafter(abc.ABC):
     def accepted(self, c: Lengths, a: torch.Tensor, a_host: List[int], n: int) -> None:
         """a [B] (a_host on the host) of each image's n drafts were kept after c."""
 
+    def restart(self, b: int, condition: torch.Tensor) -> None:
+        """Row b starts a new image of `condition` [1] (a rolling batch: `engine.rolling`)."""
+
 
 class ModelDrafter(Drafter):
     def __init__(self, model, sampling=None):
@@ -83,6 +86,10 @@ class ModelDrafter(Drafter):
         # The drafter fed its own drafts d_0..d_{n-2}: those that were kept are already correct.
         self.fed.device = c.device + a.clamp(max=n - 1)
         self.fed.host = [cb + min(ab, n - 1) for cb, ab in zip(c.host, a_host)]
+
+    def restart(self, b, condition):
+        self.engine.rolling.prefill(self.runner, b, condition)
+        self.fed.reset_row(b, 0)
 
 
 class HeadsDrafter(Drafter):

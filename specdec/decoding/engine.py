@@ -51,6 +51,11 @@ class Lengths:
         self.device = self.device + device_delta
         self.host = [c + d for c, d in zip(self.host, host_delta)]
 
+    def reset_row(self, b: int, value: int) -> None:
+        """Row b's length set to `value` (a rolling batch's row that starts its next image)."""
+        self.host[b] = value
+        self.device = self.device.index_fill(0, to_device([b], self.device.device, torch.long), value)
+
 
 @dataclass
 class Judgement:
@@ -88,10 +93,18 @@ class Engine:
         #: the grids of a preview stage a method decoded itself (MuLo-SD drafted by GLM-Image's
         #: preview), one per image: the result's `preview`
         self.previews: Optional[torch.Tensor] = None
+        #: a rolling batch's rows (`specdec.decoding.rolling.RollingRows`): set when a method that
+        #: refills its rows decodes with `concurrency`; its statistics are then kept per image
+        self.rolling = None
 
     @property
     def backend(self):
         return self.run.backend
+
+    @property
+    def runners(self) -> List[Tuple[ModelRunner, str]]:
+        """The batch's runners so far, each with its role (target, drafter, preview)."""
+        return list(self._runners)
 
     @property
     def token_share(self) -> Optional[int]:
@@ -165,7 +178,12 @@ class Engine:
             inside = row[:max(0, HW - start)]
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
-        self.stats.acceptance_maps.append(amap.view(self.batch, self.H, self.W))
+        amap = amap.view(self.batch, self.H, self.W)
+        if self.rolling is not None:     # each row's part to the image it holds
+            for b in range(self.batch):
+                self.rolling.record(b, amap[b:b + 1], int(judged[b]), sum(accept[b]))
+            return
+        self.stats.acceptance_maps.append(amap)
         self.stats.drafted.append(int(sum(judged)))
         self.stats.accepted.append(sum(map(sum, accept)))
 

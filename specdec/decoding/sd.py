@@ -71,7 +71,8 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         RasterSpeculation(engine, runner, d, end=x.shape[1], chunk=n, relax=relax).run(first, x)
         return x
 
-    return run_batches(method, target, conditions, decode_batch, run, tokenizer)
+    # (every round has the same shape for every image: a rolling batch under `concurrency`)
+    return run_batches(method, target, conditions, decode_batch, run, tokenizer, rolling=True)
 
 
 def decode(target, conditions, *, drafter=None, heads=None, tokenizer=None, options: SDOptions = SDOptions(),

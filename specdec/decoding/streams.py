@@ -34,8 +34,22 @@ class ImageStreams:
     `rand_padded`) is how an image that has finished a phase draws nothing while others go on."""
 
     def __init__(self, seed: int, indices: Sequence[int]):
+        self.seed = seed
         self.indices = list(indices)
         self.generators = [image_generator(seed, i) for i in self.indices]
+
+    def restart(self, b: int, index: int) -> None:
+        """Row b now draws for image `index`, from the start of its stream (a rolling batch's row
+        that takes the next request: `specdec.decoding.rolling`)."""
+        self.indices[b] = index
+        self.generators[b] = image_generator(self.seed, index)
+
+    def row(self, b: int) -> "ImageStreams":
+        """Image b's stream alone, as the streams of a batch of one (its draws go on from where
+        the batch's left it, and the batch's go on from where these leave it)."""
+        one = ImageStreams.__new__(ImageStreams)
+        one.seed, one.indices, one.generators = self.seed, [self.indices[b]], [self.generators[b]]
+        return one
 
     def __len__(self) -> int:
         return len(self.generators)

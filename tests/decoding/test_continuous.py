@@ -9,9 +9,12 @@ import torch
 
 from decoding_models import TinyFamily, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding import batching, continuous, slots
+from specdec.decoding import batching, continuous, rolling, slots
 from specdec.decoding.fibers import Cancelled, Fiber
 from specdec.decoding.runner import ModelRunner
+from specdec.decoding.sjd import JacobiWindows
+from specdec.decoding.speculative import RasterSpeculation
+from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.models.kv_cache import SlotKVCache
 from specdec.numerics import batch_invariant, batch_invariant_enabled
 from specdec.profiling import _Counter, HostSyncCount, count_host_syncs
@@ -182,16 +185,22 @@ def test_holding_back_the_smaller_phase_shares_passes_and_changes_no_token(fam, 
             return out
 
         monkeypatch.setattr(continuous.ContinuousEngine, "_answered", watched)
-        runs[hold] = decoding.decode(method, fam, CLASSES, seed=3, sampling=SAMPLING, concurrency=5)
+        # (the streaming engine: decode(concurrency=) runs sd as a rolling batch, without slots)
+        engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING)
+        for c in CLASSES:
+            engine.submit(c)
+        images = sorted(engine.results(), key=lambda image: image.index)
+        runs[hold] = (torch.stack([image.tokens for image in images]), [image.stats.target_passes for image in images],
+                      engine.passes_made)
         assert max(held) <= hold
         monkeypatch.setattr(continuous.ContinuousEngine, "_answered", answered)
     free, held_2, default = runs[0], runs[2], runs[continuous.HOLD]
-    for out in (held_2, default):
-        assert torch.equal(out.tokens, free.tokens)
-        assert out.stats.target_passes == free.stats.target_passes
-    assert default.stats.passes_made <= free.stats.passes_made
+    for tokens, passes, _ in (held_2, default):
+        assert torch.equal(tokens, free[0])
+        assert passes == free[1]
+    assert default[2] <= free[2]
     if method == "sd":      # (mulo's target passes align on this tiny family anyway: its drafter's do not)
-        assert default.stats.passes_made < free.stats.passes_made
+        assert default[2] < free[2]
 
 
 def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monkeypatch):
@@ -473,3 +482,102 @@ def test_an_images_ar_steps_stay_with_the_engine_until_all_are_made(fam, monkeyp
     assert len(resumes) <= 3 * 3              # per image: its start, the prefill's reply, the run's end
     for i in range(3):
         assert torch.equal(images[i].tokens, alone.tokens[i])
+
+
+@pytest.mark.parametrize("method,options", [("sd", {}), ("lantern", {}), ("sd", dict(heads="family")), ("sjd", {})],
+                         ids=["sd", "lantern", "sd-heads", "sjd"])
+def test_a_rolling_batch_refills_a_row_at_the_rounds_end_with_each_images_own_counts(fam, method, options,
+                                                                                      monkeypatch):
+    """`sd`, `lantern` and `sjd` under `concurrency` run one rolling batch (no slot engine): a row whose
+    image is done takes the next request at the round's end. Every image gets the tokens, passes,
+    tokens fed, drafter passes and judgements of its decode alone, fewer than in lockstep batches
+    of as many images (which wait for their slowest)."""
+    if options.get("heads") == "family":      # SSD's horizontal heads draft (no drafter model)
+        options = dict(heads=fam.ssd_heads)
+    kw = dict(seed=3, sampling=SAMPLING, backend="reference", **options)
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("a rolling decode made a continuous engine")
+
+    monkeypatch.setattr(batching, "decode_continuous", no_engine)
+    with batch_invariant():
+        ref = alone(fam, method, options, len(CLASSES))
+        rolled = decoding.decode(method, fam, CLASSES, concurrency=5, **kw)
+        lockstep = decoding.decode(method, fam, CLASSES, batch_size=5, **kw)
+    s = rolled.stats
+    assert torch.equal(rolled.tokens, torch.cat([r.tokens for r in ref]))
+    for field in ("target_passes", "tokens_fed", "widest_feed", "draft_passes"):
+        own = [v for r in ref for v in getattr(r.stats, field)]
+        if method == "sjd" and field in ("tokens_fed", "widest_feed"):
+            # a pass is as wide as the widest window, and an image's shrinks near its grid's end
+            assert all(v >= o for v, o in zip(getattr(s, field), own)), field
+        else:
+            assert getattr(s, field) == own, field
+    assert s.drafted == [v for r in ref for v in r.stats.drafted]
+    assert s.accepted == [v for r in ref for v in r.stats.accepted]
+    maps = torch.cat(s.acceptance_maps)
+    assert torch.equal(maps, torch.cat([m for r in ref for m in r.stats.acceptance_maps]))
+    # no image waits for a slower one; the rounds' passes are shared (a new row's prefill is a
+    # one-image pass of its own, so on a grid this small the passes made are about lockstep's)
+    assert sum(s.target_passes) < sum(lockstep.stats.target_passes)
+    assert s.passes_made < sum(s.target_passes)
+
+
+def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
+    kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
+    eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
+    compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_passes == eager.stats.target_passes
+    assert len(compiled.stats.compile_s) == 1
+
+
+@pytest.mark.parametrize("method", ["sd", "lantern", "sjd"])
+def test_a_rolling_round_reads_back_once_and_a_refill_only_in_its_prefill(fam, monkeypatch, method):
+    """The read budget under a rolling batch (checked fast path, cpu backend): each round makes
+    its one read (the verdicts); starting a row's next image reads nothing besides the one-image
+    prefill's model checks (set-up, as when a request joins the continuous engine)."""
+    counts = {"round": [], "refill": []}
+    prefill_trips = [0]
+
+    def counted(kind, fn):
+        def wrapper(*args, **kwargs):
+            before = prefill_trips[0]
+            with count_host_syncs() as c:
+                out = fn(*args, **kwargs)
+            counts[kind].append((c.round_trips - (prefill_trips[0] - before), c.by_op))
+            return out
+        return wrapper
+
+    prefill = rolling.RollingRows.prefill
+
+    def measured_prefill(rows, *args):
+        with count_host_syncs() as c:
+            out = prefill(rows, *args)
+        prefill_trips[0] += c.round_trips
+        return out
+
+    monkeypatch.setattr(rolling.RollingRows, "prefill", measured_prefill)
+    if method == "sjd":
+        monkeypatch.setattr(JacobiWindows, "step", counted("round", JacobiWindows.step))
+        monkeypatch.setattr(JacobiWindows, "refill", counted("refill", JacobiWindows.refill))
+    else:
+        monkeypatch.setattr(RasterSpeculation, "_round", counted("round", RasterSpeculation._round))
+        monkeypatch.setattr(RasterSpeculation, "_refill", counted("refill", RasterSpeculation._refill))
+    decoding.decode(method, fam, CLASSES[:7], seed=1, sampling=SAMPLING, backend="cpu", concurrency=3)
+    assert counts["round"] and all(trips == 1 for trips, _ in counts["round"]), counts["round"]
+    assert len(counts["refill"]) > len(CLASSES[:7]) - 3     # (rows did start new images)
+    assert all(trips == 0 for trips, _ in counts["refill"]), counts["refill"]
+
+
+def test_a_rows_stream_restarts_at_its_next_image_and_a_one_row_view_draws_from_it():
+    """`ImageStreams.restart(b, index)`: row b draws image `index`'s stream from its start;
+    `row(b)` is that stream alone, consumed where the batch's draws go on."""
+    streams = ImageStreams(7, [0, 1])
+    first = streams.rand((4,))
+    assert torch.equal(first[:2], torch.rand(2, generator=image_generator(7, 0)))
+    streams.restart(1, 5)
+    assert streams.indices == [0, 5]
+    alone = torch.rand(5, generator=image_generator(7, 5))
+    assert torch.equal(streams.row(1).rand((3,)), alone[:3])
+    assert torch.equal(streams.rand((4,))[2:], alone[3:])
