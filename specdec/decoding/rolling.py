@@ -4,10 +4,10 @@ Continuous batching through fibers (`specdec.decoding.continuous`) runs each ima
 batches only the model passes: every image pays for its own bookkeeping between passes (its
 draws, verdicts, commits), a few milliseconds per round on a CPU, which no batching shares. A
 method whose rounds have the same shape for every image (`sd`, `lantern`: draft, verify, commit;
-`sjd`: one pass over its Jacobi window) can do better with its batched code as it is: a lockstep batch of `concurrency` rows in which a
-row whose image is complete takes the next request at the round's end instead of riding along
-until the slowest image is done. Its per-round work is then made once for all rows, and each image
-still takes exactly the passes it takes alone.
+`sjd`: one pass over its Jacobi window) can do better with its batched code as it is: a lockstep
+batch of `concurrency` rows in which a row whose image is complete takes the next request at the
+round's end instead of riding along until the slowest image is done. Its per-round work is then
+made once for all rows, and each image still takes exactly the passes it takes alone.
 
 A row's new image starts with a one-image prefill of each model copied into that row of the
 runner's cache (`SlotKVCache.load_row`, as the continuous engine does), its own random stream
