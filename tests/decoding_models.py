@@ -82,6 +82,12 @@ class TinyFamily:
                                           torch.randn(60, 128, generator=g), torch.arange(60) % 3)
 
 
+def decode_alone(fam, method, classes, options, **kw) -> list:
+    """Each image of `classes` decoded on its own (a batch of one), image i from stream i: what a
+    batched or continuous decode of image i must give."""
+    return [decoding.decode(method, fam, classes[i:i + 1], first_index=i, **options, **kw) for i in range(len(classes))]
+
+
 def submit_staggered(engine, classes, arrivals: dict) -> dict:
     """Drive a continuous engine as a server would: before engine step t, submit arrivals[t] of
     `classes` (in order; image i gets index i), step until idle; returns {index: Finished}."""

@@ -18,7 +18,7 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
-from specdec.decoding.continuous import ContinuousEngine, Requests
+from specdec.decoding.continuous import Requests, StreamingEngine
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling, check_int
@@ -206,9 +206,10 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 
 
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
-           **options) -> ContinuousEngine:
-    """A continuous engine of `method` on the family's target (`specdec.decoding.continuous`),
-    for a server: `submit(class_id)` requests as they arrive, `step()` and take the images it
+           **options) -> StreamingEngine:
+    """A streaming engine of `method` on the family's target, for a server: a rolling batch for
+    `sd`, `lantern` and `sjd` (`specdec.decoding.rolling`), slots for the others
+    (`specdec.decoding.continuous`); `submit(class_id)` requests as they arrive, `step()` and take the images it
     returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
     other keyword arguments are `decode`'s (run settings, models, the method's options), and
     image i (its index: by default the order of submission, from `first_index`) is the image

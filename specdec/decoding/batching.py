@@ -13,7 +13,7 @@ import torch
 from specdec.decoding.engine import Engine
 from specdec.decoding.continuous import ContinuousEngine, Requests, decode_continuous
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
-from specdec.decoding.rolling import decode_rolling
+from specdec.decoding.rolling import RollingEngine, decode_rolling
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
@@ -68,8 +68,10 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     if isinstance(conditions, Requests):
         # (the run says how many images decode at once: what their token share is taken over)
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
-        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency, tokenizer,
-                                check=lambda c: check_classes(model, c))
+        # (at a share of one token the methods make plain AR steps, which the slots batch)
+        kind = RollingEngine if rolling and run.token_share != 1 else ContinuousEngine
+        return kind(method, decode_batch, run, (H, W), run.concurrency, tokenizer,
+                    check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:
         lockstep = same_passes or run.token_share == 1 or is_prompts(conditions) or run.concurrency == 1

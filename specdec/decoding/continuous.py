@@ -100,30 +100,25 @@ class Slot:
         return Finished(self.index, tokens.reshape(e.grid).cpu(), stats, preview)
 
 
-class ContinuousEngine:
-    """Decode requests (a condition and an image index) in `concurrency` slots, refilled as
-    images finish. `decode_one(conditions [1], engine) -> tokens [1, H*W]` is a method's decode
-    of one image (its `decode_batch`); `run` its run settings (seed, sampling, backend, compile)."""
+class StreamingEngine:
+    """What every streaming engine has: a queue of requests (a condition and an image index),
+    `submit`, `results`, and the images' pixels when it has a tokenizer. `ContinuousEngine` (an
+    image per slot) and `specdec.decoding.rolling.RollingEngine` (a rolling batch) are the two."""
 
     def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
                  concurrency: int, tokenizer=None, check: Optional[Callable] = None):
-        """`check(conditions [1]) -> conditions`: the model's check of a request's condition (its
-        class range), run at `submit` so that a bad request is refused there, not in a step
-        that other images share."""
+        """`decode_one(conditions, engine) -> tokens`: the method's `decode_batch`; `run` its run
+        settings (seed, sampling, backend, compile); `check(conditions [1]) -> conditions`: the
+        model's check of a request's condition (its class range), run at `submit` so that a bad
+        request is refused there, not in a step that other images share."""
         check_int(concurrency, "concurrency", 1)
         self.method, self.decode_one, self.run = method, decode_one, run
         self._check = check
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
-        self.slots: List[Optional[Slot]] = [None] * concurrency
         self.queue: Deque[Tuple[torch.Tensor, int]] = deque()
-        self._shared: Dict[Tuple[int, object, int], SharedModel] = {}
-        self._roles: Dict[Tuple[int, object, int], str] = {}
         self._next_index = run.first_index
-        #: how many engine steps an image's pass may be held back while the images waiting on
-        #: another model go first (0: every waiting image answered every step)
-        self.hold = HOLD
         self.steps = 0      #: engine steps made
         self.reads = 0      #: host reads made (at most one per step)
 
@@ -142,9 +137,45 @@ class ContinuousEngine:
         return index
 
     @property
+    def running(self) -> int:
+        """Images decoding now."""
+        raise NotImplementedError
+
+    @property
     def idle(self) -> bool:
         """Nothing queued and nothing decoding."""
-        return not self.queue and all(s is None for s in self.slots)
+        return not self.queue and self.running == 0
+
+    def step(self) -> List[Finished]:
+        """One engine step: the queued requests that fit start, and the images it finishes are
+        returned."""
+        raise NotImplementedError
+
+    def results(self) -> Iterator[Finished]:
+        """Step until idle, yielding each image as it finishes."""
+        while not self.idle:
+            yield from self.step()
+
+    def _with_pixels(self, image: Finished) -> Finished:
+        if self.tokenizer is not None:
+            image.image = decode_images(image.tokens[None], self.tokenizer)[0]
+        return image
+
+
+class ContinuousEngine(StreamingEngine):
+    """Decode requests (a condition and an image index) in `concurrency` slots, refilled as
+    images finish. `decode_one(conditions [1], engine) -> tokens [1, H*W]` is a method's decode
+    of one image (its `decode_batch`)."""
+
+    def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
+                 concurrency: int, tokenizer=None, check: Optional[Callable] = None):
+        super().__init__(method, decode_one, run, grid, concurrency, tokenizer, check)
+        self.slots: List[Optional[Slot]] = [None] * concurrency
+        self._shared: Dict[Tuple[int, object, int], SharedModel] = {}
+        self._roles: Dict[Tuple[int, object, int], str] = {}
+        #: how many engine steps an image's pass may be held back while the images waiting on
+        #: another model go first (0: every waiting image answered every step)
+        self.hold = HOLD
 
     @property
     def running(self) -> int:
@@ -210,11 +241,6 @@ class ContinuousEngine:
                         s.held += 1
         return sorted(answered, key=lambda s: s.number)
 
-    def results(self) -> Iterator[Finished]:
-        """Step until idle, yielding each image as it finishes."""
-        while not self.idle:
-            yield from self.step()
-
     def close(self) -> None:
         """Abandon the images decoding (their fibers unwind) and the queue."""
         for i, s in enumerate(self.slots):
@@ -243,10 +269,7 @@ class ContinuousEngine:
             self.close()
             raise
         if s.fiber.done:
-            image = s.fiber.value
-            if self.tokenizer is not None:
-                image.image = decode_images(image.tokens[None], self.tokenizer)[0]
-            done.append(image)
+            done.append(self._with_pixels(s.fiber.value))
             self.slots[s.number] = None
 
     def _answer(self, waiting: List[Slot]) -> Dict[int, object]:
@@ -303,4 +326,4 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)
 
 
-__all__ = ["ContinuousEngine", "Finished", "Requests", "decode_continuous"]
+__all__ = ["ContinuousEngine", "Finished", "Requests", "StreamingEngine", "decode_continuous"]

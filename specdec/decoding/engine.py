@@ -90,6 +90,7 @@ class Engine:
         self._runners: List[Tuple[ModelRunner, str]] = []
         #: drafter passes made without a runner of their own (SSD's heads on the target)
         self.head_passes = 0
+        self.reads = 0      #: host reads made (`read`: one per judgement)
         #: the grids of a preview stage a method decoded itself (MuLo-SD drafted by GLM-Image's
         #: preview), one per image: the result's `preview`
         self.previews: Optional[torch.Tensor] = None
@@ -167,6 +168,7 @@ class Engine:
     def read(self, t: torch.Tensor) -> list:
         """The host values of a [B, K] tensor (a host read; under continuous batching one read
         serves every image that waits on one)."""
+        self.reads += 1
         return t.tolist() if self.slot is None else self.slot.read(t)
 
     def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int]) -> None:

@@ -14,15 +14,15 @@ runner's cache (`SlotKVCache.load_row`, as the continuous engine does), its own 
 (`ImageStreams.restart`), and its own statistics; the method resets its own per-row state (its
 grid row, committed length, hidden state, drafter or window). Image i depends only on (seed,
 index), so the tokens are bit for bit those of a decode of that image alone under
-`batch_invariant()`. The streaming engine (`specdec.decoding.stream`) stays the fibers' for every
-method: a rolling batch decodes a set of requests known at the start.
+`batch_invariant()`. `RollingEngine` is the streaming engine of these methods: the same batch
+in a fiber that stops at every round boundary, taking requests as they are submitted.
 
     rows = engine.rolling                       # set by run_batches for a rolling decode
-    rows.tick()                                 # the round's passes counted for the live rows
-    if rows.holds(b) and <row b is complete>:
-        rows.finish(b, x[b])
-        condition = rows.take(b)                # None: nothing queued, the row idles
-        out = rows.prefill(target, b, condition)
+    while True:                                 # the method's round loop
+        rows.refill(complete, start, x)         # complete(b): row b's image is done;
+        if not rows.busy:                       # start(b, condition): row b starts an image as
+            break                               #   it starts alone (its prefill: rows.prefill)
+        <one round of the batch>
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import torch
 
 from specdec.decoding.compiled import CompiledRunner, runner_for
+from specdec.decoding.continuous import Finished, StreamingEngine
 from specdec.decoding.engine import Engine
+from specdec.decoding.fibers import Fiber
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
@@ -61,13 +63,21 @@ class _RowCounts:
 class RollingRows:
     """The requests of a rolling batch and the image each row holds (see the module's docstring)."""
 
-    def __init__(self, engine: Engine, queue: List[Tuple[torch.Tensor, int]], progress: Optional[Callable] = None):
+    def __init__(self, engine: Engine, queue: Deque[Tuple[torch.Tensor, int]], *, held: Optional[int] = None,
+                 progress: Optional[Callable] = None, pause: Optional[Callable] = None):
+        """`queue`: the requests to come (condition, index), taken from the left (a streaming
+        engine appends to it); the batch's first `held` rows hold images (default: all; the others
+        decode a stand-in that nothing keeps until a request takes the row); `pause()` is called at
+        every round boundary once the finished images are handed over (a streaming engine's step
+        ends there)."""
         self.engine = engine
-        self.queue: Deque[Tuple[torch.Tensor, int]] = deque(queue)
-        self.progress = progress
+        self.queue = queue
+        self.progress, self.pause = progress, pause
         B = engine.batch
+        held = B if held is None else held
         grid = (engine.H, engine.W)
-        self.rows: List[Optional[_RowCounts]] = [_RowCounts(engine.stats.method, grid) for _ in range(B)]
+        self.rows: List[Optional[_RowCounts]] = [_RowCounts(engine.stats.method, grid) if b < held else None
+                                                 for b in range(B)]
         self.index: List[Optional[int]] = list(engine.streams.indices)
         self.finished: Dict[int, Tuple[torch.Tensor, DecodeStats]] = {}
         self.prefills = 0        #: one-image target prefills made (passes of their own)
@@ -102,6 +112,28 @@ class RollingRows:
         for r in self.rows:
             if r is not None:
                 r.passes["drafter"] += heads
+
+    def refill(self, complete: Callable[[int], bool], start: Callable[[int, torch.Tensor], None],
+               tokens: torch.Tensor) -> None:
+        """A round boundary, the one place a method calls: the round's passes counted, every
+        complete image (`complete(b)`) handed over with its row of `tokens` [B, H*W], and each free
+        row given the next request (`start(b, condition)`: the method starts it as an image starts
+        alone, its prefill through `prefill`)."""
+        self.tick()
+        B = len(self.rows)
+        for b in range(B):
+            if self.holds(b) and complete(b):
+                self.finish(b, tokens[b])
+        if self.pause is not None:
+            self.pause()
+        for b in range(B):
+            while not self.holds(b):
+                condition = self.take(b)
+                if condition is None:
+                    break
+                start(b, condition)
+                if complete(b):     # (a grid of one token is complete at its start)
+                    self.finish(b, tokens[b])
 
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""
@@ -164,7 +196,8 @@ def decode_rolling(method: str, conditions: torch.Tensor, decode_batch: Callable
     B = min(run.concurrency, n)
     first = run.first_index
     engine = Engine(method, run, ImageStreams(run.seed, range(first, first + B)), grid)
-    rows = engine.rolling = RollingRows(engine, [(conditions[i], first + i) for i in range(B, n)], run.progress)
+    queue = deque((conditions[i], first + i) for i in range(B, n))
+    rows = engine.rolling = RollingRows(engine, queue, progress=run.progress)
     start = time.perf_counter()
     with torch.no_grad():
         decode_batch(conditions[:B], engine)
@@ -174,13 +207,98 @@ def decode_rolling(method: str, conditions: torch.Tensor, decode_batch: Callable
     for index in sorted(rows.finished):
         total.merge(rows.finished[index][1])
     total.wall_s = time.perf_counter() - start
-    total.passes_made = sum(r.forwards for r, role in engine.runners if role != "drafter") + rows.prefills
+    total.passes_made = _passes_made(engine, rows)
     if run.compile:
-        total.compile_s = [sum(r.take_compile_s() for r, _ in engine.runners if isinstance(r, CompiledRunner))
-                           + rows.take_compile_s()]
+        total.compile_s = [_compile_s(engine, rows)]
     H, W = grid
     tokens = torch.stack([rows.finished[i][0] for i in sorted(rows.finished)]).view(-1, H, W).cpu()
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, None)
 
 
-__all__ = ["RollingRows", "decode_rolling"]
+def _passes_made(engine: Engine, rows: RollingRows) -> int:
+    """A rolling batch's target passes so far, a shared pass once, the one-image prefills too."""
+    return sum(r.forwards for r, role in engine.runners if role != "drafter") + rows.prefills
+
+
+def _compile_s(engine: Engine, rows: RollingRows) -> float:
+    return sum(r.take_compile_s() for r, _ in engine.runners if isinstance(r, CompiledRunner)) + rows.take_compile_s()
+
+
+class RollingEngine(StreamingEngine):
+    """The streaming engine of a method that refills its rows (`sd`, `lantern`, `sjd`): one
+    rolling batch of `concurrency` rows, run in a fiber that stops at every round boundary; an
+    engine step is one round. Requests submitted while it runs take rows as they free up. The
+    batch starts when requests are queued, its rows without one decoding a stand-in that nothing
+    keeps (the batch's shapes stay those of `concurrency` rows), and ends when no row holds an
+    image and nothing is queued; the next request starts another."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._fiber: Optional[Fiber] = None
+        self._engine: Optional[Engine] = None
+        self._rows: Optional[RollingRows] = None
+        self._passes_before = self._reads_before = 0     # (of the batches that have ended)
+
+    @property
+    def running(self) -> int:
+        rows = self._rows
+        return 0 if rows is None or self._fiber.done else sum(map(rows.holds, range(len(rows.rows))))
+
+    @property
+    def passes_made(self) -> int:
+        """Target passes made so far (the one-image prefills included), a shared pass once."""
+        live = 0 if self._rows is None else _passes_made(self._engine, self._rows)
+        return self._passes_before + live
+
+    @torch.no_grad()
+    def step(self) -> List[Finished]:
+        """One round of the batch (started first if none runs and requests are queued); returns the
+        images finished in it."""
+        if self._fiber is None or self._fiber.done:
+            self._end_batch()
+            if not self.queue:
+                return []
+            self._start_batch()
+        self.steps += 1
+        reads = self._engine.reads
+        try:
+            self._fiber.resume()
+        except BaseException:
+            self.close()
+            raise
+        self.reads += self._engine.reads - reads
+        H, W = self.grid
+        done = [self._with_pixels(Finished(index, tokens.view(H, W).cpu(), stats, None))
+                for index, (tokens, stats) in self._rows.finished.items()]
+        self._rows.finished.clear()
+        return done
+
+    def _start_batch(self) -> None:
+        B = self.concurrency
+        first = [self.queue.popleft() for _ in range(min(B, len(self.queue)))]
+        # Rows without a request decode a stand-in (the first request's condition, a stream of an
+        # index no image has) until a request takes them.
+        conditions = torch.stack([c for c, _ in first] + [first[0][0]] * (B - len(first)))
+        indices = [i for _, i in first] + [-1 - b for b in range(len(first), B)]
+        engine = Engine(self.method, self.run, ImageStreams(self.run.seed, indices), self.grid)
+        fiber = Fiber(lambda: self.decode_one(conditions, engine), name="specdec-rolling-batch")
+        engine.rolling = RollingRows(engine, self.queue, held=len(first), pause=lambda: fiber.wait(None))
+        self._fiber, self._engine, self._rows = fiber, engine, engine.rolling
+
+    def _end_batch(self) -> None:
+        if self._rows is not None:
+            self._passes_before += _passes_made(self._engine, self._rows)
+            self._fiber = self._engine = self._rows = None
+
+    def close(self) -> None:
+        """Abandon the images decoding (the batch's fiber unwinds) and the queue."""
+        if self._fiber is not None and not self._fiber.done:
+            self._fiber.close()
+        self._fiber = self._engine = self._rows = None
+        self.queue.clear()
+
+    def take_compile_s(self) -> float:
+        return 0.0 if self._rows is None else _compile_s(self._engine, self._rows)
+
+
+__all__ = ["RollingEngine", "RollingRows", "decode_rolling"]

@@ -94,32 +94,24 @@ class JacobiWindows:
         self._next_windows(p, a, n, new_n)
         return True
 
-    def refill(self, rows) -> None:
-        """A rolling batch's step boundary (`specdec.decoding.rolling`): each row whose image is
-        done hands it over and starts the next request as an image starts alone: its prefill
-        copied into its cache rows, token 0 and a window of uniform guesses drawn from its own
-        stream."""
-        rows.tick()
+    def start_row(self, rows, b: int, condition: torch.Tensor) -> None:
+        """Row b of a rolling batch starts the image of `condition` as an image starts alone
+        (`specdec.decoding.rolling`): its prefill copied into its cache rows, token 0 and a window
+        of uniform guesses drawn from its own stream."""
         x, streams, backend = self.x, self.engine.streams, self.runner.backend
-        for b in range(x.shape[0]):
-            while rows.holds(b) and self.n_host[b] == 0:
-                rows.finish(b, x[b])
-                condition = rows.take(b)
-                if condition is None:
-                    break
-                out = rows.prefill(self.runner, b, condition)
-                x[b] = 0
-                x[b, 0] = draw(rows.probs(self.runner, out)[:, 0], streams.row(b), backend)[0]
-                n = min(self.window, self.HW - 1)
-                B, L, V = self.q.shape
-                if n > L:      # the other rows' windows have shrunk near their ends: room again
-                    self.y = torch.cat([self.y, self.y.new_zeros(B, n - L)], 1)
-                    self.q = torch.cat([self.q, self.uniform.expand(B, n - L, V)], 1)
-                self.q[b] = self.uniform
-                self.y[b] = 0
-                self.y[b, :n] = draw(self.uniform.expand(n, V), streams.row(b), backend)
-                self.c.reset_row(b, 1)
-                self.n_host[b] = n
+        out = rows.prefill(self.runner, b, condition)
+        x[b] = 0
+        x[b, 0] = draw(rows.probs(self.runner, out)[:, 0], streams.row(b), backend)[0]
+        n = min(self.window, self.HW - 1)
+        B, L, V = self.q.shape
+        if n > L:      # the other rows' windows have shrunk near their ends: room again
+            self.y = torch.cat([self.y, self.y.new_zeros(B, n - L)], 1)
+            self.q = torch.cat([self.q, self.uniform.expand(B, n - L, V)], 1)
+        self.q[b] = self.uniform
+        self.y[b] = 0
+        self.y[b, :n] = draw(self.uniform.expand(n, V), streams.row(b), backend)
+        self.c.reset_row(b, 1)
+        self.n_host[b] = n
 
     def _commit(self, c, n, a, a_host, p) -> None:
         """Write the kept prefixes, then each image's correction at c + a (from the residual) or,
@@ -169,10 +161,13 @@ def sjd_grid(engine: Engine, runner: ModelRunner, classes, *, window: int) -> to
     x = torch.zeros(classes.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
     x[:, 0] = draw(runner.probs(first)[:, 0], engine.streams, runner.backend)
     windows = JacobiWindows(engine, runner, x, window, first.cond.shape[-1])
+    rows = engine.rolling
     while True:
-        if engine.rolling is not None:
-            windows.refill(engine.rolling)
-        if not any(nb > 0 for nb in windows.n_host):
+        if rows is not None:     # a rolling batch: done images leave, queued ones take their rows
+            rows.refill(lambda b: windows.n_host[b] == 0, lambda b, cond: windows.start_row(rows, b, cond), x)
+            if not rows.busy:
+                return x
+        elif not any(nb > 0 for nb in windows.n_host):
             return x
         windows.step()
 

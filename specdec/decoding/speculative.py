@@ -71,32 +71,28 @@ class RasterSpeculation:
         if rows is not None and self.hidden_out is not None:
             raise ValueError("a rolling batch keeps no hidden states of finished rows (hidden_out)")
         while True:
-            if rows is not None:
-                self._refill(rows, x, c)
-            if self.chunk < 1 or not any(cb < self.end for cb in c.host):
+            if rows is not None:    # a rolling batch: done images leave, queued ones take their rows
+                rows.refill(lambda b: c.host[b] >= self.end, lambda b, cond: self._start_row(rows, x, c, b, cond), x)
+                if not rows.busy:
+                    return self.hid_prev
+            elif not any(cb < self.end for cb in c.host):
+                return self.hid_prev
+            if self.chunk < 1:
                 return self.hid_prev
             self._round(x, c)
 
-    def _refill(self, rows, x: torch.Tensor, c: Lengths) -> None:
-        """A rolling batch's round boundary (`specdec.decoding.rolling`): each row whose image is
-        complete hands it over and starts the next request: its prefill copied into its cache
-        rows, its token 0 drawn from its own stream, its committed length 1."""
-        rows.tick()
-        B = x.shape[0]
-        for b in range(B):
-            while rows.holds(b) and c.host[b] >= self.end:
-                rows.finish(b, x[b])
-                condition = rows.take(b)
-                if condition is None:
-                    break
-                out = rows.prefill(self.target, b, condition)
-                self.drafter.restart(b, condition)
-                x[b] = 0
-                x[b, 0] = draw(rows.probs(self.target, out)[:, 0], self.engine.streams.row(b), self.target.backend)[0]
-                hidden = out.hidden[:, 0]              # [1 or 2 (CFG), dim]: rows b, b + B of hid_prev
-                for k in range(hidden.shape[0]):
-                    self.hid_prev[b + k * B] = hidden[k]
-                c.reset_row(b, 1)
+    def _start_row(self, rows, x: torch.Tensor, c: Lengths, b: int, condition: torch.Tensor) -> None:
+        """Row b of a rolling batch starts the image of `condition` as an image starts alone
+        (`specdec.decoding.rolling`): its prefill copied into its cache rows and the drafter's,
+        token 0 drawn from its own stream, its committed length 1."""
+        out = rows.prefill(self.target, b, condition)
+        self.drafter.restart(b, condition)
+        x[b] = 0
+        x[b, 0] = draw(rows.probs(self.target, out)[:, 0], self.engine.streams.row(b), self.target.backend)[0]
+        hidden, B = out.hidden[:, 0], x.shape[0]    # [1 or 2 (CFG), dim]: rows b, b + B of hid_prev
+        for k in range(hidden.shape[0]):
+            self.hid_prev[b + k * B] = hidden[k]
+        c.reset_row(b, 1)
 
     def _round(self, x: torch.Tensor, c: Lengths) -> None:
         going = [cb < self.end for cb in c.host]

@@ -1,22 +1,15 @@
 """Continuous batching (specdec.decoding.continuous): images join and leave a running batch, and
 each gets exactly the tokens and passes it gets alone; one host read per engine step at most."""
-import gc
-import threading
-import weakref
-
 import pytest
 import torch
 
-from decoding_models import TinyFamily, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
+from decoding_models import TinyFamily, decode_alone, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding import batching, continuous, rolling, slots
-from specdec.decoding.fibers import Cancelled, Fiber
+from specdec.decoding import batching, continuous, slots
+from specdec.decoding.fibers import Fiber
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.sjd import JacobiWindows
-from specdec.decoding.speculative import RasterSpeculation
-from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.models.kv_cache import SlotKVCache
-from specdec.numerics import batch_invariant, batch_invariant_enabled
+from specdec.numerics import batch_invariant
 from specdec.profiling import _Counter, HostSyncCount, count_host_syncs
 from specdec.settings import RunSettings, Sampling
 
@@ -28,17 +21,12 @@ VARIANTS = [(m, {}) for m in decoding.METHODS] + [
     ("mulo", dict(drafting="zipar")),
 ]
 IDS = [f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o in VARIANTS]
+ROLLING = ("sd", "lantern", "sjd")     #: the methods that decode a rolling batch under concurrency
 
 
 @pytest.fixture(scope="module")
 def fam():
     return TinyFamily()
-
-
-def alone(fam, method, options, n):
-    """Each image decoded on its own (a batch of one), image i from stream i."""
-    return [decoding.decode(method, fam, CLASSES[i:i + 1], seed=3, first_index=i, sampling=SAMPLING,
-                            backend="reference", **options) for i in range(n)]
 
 
 @pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
@@ -47,7 +35,7 @@ def test_requests_arriving_while_others_run_get_the_tokens_they_get_alone(fam, m
     run, on the reference backend with batch-invariant numerics: every image's tokens and target
     passes are those of its decode alone; `decode(concurrency=5)` gives the same."""
     with batch_invariant():
-        ref = alone(fam, method, options, len(CLASSES))
+        ref = decode_alone(fam, method, CLASSES, options, seed=3, sampling=SAMPLING, backend="reference")
         engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING, backend="reference", **options)
         got = submit_staggered(engine, CLASSES, {0: 3, 2: 4, 5: 5})     # step -> requests submitted before it
         for i, r in enumerate(ref):
@@ -62,9 +50,11 @@ def test_requests_arriving_while_others_run_get_the_tokens_they_get_alone(fam, m
 
 @pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
 def test_an_engine_step_reads_back_at_most_once(fam, monkeypatch, method, options):
-    """The budget of the continuous engine: at most one host round trip per engine step, `ar`
+    """The budget of the streaming engines: at most one host round trip per engine step, `ar`
     none at all, on the checked fast path (compiled cpu backend). The images' fibers read
-    nothing themselves; the one-image prefills' model checks are set-up, not per step."""
+    nothing themselves (a rolling batch's one fiber makes its round's read); the prefills'
+    model checks are set-up, not per step."""
+    rolls = method in ROLLING
     fiber_counts = []
     resume = Fiber.resume
 
@@ -78,16 +68,16 @@ def test_an_engine_step_reads_back_at_most_once(fam, monkeypatch, method, option
 
     monkeypatch.setattr(Fiber, "resume", counted)
     setup = [0]
-    prefill = slots.SharedModel.prefill
+    prefill = ModelRunner.prefill     # (a slot's, a rolling row's or batch's: through a ModelRunner)
 
-    def excluded(shared, request):
+    def excluded(runner, conditions):
         before = count.round_trips
         try:
-            return prefill(shared, request)
+            return prefill(runner, conditions)
         finally:
             setup[0] += count.round_trips - before
 
-    monkeypatch.setattr(slots.SharedModel, "prefill", excluded)
+    monkeypatch.setattr(ModelRunner, "prefill", excluded)
     engine = decoding.stream(method, fam, concurrency=3, seed=4, sampling=SAMPLING, backend="cpu", **options)
     for c in CLASSES[:5]:
         engine.submit(c)
@@ -98,7 +88,8 @@ def test_an_engine_step_reads_back_at_most_once(fam, monkeypatch, method, option
             engine.step()
         steps += 1
         assert count.round_trips - setup[0] <= (0 if method == "ar" else 1), count.by_op
-    assert all(c.round_trips == 0 for c in fiber_counts), [c.by_op for c in fiber_counts]
+    if not rolls:
+        assert all(c.round_trips == 0 for c in fiber_counts), [c.by_op for c in fiber_counts]
     assert engine.reads <= engine.steps == steps
     if method == "ar":
         assert engine.reads == 0
@@ -168,7 +159,7 @@ def test_an_error_inside_an_image_reaches_the_caller_and_ends_the_others(fam):
     assert engine.idle
 
 
-@pytest.mark.parametrize("method", ["mulo", "sd"])
+@pytest.mark.parametrize("method", ["mulo"])    # (the methods with a drafter model and slots)
 def test_holding_back_the_smaller_phase_shares_passes_and_changes_no_token(fam, monkeypatch, method):
     """Images waiting on another model than most wait on are held back (at most `hold` steps in
     a row): the decode makes fewer passes, every image takes the passes and tokens it takes
@@ -185,7 +176,6 @@ def test_holding_back_the_smaller_phase_shares_passes_and_changes_no_token(fam, 
             return out
 
         monkeypatch.setattr(continuous.ContinuousEngine, "_answered", watched)
-        # (the streaming engine: decode(concurrency=) runs sd as a rolling batch, without slots)
         engine = decoding.stream(method, fam, concurrency=5, seed=3, sampling=SAMPLING)
         for c in CLASSES:
             engine.submit(c)
@@ -198,9 +188,7 @@ def test_holding_back_the_smaller_phase_shares_passes_and_changes_no_token(fam, 
     for tokens, passes, _ in (held_2, default):
         assert torch.equal(tokens, free[0])
         assert passes == free[1]
-    assert default[2] <= free[2]
-    if method == "sd":      # (mulo's target passes align on this tiny family anyway: its drafter's do not)
-        assert default[2] < free[2]
+    assert default[2] <= free[2]     # (mulo's target passes align on this tiny family anyway: its drafter's do not)
 
 
 def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monkeypatch):
@@ -208,170 +196,12 @@ def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monk
         raise RuntimeError("pass failed")
 
     monkeypatch.setattr(slots.SharedModel, "forward", broken)
-    engine = decoding.stream("sd", fam, concurrency=2, seed=0, sampling=SAMPLING)
+    engine = decoding.stream("mulo", fam, concurrency=2, seed=0, sampling=SAMPLING)
     for c in (0, 1, 2):
         engine.submit(c)
     with pytest.raises(RuntimeError, match="pass failed"):
         list(engine.results())
     assert engine.idle and engine.running == 0
-
-
-def test_a_fiber_runs_only_while_its_caller_waits_in_the_callers_thread():
-    """Control changes hands only at resume and wait: every operation in one fixed order."""
-    order = []
-
-    def body():
-        order.append(("fiber", threading.current_thread()))
-        reply = fiber.wait("first")
-        order.append(("fiber got", reply))
-        reply = fiber.wait("second")
-        order.append(("fiber got", reply))
-        return "done"
-
-    fiber = Fiber(body, name="f")
-    assert fiber.name == "f" and not fiber.done and fiber.request is None
-    order.append(("caller", None))
-    fiber.resume()
-    order.append(("caller", fiber.request))
-    fiber.resume(41)
-    order.append(("caller", fiber.request))
-    assert not fiber.done and fiber.value is None
-    fiber.resume((42, 43))
-    assert fiber.done and fiber.value == "done" and fiber.request is None
-    assert order == [("caller", None), ("fiber", threading.current_thread()), ("caller", "first"),
-                     ("fiber got", 41), ("caller", "second"), ("fiber got", (42, 43))]
-    with pytest.raises(RuntimeError, match="ended"):
-        fiber.resume()
-    with pytest.raises(RuntimeError, match="outside its fiber"):
-        fiber.wait("late")
-
-
-def test_fibers_interleave_in_the_order_they_are_resumed():
-    order = []
-
-    def body(name):
-        def run():
-            for i in range(3):
-                order.append((name, i, fibers[name].wait(i)))
-            return name
-        return run
-
-    fibers = {n: Fiber(body(n), name=n) for n in "abc"}
-    for n in "abc":
-        fibers[n].resume()
-    for step in range(3):
-        for n in "cab":
-            fibers[n].resume(f"{n}{step}")
-    assert [f.value for f in fibers.values()] == ["a", "b", "c"]
-    assert order == [(n, i, f"{n}{i}") for i in range(3) for n in "cab"]
-
-
-def test_an_error_inside_a_fiber_is_raised_by_resume_and_ends_it():
-    def body():
-        fiber.wait("one")
-        raise KeyError("inside")
-
-    fiber = Fiber(body)
-    fiber.resume()
-    with pytest.raises(KeyError, match="inside"):
-        fiber.resume(1)
-    assert fiber.done and fiber.value is None and fiber.request is None
-    with pytest.raises(RuntimeError, match="ended"):
-        fiber.resume()
-    fiber.close()                         # an ended fiber: nothing to do
-    assert torch.is_grad_enabled()        # the error did not leave the fiber's no_grad behind
-
-
-def test_a_closed_fiber_unwinds_with_cancelled():
-    unwound = []
-
-    def body():
-        try:
-            fiber.wait("one")
-        except Cancelled:
-            unwound.append(torch.is_grad_enabled())
-            raise
-        finally:
-            unwound.append("finally")
-        return "never"
-
-    fiber = Fiber(body)
-    fiber.close()                         # not started: nothing to unwind
-    assert not fiber.done and unwound == []
-    fiber.resume()
-    fiber.close()
-    assert fiber.done and fiber.value is None and fiber.request is None
-    assert unwound == [False, "finally"]
-    with pytest.raises(RuntimeError, match="ended"):
-        fiber.resume()
-    fiber.close()
-
-
-def test_a_fiber_keeps_its_own_grad_mode_and_batch_invariance_and_the_caller_its():
-    """Both settings are per thread and a fiber runs in the caller's thread: they are swapped at
-    every switch, so a context a fiber holds across a wait (`with torch.enable_grad()`,
-    `with batch_invariant(False)`) is not in force in the caller when resume returns, and the
-    caller's (here grad on, batch_invariant off) not in the fiber. The fiber starts with grad off
-    and batch_invariant as it was where it was made."""
-    seen = []
-
-    def state(where):
-        seen.append((where, torch.is_grad_enabled(), batch_invariant_enabled()))
-
-    def body():
-        state("start")
-        with torch.enable_grad(), batch_invariant(False):
-            state("inside")
-            fiber.wait("one")
-            state("inside, resumed")
-        state("after")
-        with torch.no_grad():
-            fiber.wait("two")
-        state("end")
-
-    with batch_invariant(True):
-        fiber = Fiber(body)
-    assert torch.is_grad_enabled() and not batch_invariant_enabled()
-    fiber.resume()
-    state("caller")
-    with torch.no_grad(), batch_invariant(True):    # the caller's settings change between resumes
-        fiber.resume()
-        state("caller in no_grad")
-    fiber.resume()
-    state("caller")
-    assert fiber.done
-    assert seen == [("start", False, True), ("inside", True, False), ("caller", True, False),
-                    ("inside, resumed", True, False), ("after", False, True), ("caller in no_grad", False, True),
-                    ("end", False, True), ("caller", True, False)]
-
-
-def test_a_fiber_collected_while_it_waits_unwinds_like_a_closed_one():
-    """A fiber nothing refers to (its body holds it weakly) is collected while it waits: greenlet
-    raises GreenletExit into it, which it takes as Cancelled, unwinding with its own settings;
-    the caller's are as they were."""
-    seen = []
-
-    def make():
-        def body():
-            with torch.enable_grad():
-                try:
-                    ref().wait("one")
-                except BaseException as e:
-                    seen.append((type(e).__name__, torch.is_grad_enabled(), batch_invariant_enabled()))
-                    raise
-            seen.append("unreached")
-
-        with batch_invariant(True):
-            fiber = Fiber(body)
-        ref = weakref.ref(fiber)
-        fiber.resume()
-        return ref
-
-    ref = make()
-    gc.collect()
-    assert ref() is None
-    assert seen == [("GreenletExit", True, True)]
-    assert torch.is_grad_enabled() and not batch_invariant_enabled()
 
 
 def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam):
@@ -482,102 +312,3 @@ def test_an_images_ar_steps_stay_with_the_engine_until_all_are_made(fam, monkeyp
     assert len(resumes) <= 3 * 3              # per image: its start, the prefill's reply, the run's end
     for i in range(3):
         assert torch.equal(images[i].tokens, alone.tokens[i])
-
-
-@pytest.mark.parametrize("method,options", [("sd", {}), ("lantern", {}), ("sd", dict(heads="family")), ("sjd", {})],
-                         ids=["sd", "lantern", "sd-heads", "sjd"])
-def test_a_rolling_batch_refills_a_row_at_the_rounds_end_with_each_images_own_counts(fam, method, options,
-                                                                                      monkeypatch):
-    """`sd`, `lantern` and `sjd` under `concurrency` run one rolling batch (no slot engine): a row whose
-    image is done takes the next request at the round's end. Every image gets the tokens, passes,
-    tokens fed, drafter passes and judgements of its decode alone, fewer than in lockstep batches
-    of as many images (which wait for their slowest)."""
-    if options.get("heads") == "family":      # SSD's horizontal heads draft (no drafter model)
-        options = dict(heads=fam.ssd_heads)
-    kw = dict(seed=3, sampling=SAMPLING, backend="reference", **options)
-
-    def no_engine(*args, **kwargs):
-        raise AssertionError("a rolling decode made a continuous engine")
-
-    monkeypatch.setattr(batching, "decode_continuous", no_engine)
-    with batch_invariant():
-        ref = alone(fam, method, options, len(CLASSES))
-        rolled = decoding.decode(method, fam, CLASSES, concurrency=5, **kw)
-        lockstep = decoding.decode(method, fam, CLASSES, batch_size=5, **kw)
-    s = rolled.stats
-    assert torch.equal(rolled.tokens, torch.cat([r.tokens for r in ref]))
-    for field in ("target_passes", "tokens_fed", "widest_feed", "draft_passes"):
-        own = [v for r in ref for v in getattr(r.stats, field)]
-        if method == "sjd" and field in ("tokens_fed", "widest_feed"):
-            # a pass is as wide as the widest window, and an image's shrinks near its grid's end
-            assert all(v >= o for v, o in zip(getattr(s, field), own)), field
-        else:
-            assert getattr(s, field) == own, field
-    assert s.drafted == [v for r in ref for v in r.stats.drafted]
-    assert s.accepted == [v for r in ref for v in r.stats.accepted]
-    maps = torch.cat(s.acceptance_maps)
-    assert torch.equal(maps, torch.cat([m for r in ref for m in r.stats.acceptance_maps]))
-    # no image waits for a slower one; the rounds' passes are shared (a new row's prefill is a
-    # one-image pass of its own, so on a grid this small the passes made are about lockstep's)
-    assert sum(s.target_passes) < sum(lockstep.stats.target_passes)
-    assert s.passes_made < sum(s.target_passes)
-
-
-def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
-    kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
-    eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
-    compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
-    assert torch.equal(compiled.tokens, eager.tokens)
-    assert compiled.stats.target_passes == eager.stats.target_passes
-    assert len(compiled.stats.compile_s) == 1
-
-
-@pytest.mark.parametrize("method", ["sd", "lantern", "sjd"])
-def test_a_rolling_round_reads_back_once_and_a_refill_only_in_its_prefill(fam, monkeypatch, method):
-    """The read budget under a rolling batch (checked fast path, cpu backend): each round makes
-    its one read (the verdicts); starting a row's next image reads nothing besides the one-image
-    prefill's model checks (set-up, as when a request joins the continuous engine)."""
-    counts = {"round": [], "refill": []}
-    prefill_trips = [0]
-
-    def counted(kind, fn):
-        def wrapper(*args, **kwargs):
-            before = prefill_trips[0]
-            with count_host_syncs() as c:
-                out = fn(*args, **kwargs)
-            counts[kind].append((c.round_trips - (prefill_trips[0] - before), c.by_op))
-            return out
-        return wrapper
-
-    prefill = rolling.RollingRows.prefill
-
-    def measured_prefill(rows, *args):
-        with count_host_syncs() as c:
-            out = prefill(rows, *args)
-        prefill_trips[0] += c.round_trips
-        return out
-
-    monkeypatch.setattr(rolling.RollingRows, "prefill", measured_prefill)
-    if method == "sjd":
-        monkeypatch.setattr(JacobiWindows, "step", counted("round", JacobiWindows.step))
-        monkeypatch.setattr(JacobiWindows, "refill", counted("refill", JacobiWindows.refill))
-    else:
-        monkeypatch.setattr(RasterSpeculation, "_round", counted("round", RasterSpeculation._round))
-        monkeypatch.setattr(RasterSpeculation, "_refill", counted("refill", RasterSpeculation._refill))
-    decoding.decode(method, fam, CLASSES[:7], seed=1, sampling=SAMPLING, backend="cpu", concurrency=3)
-    assert counts["round"] and all(trips == 1 for trips, _ in counts["round"]), counts["round"]
-    assert len(counts["refill"]) > len(CLASSES[:7]) - 3     # (rows did start new images)
-    assert all(trips == 0 for trips, _ in counts["refill"]), counts["refill"]
-
-
-def test_a_rows_stream_restarts_at_its_next_image_and_a_one_row_view_draws_from_it():
-    """`ImageStreams.restart(b, index)`: row b draws image `index`'s stream from its start;
-    `row(b)` is that stream alone, consumed where the batch's draws go on."""
-    streams = ImageStreams(7, [0, 1])
-    first = streams.rand((4,))
-    assert torch.equal(first[:2], torch.rand(2, generator=image_generator(7, 0)))
-    streams.restart(1, 5)
-    assert streams.indices == [0, 5]
-    alone = torch.rand(5, generator=image_generator(7, 5))
-    assert torch.equal(streams.row(1).rand((3,)), alone[:3])
-    assert torch.equal(streams.rand((4,))[2:], alone[3:])

@@ -1,0 +1,121 @@
+"""Rolling batches (specdec.decoding.rolling): `sd`, `lantern` and `sjd` under concurrency run one
+batch whose rows take the next request when their image is done; each image gets what it gets
+alone, a round reads back once."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, decode_alone, single_thread  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding import batching, rolling
+from specdec.decoding.sjd import JacobiWindows
+from specdec.decoding.speculative import RasterSpeculation
+from specdec.decoding.streams import ImageStreams, image_generator
+from specdec.numerics import batch_invariant
+from specdec.profiling import count_host_syncs
+from specdec.settings import Sampling
+
+SAMPLING = Sampling(cfg_scale=2.0)
+CLASSES = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1, 0, 0, 1, 2])
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+@pytest.mark.parametrize("method,options", [("sd", {}), ("lantern", {}), ("sd", dict(heads="family")), ("sjd", {})],
+                         ids=["sd", "lantern", "sd-heads", "sjd"])
+def test_a_rolling_batch_refills_a_row_at_the_rounds_end_with_each_images_own_counts(fam, method, options,
+                                                                                      monkeypatch):
+    """`sd`, `lantern` and `sjd` under `concurrency` run one rolling batch (no slot engine): a row whose
+    image is done takes the next request at the round's end. Every image gets the tokens, passes,
+    tokens fed, drafter passes and judgements of its decode alone, fewer than in lockstep batches
+    of as many images (which wait for their slowest)."""
+    if options.get("heads") == "family":      # SSD's horizontal heads draft (no drafter model)
+        options = dict(heads=fam.ssd_heads)
+    kw = dict(seed=3, sampling=SAMPLING, backend="reference", **options)
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("a rolling decode made a continuous engine")
+
+    monkeypatch.setattr(batching, "decode_continuous", no_engine)
+    with batch_invariant():
+        ref = decode_alone(fam, method, CLASSES, options, seed=3, sampling=SAMPLING, backend="reference")
+        rolled = decoding.decode(method, fam, CLASSES, concurrency=5, **kw)
+        lockstep = decoding.decode(method, fam, CLASSES, batch_size=5, **kw)
+    s = rolled.stats
+    assert torch.equal(rolled.tokens, torch.cat([r.tokens for r in ref]))
+    for field in ("target_passes", "tokens_fed", "widest_feed", "draft_passes"):
+        own = [v for r in ref for v in getattr(r.stats, field)]
+        if method == "sjd" and field in ("tokens_fed", "widest_feed"):
+            # a pass is as wide as the widest window, and an image's shrinks near its grid's end
+            assert all(v >= o for v, o in zip(getattr(s, field), own)), field
+        else:
+            assert getattr(s, field) == own, field
+    assert s.drafted == [v for r in ref for v in r.stats.drafted]
+    assert s.accepted == [v for r in ref for v in r.stats.accepted]
+    maps = torch.cat(s.acceptance_maps)
+    assert torch.equal(maps, torch.cat([m for r in ref for m in r.stats.acceptance_maps]))
+    # no image waits for a slower one; the rounds' passes are shared (a new row's prefill is a
+    # one-image pass of its own, so on a grid this small the passes made are about lockstep's)
+    assert sum(s.target_passes) < sum(lockstep.stats.target_passes)
+    assert s.passes_made < sum(s.target_passes)
+
+
+def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
+    kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
+    eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
+    compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_passes == eager.stats.target_passes
+    assert len(compiled.stats.compile_s) == 1
+
+
+@pytest.mark.parametrize("method", ["sd", "lantern", "sjd"])
+def test_a_rolling_round_reads_back_once_and_a_refill_only_in_its_prefill(fam, monkeypatch, method):
+    """The read budget under a rolling batch (checked fast path, cpu backend): each round makes
+    its one read (the verdicts); starting a row's next image reads nothing besides the one-image
+    prefill's model checks (set-up, as when a request joins the continuous engine)."""
+    counts = {"round": [], "refill": []}
+    prefill_trips = [0]
+
+    def counted(kind, fn):
+        def wrapper(*args, **kwargs):
+            before = prefill_trips[0]
+            with count_host_syncs() as c:
+                out = fn(*args, **kwargs)
+            counts[kind].append((c.round_trips - (prefill_trips[0] - before), c.by_op))
+            return out
+        return wrapper
+
+    prefill = rolling.RollingRows.prefill
+
+    def measured_prefill(rows, *args):
+        with count_host_syncs() as c:
+            out = prefill(rows, *args)
+        prefill_trips[0] += c.round_trips
+        return out
+
+    monkeypatch.setattr(rolling.RollingRows, "prefill", measured_prefill)
+    monkeypatch.setattr(rolling.RollingRows, "refill", counted("refill", rolling.RollingRows.refill))
+    if method == "sjd":
+        monkeypatch.setattr(JacobiWindows, "step", counted("round", JacobiWindows.step))
+    else:
+        monkeypatch.setattr(RasterSpeculation, "_round", counted("round", RasterSpeculation._round))
+    decoding.decode(method, fam, CLASSES[:7], seed=1, sampling=SAMPLING, backend="cpu", concurrency=3)
+    assert counts["round"] and all(trips == 1 for trips, _ in counts["round"]), counts["round"]
+    assert len(counts["refill"]) > len(CLASSES[:7]) - 3     # (rows did start new images)
+    assert all(trips == 0 for trips, _ in counts["refill"]), counts["refill"]
+
+
+def test_a_rows_stream_restarts_at_its_next_image_and_a_one_row_view_draws_from_it():
+    """`ImageStreams.restart(b, index)`: row b draws image `index`'s stream from its start;
+    `row(b)` is that stream alone, consumed where the batch's draws go on."""
+    streams = ImageStreams(7, [0, 1])
+    first = streams.rand((4,))
+    assert torch.equal(first[:2], torch.rand(2, generator=image_generator(7, 0)))
+    streams.restart(1, 5)
+    assert streams.indices == [0, 5]
+    alone = torch.rand(5, generator=image_generator(7, 5))
+    assert torch.equal(streams.row(1).rand((3,)), alone[:3])
+    assert torch.equal(streams.rand((4,))[2:], alone[3:])
