@@ -16,14 +16,15 @@ through torch.compile), `streams` (one random stream per image), `uploads` (host
 device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of shared passes),
 `drafters` (what proposes tokens for raster speculation), `batching`, `results`; continuous
 batching (`decode(..., concurrency=N)`, and `stream(...)` for a server) is `continuous` (slots
-and the engine step), `slots` (the batched passes) and `fibers` (each image's decode as a fiber).
+and the engine step), `slots` (the batched passes), `fibers` (each image's decode as a fiber) and
+`rolling` (`sd`, `lantern`, `sjd`: one batch whose rows take the next request when done).
 """
 from __future__ import annotations
 
 from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
-from specdec.decoding.continuous import ContinuousEngine, Finished
+from specdec.decoding.continuous import ContinuousEngine, Finished, StreamingEngine
 from specdec.decoding.ar import AROptions
 from specdec.decoding.lantern import LanternOptions
 from specdec.decoding.mulo import MuloOptions
@@ -36,5 +37,5 @@ from specdec.settings import RunSettings, Sampling
 
 __all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
            "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions",
-           "SJDOptions", "SSDOptions", "Sampling", "ZipAROptions", "check_method", "concat_results", "decode",
-           "family_options", "method_options", "options_as_kwargs", "options_for", "stream"]
+           "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method", "concat_results",
+           "decode", "family_options", "method_options", "options_as_kwargs", "options_for", "stream"]

@@ -119,3 +119,35 @@ def test_a_rows_stream_restarts_at_its_next_image_and_a_one_row_view_draws_from_
     alone = torch.rand(5, generator=image_generator(7, 5))
     assert torch.equal(streams.row(1).rand((3,)), alone[:3])
     assert torch.equal(streams.rand((4,))[2:], alone[3:])
+
+
+def test_a_rolling_stream_ends_its_batch_when_idle_and_starts_another_for_later_requests(fam):
+    """The streaming engine of `sd`: a batch of 3 rows serves 2 requests (a stand-in in the third
+    row that nothing returns), ends when they are done, and a later request starts a new batch;
+    passes add up over the batches, and every image is its decode alone. `close` mid-batch drops
+    the batch and the queue."""
+    kw = dict(seed=6, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        engine = decoding.stream("sd", fam, concurrency=3, **kw)
+        assert isinstance(engine, rolling.RollingEngine)
+        for c in CLASSES[:2]:
+            engine.submit(c)
+        first = {image.index: image for image in engine.results()}
+        assert sorted(first) == [0, 1] and engine.idle and engine.running == 0
+        made = engine.passes_made
+        assert made > 0
+        engine.submit(CLASSES[2])
+        later = list(engine.results())
+        assert [image.index for image in later] == [2]
+        assert engine.passes_made > made
+        ref = decode_alone(fam, "sd", CLASSES[:3], {}, **kw)
+    for image in [*first.values(), *later]:
+        assert torch.equal(image.tokens, ref[image.index].tokens[0]), image.index
+        assert image.stats.target_passes == ref[image.index].stats.target_passes
+    for c in CLASSES[:4]:
+        engine.submit(c)
+    engine.step()
+    engine.step()
+    assert engine.running == 3
+    engine.close()
+    assert engine.idle
