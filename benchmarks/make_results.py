@@ -223,10 +223,10 @@ def render_continuous(data, name):
     lines = _decode_section(
         f"Continuous batching, {grid}x{grid}, {modes}{some}" + (", token budgets" if budgets else ""), data, name,
         f"{data['num_images']} images per cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}. "
-        "Lockstep: batches of `concurrency` images run until their slowest is done; continuous: `concurrency` "
-        "slots, each refilled as soon as its image is done. Speed-up: against `ar` in lockstep batches at the "
-        "same concurrency and mode (its best: its images all take the same passes). Continuous batching has not "
-        "run on a GPU yet. Target passes / image: the "
+        "Lockstep: batches of `concurrency` images run until their slowest is done; continuous: `decode(concurrency"
+        "=...)`, an image's place refilled as soon as it is done (sd, lantern, sjd: rows of a rolling batch; mulo, "
+        "ssd: slots; ar, zipar: lockstep). Speed-up: against `ar` in lockstep batches at the same concurrency and "
+        "mode (its best). Continuous batching has not run on a GPU yet. Target passes / image: the "
         "passes each image took part in; passes made / image: the target passes the decode made (a shared pass "
         "once), over the images.",
         ["method", "mode", "concurrency", "batching", "tokens / pass", "images / s", "speed-up vs ar",
