@@ -278,11 +278,12 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
     return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
 
 
-def compiled_runner(model, sampling, batch: int, backend=None) -> CompiledRunner:
+def compiled_runner(model, sampling, batch: int, backend=None, *, use: str = "decode") -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model (later decodes reset the same runner: same cache tensors, so the graphs are reused, and
-    on CUDA replay into the same addresses)."""
-    store = model.__dict__.setdefault("_specdec_compiled_runners", {})
+    on CUDA replay into the same addresses). `use`: runners that live at the same time keep apart
+    (a rolling batch of one row and the one-image prefills copied into it)."""
+    store = model.__dict__.setdefault(f"_specdec_compiled_runners_{use}", {})
     key = _store_key(model, sampling, batch, backend)
     if key not in store:
         store[key] = CompiledRunner(model, sampling, batch=batch, backend=backend)

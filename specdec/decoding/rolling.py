@@ -32,7 +32,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from specdec.decoding.compiled import CompiledRunner, runner_for
+from specdec.decoding.compiled import CompiledRunner, compiled_runner
 from specdec.decoding.continuous import Finished, StreamingEngine
 from specdec.decoding.engine import Engine
 from specdec.decoding.fibers import Fiber
@@ -168,8 +168,13 @@ class RollingRows:
         counted as one pass of row b's image; returns the one-image outputs (token 0's)."""
         single = self._singles.get(id(runner))
         if single is None:
-            single = self._singles[id(runner)] = runner_for(runner.model, runner.sampling, 1, runner.backend,
-                                                            compile=self.engine.run.compile)
+            # (a compiled one kept apart from the batch's own: a batch of one row is a runner of one)
+            m, sampling, backend = runner.model, runner.sampling, runner.backend
+            if self.engine.run.compile:
+                single = compiled_runner(m, sampling, 1, backend, use="row_prefill")
+            else:
+                single = ModelRunner(m, sampling, batch=1, backend=backend)
+            self._singles[id(runner)] = single
         single.reset()
         out = single.prefill(condition)
         runner.cache.load_row(single.cache, b)

@@ -63,12 +63,19 @@ def test_a_rolling_batch_refills_a_row_at_the_rounds_end_with_each_images_own_co
 
 
 def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
+    """compile=True: the batch's compiled runners and the one-image prefills copied into its rows;
+    a stream of one row too, whose prefills need a one-image runner apart from the batch's own."""
     kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
     eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
     compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.target_passes == eager.stats.target_passes
     assert len(compiled.stats.compile_s) == 1
+    engine = decoding.stream("sd", fam, seed=5, sampling=SAMPLING, concurrency=1, compile=True)
+    for i in range(3):     # one at a time: each after the last is done, into the same row
+        engine.submit(CLASSES[i])
+        (image,) = engine.results()
+        assert torch.equal(image.tokens, eager.tokens[i]), i
 
 
 @pytest.mark.parametrize("method", ["sd", "lantern", "sjd"])
