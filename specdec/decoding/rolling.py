@@ -234,15 +234,17 @@ class RollingEngine(StreamingEngine):
     rolling batch of `concurrency` rows, run in a fiber that stops at every round boundary; an
     engine step is one round. Requests submitted while it runs take rows as they free up. The
     batch starts when requests are queued, its rows without one decoding a stand-in that nothing
-    keeps (the batch's shapes stay those of `concurrency` rows), and ends when no row holds an
-    image and nothing is queued; the next request starts another."""
+    keeps (the batch's shapes stay those of `concurrency` rows). Once its images are done the
+    batch waits at its round boundary: a request submitted then takes a row of it, and a step
+    that finds nothing queued ends it (the next request starts another)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._fiber: Optional[Fiber] = None
         self._engine: Optional[Engine] = None
         self._rows: Optional[RollingRows] = None
-        self._passes_before = self._reads_before = 0     # (of the batches that have ended)
+        self._passes_before = 0     # (of the batches that have ended)
+        self.batches = 0            #: rolling batches started
 
     @property
     def running(self) -> int:
@@ -289,6 +291,7 @@ class RollingEngine(StreamingEngine):
         fiber = Fiber(lambda: self.decode_one(conditions, engine), name="specdec-rolling-batch")
         engine.rolling = RollingRows(engine, self.queue, held=len(first), pause=lambda: fiber.wait(None))
         self._fiber, self._engine, self._rows = fiber, engine, engine.rolling
+        self.batches += 1
 
     def _end_batch(self) -> None:
         if self._rows is not None:

@@ -128,11 +128,12 @@ def test_a_rows_stream_restarts_at_its_next_image_and_a_one_row_view_draws_from_
     assert torch.equal(streams.rand((4,))[2:], alone[3:])
 
 
-def test_a_rolling_stream_ends_its_batch_when_idle_and_starts_another_for_later_requests(fam):
+def test_a_rolling_stream_serves_requests_after_idle_and_starts_a_batch_after_an_idle_step(fam):
     """The streaming engine of `sd`: a batch of 3 rows serves 2 requests (a stand-in in the third
-    row that nothing returns), ends when they are done, and a later request starts a new batch;
-    passes add up over the batches, and every image is its decode alone. `close` mid-batch drops
-    the batch and the queue."""
+    row that nothing returns) and waits when they are done; a later request takes a row of it;
+    a step with nothing queued ends the batch and the next request starts another. Passes add
+    up over the batches, and every image is its decode alone. `close` mid-batch drops the batch
+    and the queue."""
     kw = dict(seed=6, sampling=SAMPLING, backend="reference")
     with batch_invariant():
         engine = decoding.stream("sd", fam, concurrency=3, **kw)
@@ -147,7 +148,12 @@ def test_a_rolling_stream_ends_its_batch_when_idle_and_starts_another_for_later_
         later = list(engine.results())
         assert [image.index for image in later] == [2]
         assert engine.passes_made > made
-        ref = decode_alone(fam, "sd", CLASSES[:3], {}, **kw)
+        assert engine.batches == 1
+        assert engine.step() == []                  # nothing queued: the batch ends
+        engine.submit(CLASSES[3])
+        later += list(engine.results())
+        assert [image.index for image in later] == [2, 3] and engine.batches == 2
+        ref = decode_alone(fam, "sd", CLASSES[:4], {}, **kw)
     for image in [*first.values(), *later]:
         assert torch.equal(image.tokens, ref[image.index].tokens[0]), image.index
         assert image.stats.target_passes == ref[image.index].stats.target_passes
