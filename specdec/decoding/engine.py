@@ -97,6 +97,9 @@ class Engine:
         #: a rolling batch's rows (`specdec.decoding.rolling.RollingRows`): set when a method that
         #: refills its rows decodes with `concurrency`; its statistics are then kept per image
         self.rolling = None
+        #: where compiled runners are kept (None: on the model, reused by every decode); a streaming
+        #: engine's batch lives across steps, between which other decodes may run, so it keeps its own
+        self.kept_runners: Optional[dict] = None
 
     @property
     def backend(self):
@@ -128,7 +131,8 @@ class Engine:
         if self.slot is not None:
             runner = self.slot.runner(model, sampling, role)
         else:
-            runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile)
+            runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
+                                store=self.kept_runners)
         self._runners.append((runner, role))
         return runner
 

@@ -64,7 +64,8 @@ def test_a_rolling_batch_refills_a_row_at_the_rounds_end_with_each_images_own_co
 
 def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
     """compile=True: the batch's compiled runners and the one-image prefills copied into its rows;
-    a stream of one row too, whose prefills need a one-image runner apart from the batch's own."""
+    a stream of one row too, whose prefills need a one-image runner apart from the batch's own,
+    and whose runners are its own, apart from the model's kept ones."""
     kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
     eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
     compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
@@ -76,6 +77,15 @@ def test_a_compiled_rolling_batch_gives_the_eager_tokens(fam):
         engine.submit(CLASSES[i])
         (image,) = engine.results()
         assert torch.equal(image.tokens, eager.tokens[i]), i
+    # A stream's batch lives across steps: a compiled decode of the same batch size run between
+    # two of them (its runner kept on the model) leaves the stream's runners alone.
+    engine.submit(CLASSES[3])
+    engine.step()
+    engine.step()
+    between = decoding.decode("sd", fam, CLASSES[4:5], seed=5, first_index=4, sampling=SAMPLING, compile=True)
+    assert torch.equal(between.tokens[0], eager.tokens[4])
+    (image,) = engine.results()
+    assert torch.equal(image.tokens, eager.tokens[3])
 
 
 @pytest.mark.parametrize("method", ["sd", "lantern", "sjd"])
