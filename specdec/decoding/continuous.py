@@ -28,6 +28,7 @@ A server feeds it directly (docs/engine.md, "Continuous batching"):
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
@@ -100,7 +101,7 @@ class Slot:
         return Finished(self.index, tokens.reshape(e.grid).cpu(), stats, preview)
 
 
-class StreamingEngine:
+class StreamingEngine(ABC):
     """What every streaming engine has: a queue of requests (a condition and an image index),
     `submit`, `results`, and the images' pixels when it has a tokenizer. `ContinuousEngine` (an
     image per slot) and `specdec.decoding.rolling.RollingEngine` (a rolling batch) are the two."""
@@ -137,19 +138,19 @@ class StreamingEngine:
         return index
 
     @property
+    @abstractmethod
     def running(self) -> int:
         """Images decoding now."""
-        raise NotImplementedError
 
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing decoding."""
         return not self.queue and self.running == 0
 
+    @abstractmethod
     def step(self) -> List[Finished]:
         """One engine step: the queued requests that fit start, and the images it finishes are
         returned."""
-        raise NotImplementedError
 
     def results(self) -> Iterator[Finished]:
         """Step until idle, yielding each image as it finishes."""

@@ -307,8 +307,5 @@ class RollingEngine(StreamingEngine):
         self._fiber = self._engine = self._rows = None
         self.queue.clear()
 
-    def take_compile_s(self) -> float:
-        return 0.0 if self._rows is None else _compile_s(self._engine, self._rows)
-
 
 __all__ = ["RollingEngine", "RollingRows", "decode_rolling"]
