@@ -246,11 +246,14 @@ class CompiledRunner(ModelRunner):
         classes = classes.to(self.device)
         return self.outputs(*self.function(("prefill", tuple(classes.shape)), make)(classes))
 
-    def forward(self, tokens, positions, *, tree_mask=None, write=True, images=None):
+    def _forward(self, tokens, positions, *, tree_mask=None, write=True, images=None):
         count_pass(self, tokens.shape[1])
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write, images)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
+
+    def rows_bucket(self, k: int) -> int:
+        return min(self.batch, 1 << (k - 1).bit_length())
 
     def function(self, key, make):
         found = self.functions.get(key)

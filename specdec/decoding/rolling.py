@@ -134,6 +134,11 @@ class RollingRows:
                 start(b, condition)
                 if complete(b):     # (a grid of one token is complete at its start)
                     self.finish(b, tokens[b])
+        # Rows without an image decode a stand-in: the next round's passes skip them while they
+        # are at least half the batch (ModelRunner.pass_rows).
+        held = [b for b in range(B) if self.holds(b)]
+        for runner, _ in self.engine.runners:
+            runner.pass_rows(None if len(held) == B else held)
 
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""

@@ -31,18 +31,6 @@ import torch
 from specdec import masks, switches
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
-from specdec.models.kv_cache import SlotKVCache
-
-
-#: The cost model that decides how the waiting images' passes are cut (`SharedModel.pass_cost`),
-#: in tokens of work (one token of one image's row). Measured on a 2-core CPU with the embedded
-#: 16x16 family, compiled (2026-12-03): at 16 slots a 1-token pass costs 3.8 ms, and each token
-#: beyond about 0.055 ms (`PASS_COST`: a pass's fixed part). A pass over some images of the cache
-#: gathers their rows first (`PARTIAL_PASS_COST`: a fixed part and a part per image): a 1-token
-#: pass over one image costs 5.6 ms, a 256-token pass over one image 21 ms against 238 ms for all
-#: 16 riding along.
-PASS_COST = 64
-PARTIAL_PASS_COST = (32, 8)
 
 
 class Forward(NamedTuple):
@@ -97,9 +85,6 @@ class SharedModel:
         #: the one-image runner: prefills, and the functions of outputs the images compute
         self.single = runner_for(model, sampling, 1, backend, compile=compile)
         self.H, self.W = self.batch.H, self.batch.W
-        # Passes over some of the images need a cache that can make a cache of some of its rows
-        # (`SlotKVCache.images`); a model's own cache type (the transformers adapters') may not.
-        self._partial = type(self.batch.cache) is SlotKVCache
         self._step: Optional[TokenStep] = None
         self.prefills = 0
         # The AR runs in progress (`step`): each slot's grid and uniforms kept here, in rows of
@@ -166,24 +151,8 @@ class SharedModel:
         return groups[::-1]
 
     def pass_cost(self, k: int, width: int) -> float:
-        """What a pass of `width` tokens for k of the slots costs, in tokens of work: a fixed part
-        (`PASS_COST`), and the tokens of all rows, or of the k images alone when the cache can
-        make a pass over some of its images (plus their gathered rows, `PARTIAL_PASS_COST`)."""
-        return PASS_COST + min(self.slots * width, self._partial_cost(k, width))
-
-    def _partial_cost(self, k: int, width: int) -> float:
-        if not self._partial:
-            return float("inf")
-        k = self._rounded(k)
-        fixed, per_image = PARTIAL_PASS_COST
-        return fixed + k * (per_image + width)
-
-    def _rounded(self, k: int) -> int:
-        """A compiled pass over some images rounds their count up to a power of two (other slots
-        riding along), so that a few graphs serve every count."""
-        if isinstance(self.batch, CompiledRunner):
-            return min(self.slots, 1 << (k - 1).bit_length())
-        return k
+        """What a pass of `width` tokens for k of the slots costs (`ModelRunner.pass_cost`)."""
+        return self.batch.pass_cost(k, width)
 
     def _pass(self, group: List[Forward]) -> Dict[int, Outputs]:
         dev = self.batch.device
@@ -224,12 +193,8 @@ class SharedModel:
     def _images(self, slots: List[int], width: int) -> List[int]:
         """The cache rows a pass of `width` tokens for `slots` runs over: all of them, or those
         images alone (and, compiled, others up to the rounded count) when that costs less."""
-        C = self.slots
-        if C * width <= self._partial_cost(len(slots), width):
-            return list(range(C))
-        mine = set(slots)
-        others = [s for s in range(C) if s not in mine]
-        return sorted(slots + others[:self._rounded(len(slots)) - len(slots)])
+        rows = self.batch.rows_to_pass(slots, width)
+        return list(range(self.slots)) if rows is None else rows
 
     @staticmethod
     def _row(out: Outputs, i: int, n: int) -> Outputs:
