@@ -141,6 +141,28 @@ class SlotKVCache:
             mine[rows] = theirs.to(mine.dtype)
         self.valid[rows] = source.valid
 
+    def image_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The rows of images `index` (int64 [k]): theirs, then with CFG their unconditional ones."""
+        index = index.to(self.device).long()
+        return torch.cat([index, index + self.batch]) if self.cfg else index
+
+    def take_images(self, source: "SlotKVCache", index: torch.Tensor) -> None:
+        """Make this cache of k images a copy of images `index` (int64 [k]) of `source`: keys,
+        values and valid slots, the CFG rows too, copied into this cache's own tensors (their
+        addresses kept: a compiled pass over this cache runs over some images of `source`, and
+        `put_images` copies what it wrote back)."""
+        rows = source.image_rows(index)
+        for mine, theirs in zip(self.k + self.v, source.k + source.v):
+            torch.index_select(theirs, 0, rows, out=mine)
+        torch.index_select(source.valid, 0, rows, out=self.valid)
+
+    def put_images(self, target: "SlotKVCache", index: torch.Tensor) -> None:
+        """Copy this cache of k images into images `index` of `target` (`take_images`' inverse)."""
+        rows = target.image_rows(index)
+        for mine, theirs in zip(self.k + self.v, target.k + target.v):
+            theirs.index_copy_(0, rows, mine)
+        target.valid.index_copy_(0, rows, self.valid)
+
     def clone(self) -> "SlotKVCache":
         other = object.__new__(SlotKVCache)
         other.__dict__.update(self.__dict__)
@@ -161,8 +183,7 @@ class CacheRows(SlotKVCache):
     pass (a compiled one included: every step is a tensor op)."""
 
     def __init__(self, parent: SlotKVCache, index: torch.Tensor):
-        index = index.to(parent.device).long()
-        rows = torch.cat([index, index + parent.batch]) if parent.cfg else index
+        rows = parent.image_rows(index)
         self.parent, self.parent_rows = parent, rows
         self.batch, self.cfg, self.rows = index.shape[0], parent.cfg, rows.shape[0]
         self.n_slots, self.prefix_len = parent.n_slots, parent.prefix_len

@@ -6,6 +6,7 @@ import torch
 from decoding_models import TinyFamily, decode_alone, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import batching, continuous, slots
+from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.fibers import Fiber
 from specdec.decoding.runner import ModelRunner
 from specdec.models.kv_cache import SlotKVCache
@@ -204,13 +205,22 @@ def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monk
     assert engine.idle and engine.running == 0
 
 
-def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam):
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
+def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam, kind):
     """`images=` runs the model over some rows of the cache: their outputs and what the pass
-    writes into the cache are those of the whole batch's pass (batch-invariant numerics)."""
-    with batch_invariant():
-        a = ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+    writes into the cache are those of the whole batch's pass of the same runner kind
+    (batch-invariant numerics). A compiled runner copies those rows into a runner of 2 images and
+    back (here with the identity for a compiler: eager numerics, the copies and the padded pass as
+    compiled)."""
+    def runner():
+        if kind == "eager":
+            return ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+        return CompiledRunner(fam.target, SAMPLING, batch=4, backend="reference", compiler=lambda fn, device: fn)
+
+    with batch_invariant(), torch.no_grad():     # (as the decoders run)
+        a = runner()
         a.prefill(CLASSES[:4])
-        b = ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+        b = runner()
         b.prefill(CLASSES[:4])
         tokens = torch.randint(0, 16, (4, 3), generator=torch.Generator().manual_seed(0))
         pos = torch.tensor([0, 1, 2])
