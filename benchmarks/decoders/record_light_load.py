@@ -17,7 +17,6 @@ there).
 """
 import argparse
 import datetime
-import functools
 import os
 import statistics
 import sys
@@ -32,23 +31,35 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 
 
 class RowsFed:
-    """The rows (images) of the cache each pass of `model` fed, counted by wrapping its
-    `forward_tokens` (the signature kept: the runners read its keywords)."""
+    """The rows (images) of the cache each target pass fed: the runners' passes wrapped (eager and
+    compiled, a pass over some images counting those; an AR step counting every row)."""
 
-    def __init__(self, model):
+    def __init__(self, target):
+        from specdec.decoding.compiled import CompiledRunner
+        from specdec.decoding.runner import ModelRunner, TokenStep
+
         self.passes = self.rows = 0
-        inner = model.forward_tokens
+        self._undo = []
 
-        @functools.wraps(inner)
-        def counted(cache, *args, **kwargs):
-            self.passes += 1
-            self.rows += cache.batch
-            return inner(cache, *args, **kwargs)
-        model.forward_tokens = counted
-        self._undo = lambda: delattr(model, "forward_tokens")
+        def wrap(cls, name, rows_of):
+            inner = cls.__dict__[name]
+
+            def counted(obj, *args, **kwargs):
+                runner = getattr(obj, "runner", obj)
+                if runner.model is target:
+                    self.passes += 1
+                    self.rows += rows_of(runner, kwargs.get("images"))
+                return inner(obj, *args, **kwargs)
+            setattr(cls, name, counted)
+            self._undo.append(lambda: setattr(cls, name, inner))
+
+        for cls in (ModelRunner, CompiledRunner):
+            wrap(cls, "_forward", lambda runner, images: runner.batch if images is None else images.shape[0])
+        wrap(TokenStep, "__call__", lambda runner, images: runner.batch)
 
     def close(self):
-        self._undo()
+        for undo in self._undo:
+            undo()
 
 
 def cell(decoding, fam, method, *, mode, concurrency, requests, seed=0):
@@ -113,7 +124,7 @@ def main(argv=None) -> int:
     record["grid"] = args.grid
     record["variant"] = f"{args.grid}x{args.grid} {args.modes}"
     print(table(rows))
-    print("wrote", save_record(f"light-load-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}", started, record))
+    save_record(f"light-load-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}", started, record)
     return 0
 
 
