@@ -122,6 +122,10 @@ class StreamingEngine(ABC):
         self._next_index = run.first_index
         self.steps = 0      #: engine steps made
         self.reads = 0      #: host reads made (at most one per step)
+        #: where its compiled runners are kept: its own (its caches live across steps, while other
+        #: decodes of the same models may run between them), or None: the models' (a decode
+        #: that runs to its end keeps them there for the next decode's graphs)
+        self.kept_runners: Optional[dict] = {}
 
     # ---- requests ----
     def submit(self, condition, index: Optional[int] = None) -> int:
@@ -185,7 +189,8 @@ class ContinuousEngine(StreamingEngine):
     def shared_model(self, model, sampling, n: int = 0, role: str = "target") -> SharedModel:
         key = (id(model), sampling, n)
         if key not in self._shared:
-            self._shared[key] = SharedModel(model, sampling, self.concurrency, self.run.backend, self.run.compile)
+            self._shared[key] = SharedModel(model, sampling, self.concurrency, self.run.backend, self.run.compile,
+                                            store=self.kept_runners)
             self._roles[key] = role
         return self._shared[key]
 
@@ -306,6 +311,7 @@ def decode_continuous(method: str, conditions: torch.Tensor, decode_one: Callabl
     # (conditions checked by the caller) No more slots than images: a slot left empty would ride
     # along in every pass. The images' shares of a token budget still follow run.concurrency.
     engine = ContinuousEngine(method, decode_one, run, grid, min(run.concurrency, len(conditions)))
+    engine.kept_runners = None
     for i, c in enumerate(conditions):
         engine.submit(c, run.first_index + i)
     start = time.perf_counter()

@@ -250,7 +250,6 @@ class RollingEngine(StreamingEngine):
         self._rows: Optional[RollingRows] = None
         self._passes_before = 0     # (of the batches that have ended)
         self.batches = 0            #: rolling batches started
-        self._kept_runners: dict = {}     # (compiled runners of this engine's batches: Engine.kept_runners)
 
     @property
     def running(self) -> int:
@@ -294,7 +293,7 @@ class RollingEngine(StreamingEngine):
         conditions = torch.stack([c for c, _ in first] + [first[0][0]] * (B - len(first)))
         indices = [i for _, i in first] + [-1 - b for b in range(len(first), B)]
         engine = Engine(self.method, self.run, ImageStreams(self.run.seed, indices), self.grid)
-        engine.kept_runners = self._kept_runners
+        engine.kept_runners = self.kept_runners
         fiber = Fiber(lambda: self.decode_one(conditions, engine), name="specdec-rolling-batch")
         engine.rolling = RollingRows(engine, self.queue, held=len(first), pause=lambda: fiber.wait(None))
         self._fiber, self._engine, self._rows = fiber, engine, engine.rolling

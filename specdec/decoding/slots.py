@@ -62,14 +62,18 @@ def slot_graphs() -> bool:
     return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
 
 
-def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool) -> ModelRunner:
-    """The runner of all slots: eager, or a compiled one kept on the model apart from the
-    lockstep decoders' (its AR step takes a position per row, so its graphs differ)."""
+def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool, store: Optional[dict]) -> ModelRunner:
+    """The runner of all slots: eager, or a compiled one kept apart from the lockstep decoders'
+    (its AR step takes a position per row, so its graphs differ): in `store` (a streaming
+    engine's own), or on the model."""
     if not compile:
         return ModelRunner(model, sampling, batch=slots, backend=backend)
-    store = model.__dict__.setdefault("_specdec_slot_runners", {})
     graphs = slot_graphs()
-    key = _store_key(model, sampling, slots, backend) + (graphs,)
+    key = _store_key(model, sampling, slots, backend) + (graphs, "slots")
+    if store is None:
+        store = model.__dict__.setdefault("_specdec_slot_runners", {})
+    else:
+        key = (id(model),) + key
     if key not in store:
         store[key] = CompiledRunner(model, sampling, batch=slots, backend=backend, graphs=graphs)
     store[key].reset()
@@ -79,11 +83,13 @@ def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool) -> M
 class SharedModel:
     """One model's passes for all the slots of a continuous engine."""
 
-    def __init__(self, model, sampling, slots: int, backend, compile: bool):
+    def __init__(self, model, sampling, slots: int, backend, compile: bool, store: Optional[dict] = None):
+        """`store`: where the compiled runners are kept (a streaming engine's own; None: on the
+        model, `compiled_runner`)."""
         self.slots = slots
-        self.batch = _slot_batch_runner(model, sampling, slots, backend, compile)
+        self.batch = _slot_batch_runner(model, sampling, slots, backend, compile, store)
         #: the one-image runner: prefills, and the functions of outputs the images compute
-        self.single = runner_for(model, sampling, 1, backend, compile=compile)
+        self.single = runner_for(model, sampling, 1, backend, compile=compile, store=store)
         self.H, self.W = self.batch.H, self.batch.W
         self._step: Optional[TokenStep] = None
         self.prefills = 0

@@ -257,13 +257,28 @@ def test_load_row_copies_one_image_into_its_row_and_checks_its_source(fam):
 @pytest.mark.parametrize("method", ["mulo", "ssd"])
 def test_compiled_continuous_batching_gives_the_eager_tokens(fam, method):
     """compile=True under continuous batching: the batched passes through compiled graphs
-    (passes over some images included), one-image prefills and head drafts compiled too."""
+    (passes over some images included), one-image prefills and head drafts compiled too; a
+    compiled stream keeps its runners to itself."""
     kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
     eager = decoding.decode(method, fam, CLASSES[:5], **kw)
     compiled = decoding.decode(method, fam, CLASSES[:5], compile=True, **kw)
     assert torch.equal(compiled.tokens, eager.tokens)
     assert compiled.stats.target_passes == eager.stats.target_passes
     assert len(compiled.stats.compile_s) == 1
+    if method != "mulo":
+        return
+    # A stream's slots live across steps: a compiled decode of the same concurrency run between
+    # two of them (its runners kept on the model) leaves the stream's runners alone.
+    engine = decoding.stream(method, fam, compile=True, **kw)
+    for c in CLASSES[:2]:
+        engine.submit(c)
+    for _ in range(6):        # (the target's passes under way: its cache holds what they wrote)
+        assert engine.step() == []
+    between = decoding.decode(method, fam, CLASSES[2:5], compile=True, first_index=2, **kw)
+    assert torch.equal(between.tokens, eager.tokens[2:5])
+    got = {image.index: image for image in engine.results()}
+    for i in (0, 1):
+        assert torch.equal(got[i].tokens, eager.tokens[i]), i
 
 
 def test_passes_made_count_a_shared_pass_once(fam):
