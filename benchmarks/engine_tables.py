@@ -100,7 +100,7 @@ def render_light_load(data, name):
     its own at concurrency 1, and the rows its target passes fed."""
     grid = data.get("grid", 16)
     lines = decode_section(
-        f"Light load, {grid}x{grid}", data, name,
+        f"Light load, {data.get('variant') or f'{grid}x{grid}'}", data, name,
         f"requests one at a time (each submitted when the last is done), the median of {data['num_images']} per "
         f"cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}, `stream(method, concurrency=...)`. "
         "Against concurrency 1: the same method's engine of one row or slot. Rows / target pass: the images of "
