@@ -237,3 +237,21 @@ def test_real_size_record_runs_and_renders(monkeypatch):
     text = "\n".join(_make_results().render_real_size(record, "real-size-x.json"))
     assert "| llamagen-xl | 24x24 | 1 / 36 | 0.06B (0.77B) |" in text
     assert "| model | 1 | whole grid |" in text and "(576) |" in text and "| llamagen-xl | mulo |" in text
+
+
+def test_the_light_load_table_compares_each_method_with_its_own_engine_of_one():
+    """A lone request's seconds at each concurrency against the same method at concurrency 1 (not
+    against ar), and the rows its target passes fed; the file's kind is its own in the index."""
+    mr = _make_results()
+
+    def row(method, c, seconds, rows):
+        return {"method": method, "mode": "compiled", "concurrency": c, "engine": "RollingEngine",
+                "latency_s": seconds, "target_passes": 99, "rows_per_pass": rows}
+    data = {"kind": "specdec-light-load", "datetime": "2026-12-04T18:00:00", "machine": "test machine",
+            "command": "python benchmarks/decoders/record_light_load.py", "threads": 1, "num_images": 5, "grid": 16,
+            "rows": [row("sd", 16, 0.5, 1.2), row("ar", 1, 0.3, 1.0), row("sd", 1, 0.25, 1.0), row("ar", 16, 0.6, 16)]}
+    text = "\n".join(mr.render_light_load(data, "light.json"))
+    assert "| sd | compiled | 16 | RollingEngine | 0.500 | 2.00x | 99 | 1.2 |" in text
+    assert "| ar | compiled | 16 | RollingEngine | 0.600 | 2.00x | 99 | 16.0 |" in text
+    assert text.index("| ar | compiled | 1 |") < text.index("| sd | compiled | 1 |") < text.index("| sd | compiled | 16 |")
+    assert mr.kind_of(data, "light-load-16x16-compiled-x.json") == "light-load"
