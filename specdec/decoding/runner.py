@@ -18,14 +18,14 @@ from specdec.settings import Sampling, SamplingArgs
 
 #: The cost model that decides which rows a pass goes over (`ModelRunner.pass_cost`; continuous
 #: batching's slots also cut the waiting images' passes with it), in tokens of work (one token of
-#: one image's row). Measured compiled, with the embedded 16x16 family on a 2-core Intel Xeon
-#: (2026-12-04, docs/experiments.md): a pass over all 16 rows costs about 0.86 ms (`PASS_COST`:
-#: its fixed part) and 0.025 ms per token of a row (1.25 ms at 1 token, 7.6 ms at 17); a pass
-#: over k of the rows costs the same fixed part and, per image, its tokens and the copy of its
-#: cache rows in and out, about 10 tokens' worth (`PARTIAL_PASS_COST`: a fixed part beyond the
-#: pass's, and a part per image): 1.05 ms for one image at 1 token, 3.5 ms for 4 at 17.
-PASS_COST = 35
-PARTIAL_PASS_COST = (0, 10)
+#: one image's row). Fitted by benchmarks/decoders/pass_cost.py to compiled passes of the embedded
+#: 16x16 family on a 2-core Intel Xeon (2026-12-04): a pass over all 16 rows costs a fixed part of
+#: about 1 ms (`PASS_COST`) and 0.025 ms per token of a row (1.38 ms at 1 token, 7.8 ms at 17); a
+#: pass over k of them the same fixed part and, per image, its tokens and the copy of its cache
+#: rows in and out, about 12 tokens' worth (`PARTIAL_PASS_COST`: a fixed part beyond the pass's,
+#: and a part per image): 1.12 ms for one image at 1 token, 3.8 ms for 4 at 17.
+PASS_COST = 39
+PARTIAL_PASS_COST = (0, 12)
 
 
 def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
