@@ -181,8 +181,8 @@ def test_a_rolling_stream_passes_over_its_busy_rows_where_that_costs_less(fam, m
     """Light load: a rolling stream of 16 rows whose target passes feed 9 tokens per row, with one
     request, feeds each target pass that one row, not 16; then three requests at once, three rows
     (and fewer as they finish); then eight, all 16 rows, which costs less than copying eight
-    images' cache rows in and out (`ModelRunner.pass_cost`). Every image is still its decode alone, bit for bit, in tokens and
-    passes (the rows a pass leaves out decode only stand-ins)."""
+    images' cache rows in and out (`ModelRunner.pass_cost`). Every image is still its decode
+    alone, bit for bit, in tokens and passes (the rows a pass leaves out decode only stand-ins)."""
     import functools
 
     fed = []     # the images of the cache each target pass fed (prefills are not passes)
