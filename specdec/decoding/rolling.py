@@ -134,8 +134,8 @@ class RollingRows:
                 start(b, condition)
                 if complete(b):     # (a grid of one token is complete at its start)
                     self.finish(b, tokens[b])
-        # Rows without an image decode a stand-in: the next round's passes skip them while they
-        # are at least half the batch (ModelRunner.pass_rows).
+        # Rows without an image decode a stand-in: the next round's passes skip them where that
+        # costs less (ModelRunner.pass_rows).
         held = [b for b in range(B) if self.holds(b)]
         for runner, _ in self.engine.runners:
             runner.pass_rows(None if len(held) == B else held)

@@ -140,9 +140,12 @@ class ModelRunner:
         of them would cost a server at light load what a full batch costs. The outputs of a row
         left out are a copy of another row's (a valid distribution: its stand-in goes on drawing
         tokens) and its cache is not written. A row's outputs do not depend on which other rows
-        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged."""
-        self._busy = None if rows is None or len(rows) == self.batch else list(rows)
-        self._row_maps = {}
+        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged.
+        CPU only: the cost model is fitted there, and on a GPU, where a pass costs about the same
+        whatever rows it carries, this has not run yet (every row is passed)."""
+        busy = None if rows is None or len(rows) == self.batch or self.device.type != "cpu" else list(rows)
+        if busy != self._busy:      # (the row maps of one set of rows serve every round it lasts)
+            self._busy, self._row_maps = busy, {}
 
     def pass_cost(self, k: int, width: int) -> float:
         """What a pass of `width` tokens that k of the B rows need costs, in tokens of work

@@ -136,7 +136,7 @@ class SlotKVCache:
                              f"{self.prefix_len} (rows of one cache share their prefix length)")
         if not 0 <= row < self.batch:
             raise ValueError(f"row must lie in [0, {self.batch}), got {row}")
-        rows = [row, row + self.batch] if self.cfg else [row]
+        rows = self.image_rows(torch.tensor([row]))
         for mine, theirs in zip(self.k + self.v, source.k + source.v):
             mine[rows] = theirs.to(mine.dtype)
         self.valid[rows] = source.valid
