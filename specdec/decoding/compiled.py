@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
-from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, weights_key
+from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, part_size, weights_key
 
 
 def compile_step(fn: Callable, device: torch.device, graphs: bool = True) -> Callable:
@@ -223,7 +223,6 @@ class CompiledRunner(ModelRunner):
         super().__init__(model, sampling, batch=batch, backend=backend)
         self.graphs = graphs
         self._compiler = compiler
-        self._parts: Dict[int, "CompiledRunner"] = {}     # `_forward_images`' runners, by image count
         self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
                                                 distribution=self._distribution, graphs=graphs)
         self._token_step: Optional[TokenStep] = None
@@ -264,11 +263,7 @@ class CompiledRunner(ModelRunner):
         the pass): inside a compiled graph, writing to a cache the same graph has read from made
         inductor copy the whole cache several times per layer (a 1-token pass over one image of
         16 took 5.0 ms against 1.25 ms for all 16; this way 1.05 ms on a 2-core Intel Xeon)."""
-        k = images.shape[0]
-        part = self._parts.get(k)
-        if part is None:
-            part = self._parts[k] = CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend,
-                                                   compiler=self._compiler, graphs=self.graphs)
+        part = self.part(images.shape[0])
         part.cache.take_images(self.cache, images)
         out = part.compiled_forward(tokens, positions, tree_mask, write)
         if write:
@@ -276,7 +271,11 @@ class CompiledRunner(ModelRunner):
         return out
 
     def rows_bucket(self, k: int) -> int:
-        return min(self.batch, 1 << (k - 1).bit_length())
+        return part_size(k, self.batch)
+
+    def _new_part(self, k: int) -> "CompiledRunner":
+        return CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend, compiler=self._compiler,
+                              graphs=self.graphs)
 
     def function(self, key, make):
         found = self.functions.get(key)

@@ -28,6 +28,12 @@ PASS_COST = 39
 PARTIAL_PASS_COST = (0, 12)
 
 
+def part_size(k: int, batch: int) -> int:
+    """How many images a runner of some of a batch's images holds to serve k of them: k rounded up
+    to a power of two, at most the batch."""
+    return min(batch, 1 << (k - 1).bit_length())
+
+
 def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
                             positions: torch.Tensor) -> torch.Tensor:
     """LlamaGen's cfg_interval: the unconditional logits [B, N, V] with the conditional ones in
@@ -116,6 +122,7 @@ class ModelRunner:
         self.widest = 0  #: the most image tokens per row one pass fed (the prefill aside)
         self._busy: Optional[List[int]] = None     # `pass_rows`: the rows that hold images (None: all)
         self._row_maps: dict = {}
+        self._parts: dict = {}      # `part`: runners of some of the images, by image count
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
         # `reach` lets an AR step read only the cache prefix up to its position.
@@ -165,14 +172,44 @@ class ModelRunner:
         bucket (`rows_bucket`)."""
         if self.batch * width <= self._partial_cost(len(rows), width):
             return None
+        return self._filled(rows, self.rows_bucket(len(rows)))
+
+    def rows_to_step(self, rows: Sequence[int], steps: int) -> Optional[List[int]]:
+        """The rows (sorted) that a run of at least `steps` AR steps, which `rows` need, goes over
+        in a runner of that many images (`part`), or None: all B rows. The rows stay in that
+        runner from step to step, so their copy in and out (`PARTIAL_PASS_COST`'s part per image)
+        is paid once for the run, against the rows a step over all of them feeds in vain; the
+        count is rounded up to a power of two (a few runners, and graphs, serve every count).
+        CPU only, as `pass_rows`."""
+        if type(self.cache) is not SlotKVCache or self.device.type != "cpu":
+            return None
+        k = part_size(len(rows), self.batch)
+        if (self.batch - k) * steps <= PARTIAL_PASS_COST[1] * k:
+            return None
+        return self._filled(rows, k)
+
+    def _filled(self, rows: Sequence[int], k: int) -> List[int]:
+        """`rows` and the first other rows up to k of them, sorted."""
         mine = set(rows)
         others = [b for b in range(self.batch) if b not in mine]
-        return sorted(list(rows) + others[:self.rows_bucket(len(rows)) - len(rows)])
+        return sorted(list(rows) + others[:k - len(rows)])
 
     def rows_bucket(self, k: int) -> int:
         """How many rows a pass over k of them feeds: k here (an eager pass costs what it feeds); a
         compiled runner rounds up to a power of two, so that a few graphs serve every count."""
         return k
+
+    def part(self, k: int) -> "ModelRunner":
+        """A runner of the same kind, model and sampling for k images, made once per k and kept:
+        passes over some images of this cache run there on their rows, copied in
+        (`SlotKVCache.take_images`) and back (`put_images`) by the caller."""
+        part = self._parts.get(k)
+        if part is None:
+            part = self._parts[k] = self._new_part(k)
+        return part
+
+    def _new_part(self, k: int) -> "ModelRunner":
+        return ModelRunner(self.model, self.sampling, batch=k, backend=self.backend)
 
     # ---- the passes ----
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
@@ -341,5 +378,5 @@ class TokenStep:
         return self._step.take_compile_s() if self.compiled else 0.0
 
 
-__all__ = ["PARTIAL_PASS_COST", "PASS_COST", "ModelRunner", "Outputs", "TokenStep", "count_pass", "supports_guidance",
-           "unguided_after_interval", "weights_key"]
+__all__ = ["PARTIAL_PASS_COST", "PASS_COST", "ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",
+           "supports_guidance", "unguided_after_interval", "weights_key"]

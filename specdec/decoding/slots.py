@@ -24,13 +24,14 @@ in the image's fiber. Forgetting slots (`invalidate*`) touches the image's own r
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from specdec import masks, switches
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
+from specdec.decoding.uploads import to_device
 
 
 class Forward(NamedTuple):
@@ -100,6 +101,10 @@ class SharedModel:
         self._uniforms: Optional[torch.Tensor] = None
         self._runs: List[Optional[Run]] = [None] * slots
         self._next: List[int] = [0] * slots
+        #: (slots, their rows int64 [k], runner of k images): the rows the AR steps keep in a
+        #: runner of their own (`_step_over`), or None
+        self._resident: Optional[Tuple[List[int], torch.Tensor, ModelRunner]] = None
+        self._disturbed = False     # another pass or forgetting since the last step (`_settle`)
 
     @property
     def passes(self) -> int:
@@ -112,6 +117,7 @@ class SharedModel:
 
     # ---- the passes ----
     def prefill(self, request: Prefill) -> Outputs:
+        self._settle()
         self.prefills += 1
         self.single.reset()
         out = self.single.prefill(request.condition)
@@ -121,6 +127,7 @@ class SharedModel:
     def forward(self, requests: List[Forward]) -> Dict[int, Outputs]:
         """As few passes as pay (see the module's docstring): passes in place are split into
         passes by width at the least cost (`_in_place_groups`); blocks join blocks of their width."""
+        self._settle(disturbs=True)
         in_place = [r for r in requests if r.tree_mask is None and r.write]
         groups = self._in_place_groups(in_place)
         blocks: Dict[tuple, List[Forward]] = {}
@@ -214,10 +221,11 @@ class SharedModel:
         """One AR step of every image in `runs`, each at its own position; returns the images
         whose run is complete (their grids filled in). An image's run stays with the engine from
         step to step: the image resumes only when all its steps are made, so a step costs the
-        same few tensor operations however many images it serves (no hand-over per token)."""
+        same few tensor operations however many images it serves (no hand-over per token). When
+        few slots run, the steps go over their rows alone, kept in a runner of that many images
+        while the same slots run (`_step_over`)."""
         C, dev, HW = self.slots, self.batch.device, self.H * self.W
-        if self._step is None:
-            self._step = self.batch.token_step()
+        if self._grid is None:
             self._grid = torch.zeros(C, HW, dtype=torch.long, device=dev)
             self._uniforms = torch.zeros(C, HW, dtype=torch.float32, device=dev)
         for r in runs:
@@ -226,25 +234,27 @@ class SharedModel:
                 self._next[r.slot] = r.start + 1
                 self._grid[r.slot] = r.x[0]
                 self._uniforms[r.slot, r.start + 1:r.end] = r.uniforms[:, 0]
-        # Each running image feeds its newest token at its position; the others ride along,
-        # feeding token 0 at the last raster position (whose output nothing reads).
-        fed = [HW - 1] * C
-        running = [False] * C
-        for r in runs:
-            fed[r.slot] = self._next[r.slot] - 1
-            running[r.slot] = True
-        position = torch.tensor(fed, dtype=torch.long).view(C, 1).to(dev)
-        going = torch.tensor(running).view(C, 1).to(dev)
+        rows, step, index = self._step_over(runs)
+        # Each running image feeds its newest token at its position; the other rows of the step
+        # ride along, feeding token 0 at the last raster position (whose output nothing reads).
+        fed_at = {r.slot: self._next[r.slot] - 1 for r in runs}
+        fed = [fed_at.get(s, HW - 1) for s in rows]
+        position = torch.tensor(fed, dtype=torch.long).view(-1, 1).to(dev)
+        going = torch.tensor([s in fed_at for s in rows]).view(-1, 1).to(dev)
         drawn = (position + 1).clamp(max=HW - 1)
-        tokens = torch.where(going, self._grid.gather(1, position), 0)
-        uniforms = self._uniforms.gather(1, drawn)[:, 0]
-        # The eager step reads the cache up to `reach` when every row is a running image.
-        reach = max(fed) if len(runs) == C else None
-        out = self._step(tokens, position, uniforms, reach=reach)
+        grid = self._grid if index is None else self._grid.index_select(0, index)
+        uniforms = self._uniforms if index is None else self._uniforms.index_select(0, index)
+        tokens = torch.where(going, grid.gather(1, position), 0)
+        # The eager step reads the cache up to `reach` when every row it feeds is a running image.
+        reach = max(fed) if len(fed_at) == len(rows) else None
+        out = step(tokens, position, uniforms.gather(1, drawn)[:, 0], reach=reach)
         # Every row's draw is written, the riding rows' too: theirs lands at the last position,
         # which no run feeds (a run feeds positions before its end) and a run that draws it
         # overwrites; a run starting in a slot copies its whole grid in.
-        self._grid.scatter_(1, drawn, out[:, None])
+        if index is None:
+            self._grid.scatter_(1, drawn, out[:, None])
+        else:
+            self._grid.index_put_((index, drawn[:, 0]), out)
         done = {}
         for r in runs:
             self._next[r.slot] += 1
@@ -254,9 +264,48 @@ class SharedModel:
                 done[r.slot] = None
         return done
 
+    def _step_over(self, runs: List[Run]):
+        """(the slots a step goes over, in order; its AR step; their rows as int64 [k], or None
+        for all slots). All slots, or (`ModelRunner.rows_to_step`: when that costs less for the
+        steps left before the first of these runs ends) the running slots' rows, taken into a
+        runner of that many images and kept there (`_resident`) while the same rows step: copied
+        in once and back once (`_settle`) rather than per step, for a lone request at light load
+        pays otherwise what a full engine pays per token."""
+        # (the steps the copies are paid for: until the first run ends, or one step when the
+        # slots' other passes came between the last two steps and will likely come again)
+        steps = 1 if self._disturbed else min(r.end - self._next[r.slot] for r in runs)
+        self._disturbed = False
+        rows = self.batch.rows_to_step(sorted(r.slot for r in runs), steps)
+        if rows is None:
+            self._settle()
+            if self._step is None:
+                self._step = self.batch.token_step()
+            return range(self.slots), self._step, None
+        if self._resident is None or self._resident[0] != rows:
+            self._settle()
+            index = to_device(rows, self.batch.device, torch.long)
+            part = self.batch.part(len(rows))
+            part.cache.take_images(self.batch.cache, index)
+            self._resident = (rows, index, part)
+        rows, index, part = self._resident
+        count_pass(self.batch, 1)      # (passes made: counted on the runner of all slots)
+        return rows, part.token_step(), index
+
+    def _settle(self, disturbs: bool = False) -> None:
+        """Copy the rows the AR steps keep in a runner of some images back into the cache of all
+        slots: before anything else reads or writes that cache (a pass, a prefill, a forgetting).
+        `disturbs`: the slots' passes or forgetting, which recur between steps (other images in
+        other phases), so that the next step expects to pay the copies again."""
+        self._disturbed = self._disturbed or disturbs
+        if self._resident is not None:
+            _, index, part = self._resident
+            part.cache.put_images(self.batch.cache, index)
+            self._resident = None
+
     # ---- one row's cache ----
     def forget(self, slot: int, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
         """Forget image `slot`'s raster `positions` [N] or [1, N] (where `where` [1, N] is set)."""
+        self._settle(disturbs=True)
         positions = positions.reshape(1, -1).to(self.batch.device)
         mine = torch.zeros(self.slots, positions.shape[1], dtype=torch.bool, device=positions.device)
         mine[slot] = True if where is None else where.reshape(-1).to(positions.device)

@@ -331,9 +331,53 @@ def test_an_images_ar_steps_stay_with_the_engine_until_all_are_made(fam, monkeyp
         for c in CLASSES[:3]:
             engine.submit(c)
         images = {image.index: image for image in engine.results()}
-        alone = decoding.decode("ar", fam, CLASSES[:3], **kw)
+        alone = decoding.decode("ar", fam, CLASSES[:6], **kw)
     H, W = fam.target.grid
     assert engine.steps >= 2 * H * W - 2      # two waves of one step per token (the prefill's draw aside)
     assert len(resumes) <= 3 * 3              # per image: its start, the prefill's reply, the run's end
     for i in range(3):
         assert torch.equal(images[i].tokens, alone.tokens[i])
+
+
+def test_ar_steps_at_light_load_go_over_the_running_slots_alone(fam, monkeypatch):
+    """A stream of 8 slots that holds one request makes its AR steps over that image's row alone
+    (kept in a runner of one image for the run), two requests over two rows, and the rows go back
+    to the cache of all slots before anything else reads it: every image still gets the tokens of
+    its decode alone; `mulo` too (its drafter's steps between the target's passes)."""
+    fed_rows = []
+    call = slots.TokenStep.__call__
+
+    def counted(step, tokens, *args, **kwargs):
+        fed_rows.append(tokens.shape[0])
+        return call(step, tokens, *args, **kwargs)
+
+    kw = dict(seed=4, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        alone = decoding.decode("ar", fam, CLASSES[:6], **kw)
+        ref = decode_alone(fam, "mulo", CLASSES[:4], {}, **kw)
+        monkeypatch.setattr(slots.TokenStep, "__call__", counted)
+        engine = decoding.stream("ar", fam, concurrency=8, **kw)
+        got = submit_staggered(engine, CLASSES[:6], {0: 1, 4: 1, 30: 1, 33: 1, 35: 1, 37: 1})
+        for i in range(6):
+            assert torch.equal(got[i].tokens, alone.tokens[i]), i
+        # one row while one image runs, two while two do; all 8 for the last step or two of a run,
+        # where the copies would cost more than they save
+        # one row while the first image runs alone, two while two do (the last steps of a run,
+        # where the copies would cost more than they save, go over all 8)
+        assert fed_rows[:3] == [1, 1, 1] and 2 in fed_rows, fed_rows
+        # With copies that cost nothing, the steps go over the running rows whenever fewer than
+        # all run: a request that joins in a row the steps hold (here the fourth, in the row that
+        # rounded three up to four) finds its prefill there.
+        monkeypatch.setattr("specdec.decoding.runner.PARTIAL_PASS_COST", (0, 0))
+        engine = decoding.stream("ar", fam, concurrency=8, **kw)
+        got = submit_staggered(engine, CLASSES[:6], {0: 1, 2: 1, 4: 1, 6: 1, 8: 2})
+        for i in range(6):
+            assert torch.equal(got[i].tokens, alone.tokens[i]), i
+        monkeypatch.undo()
+        monkeypatch.setattr(slots.TokenStep, "__call__", counted)
+        fed_rows.clear()
+        engine = decoding.stream("mulo", fam, concurrency=8, **kw)
+        got = submit_staggered(engine, CLASSES[:4], {0: 2, 5: 1, 9: 1})
+        for i, r in enumerate(ref):
+            assert torch.equal(got[i].tokens, r.tokens[0]), i
+        assert min(fed_rows) < 8, fed_rows
