@@ -6,6 +6,7 @@
 #   benchmarks/gpu_check.sh OUTDIR --dry-run  # check that every step and file exists; run nothing
 #   GPU_CHECK_STEPS="build tests" benchmarks/gpu_check.sh OUTDIR   # a subset of the steps
 #   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check (below)
+#   GPU_CHECK_STEPS="build continuous" benchmarks/gpu_check.sh OUTDIR   # continuous batching, CUDA graphs
 #
 # Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
 # included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
@@ -68,6 +69,10 @@ STEPS=(
   # The kernels against torch.compile of their reference, SDPA, FlexAttention and FlashInfer where
   # it imports (only when asked: GPU_CHECK_STEPS="... peers"; the headline shape, N 1024, V 16384).
   "peers|200|env SPECDEC_PEERS=headline $PY benchmarks/run.py --peers"
+  # Continuous batching on CUDA, the slots' compiled passes replayed as CUDA graphs (opt-in until
+  # this has run: only when asked, GPU_CHECK_STEPS="build continuous"): every method at 1 and 16,
+  # lockstep and continuous, against ar in the same run.
+  "continuous|240|env SPECDEC_CONTINUOUS_GRAPHS=1 $PY benchmarks/decoders/record_continuous.py --device cuda --grid 16 --modes compiled --concurrency 1,16 --num-images 32"
   # Real model sizes with random weights (only when asked: GPU_CHECK_STEPS="... real_size"): the
   # cost of a target pass against the tokens fed, compiled with CUDA graphs.
   "real_size|240|$PY benchmarks/decoders/record_real_size.py --device cuda --compile --layers 4 --tokens 1,16,64,256 --decode-models none"
@@ -80,6 +85,7 @@ SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
                 benchmarks/kernels/pool_paths.py benchmarks/kernels/bench_kernel_peers.py benchmarks/decoders/record_real_size.py
+                benchmarks/decoders/record_continuous.py
                 tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py)
 
 if [[ $DRY == 1 ]]; then
@@ -165,7 +171,7 @@ so=$(ls specdec/_C*.so 2>/dev/null | head -1)
   done
   echo
   [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
-  for name in compare compare_verify engine_eager engine; do
+  for name in compare compare_verify engine_eager engine continuous; do
     [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
   done
   [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }

@@ -11,7 +11,7 @@ benchmarks/results/continuous-<grid>-<modes>-<machine>-<stamp>.json.
 
     python benchmarks/decoders/record_continuous.py [--grid 16] [--num-images 32]
         [--concurrency 1,4,16,64] [--modes eager,compiled] [--methods ...]
-        [--budgets none,256,128] [--batchings lockstep,continuous]
+        [--budgets none,256,128] [--batchings lockstep,continuous] [--device cuda]
 
 `--budgets`: the token budget per target pass (`max_tokens_per_pass`) of each cell, shared by the
 images decoded at once; `ar` feeds one token per image whatever the budget, so it runs once.
@@ -67,6 +67,7 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     from specdec import decoding
+    from specdec.decoding import slots
     from specdec.models import default
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,11 +80,13 @@ def main(argv=None) -> int:
                    help="max_tokens_per_pass values, comma-separated ('none': no limit); ar has no budget to use")
     p.add_argument("--batchings", default="lockstep,continuous")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu",
+                   help="cuda: the compiled slots replay CUDA graphs only with SPECDEC_CONTINUOUS_GRAPHS=1 (opt-in)")
     args = p.parse_args(argv)
     budgets = [None if b == "none" else int(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()
-    fam = default(grid=args.grid)
+    fam = default(grid=args.grid, device=args.device)
     classes = torch.arange(args.num_images) % fam.target.num_classes
     methods = [m for m in args.methods.split(",") if m]
     rows = []
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
                         print(rows[-1], flush=True)
     record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
     record["grid"] = args.grid
+    record["continuous_graphs"] = args.device == "cuda" and slots.slot_graphs()
     # (runs of a few methods are kept apart from the runs of all of them; ar runs in every run)
     subset = "" if set(methods) | {"ar"} == set(decoding.METHODS) else " " + ",".join(methods)
     record["variant"] = f"{args.grid}x{args.grid} {args.modes}{subset}" + (

@@ -11,7 +11,7 @@ def test_gpu_check_dry_run(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dry run OK" in proc.stdout
-    for step in ("build", "tests", "limits", "bench"):
+    for step in ("build", "tests", "limits", "bench", "continuous"):
         assert f"[dry-run] {step}" in proc.stdout
 
 
