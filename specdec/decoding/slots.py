@@ -16,7 +16,8 @@ pass:
   the same width. Rows with nothing to do ride along at the last raster position, whose output
   predicts a position past the grid that nothing reads (and only a query there sees its slot);
 - `step`: an AR step of every image in a run of AR steps (`TokenStep.run`), each at its own
-  position; the image resumes only when its run is done.
+  position; the image resumes only when its run is done. When few slots run (light load), the
+  steps go over their rows alone, kept in a runner of that many images while the same slots run.
 
 Everything else a method asks of its runner is a function of the outputs it already has
 (`probs`, `token_probs`, SSD's head drafts through `function`): the one-image runner computes it,
