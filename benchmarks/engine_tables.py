@@ -105,7 +105,7 @@ def render_light_load(data, name):
         f"cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}, `stream(method, concurrency=...)`. "
         "Against concurrency 1: the same method's engine of one row or slot. Rows / target pass: the images of "
         "the cache a target pass fed, on average (a rolling batch's passes skip the rows without an image where "
-        "that costs less; an AR step feeds every row).",
+        "that costs less; the slots' AR steps feed the running slots' rows, or every row where that costs less).",
         ["method", "mode", "concurrency", "engine", "seconds / request", "vs concurrency 1",
          "target passes / request", "rows / target pass"])
     alone = {(r["method"], r["mode"]): r["latency_s"] for r in data["rows"] if r["concurrency"] == 1}

@@ -5,7 +5,8 @@ serves whatever arrives, often one request at a time. Per cell (method, mode, co
 seconds from `submit` to the finished image for requests that arrive one at a time, each after the
 last is done (the median over `--requests`), its target passes, and the rows the engine's target
 passes fed on average (a rolling batch's passes skip rows without an image while they are at
-least half the batch; slots pass over the images that need the target). Every method beside `ar`
+least half the batch; slots pass over the images that need the target, and their AR steps over
+the running images). Every method beside `ar`
 at the same concurrency and mode, in one run; a cell at concurrency 1 is the floor. Kept as
 benchmarks/results/light-load-<grid>-<modes>-<machine>-<stamp>.json.
 
@@ -32,7 +33,8 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 
 class RowsFed:
     """The rows (images) of the cache each target pass fed: the runners' passes wrapped (eager and
-    compiled, a pass over some images counting those; an AR step counting every row)."""
+    compiled, a pass over some images counting those; an AR step counting the rows of its runner:
+    all slots, or the running ones at light load)."""
 
     def __init__(self, target):
         from specdec.decoding.compiled import CompiledRunner
