@@ -182,7 +182,7 @@ class RollingRows:
             self._singles[id(runner)] = single
         single.reset()
         out = single.prefill(condition)
-        runner.cache.load_row(single.cache, b)
+        runner.load_row(single.cache, b)
         role = next(role for r, role in self.engine.runners if r is runner)
         self.rows[b].passes[role] += 1
         if role == "target":

@@ -123,6 +123,9 @@ class ModelRunner:
         self._busy: Optional[List[int]] = None     # `pass_rows`: the rows that hold images (None: all)
         self._row_maps: dict = {}
         self._parts: dict = {}      # `part`: runners of some of the images, by image count
+        #: (rows [k] sorted, their int64 tensor, the runner of k images holding them): the busy
+        #: rows' cache kept in a runner of their own while the same rows are busy (`pass_rows`)
+        self._resident: Optional[Tuple[List[int], torch.Tensor, "ModelRunner"]] = None
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
         # `reach` lets an AR step read only the cache prefix up to its position.
@@ -136,23 +139,59 @@ class ModelRunner:
     def reset(self) -> None:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
         same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
+        self._resident = None
         self.cache.reset()
         self.forwards = self.fed = self.widest = 0
         self.pass_rows(None)
 
     def pass_rows(self, rows: Optional[Sequence[int]]) -> None:
-        """Let later passes of all B rows go over these rows only (None: over every row) where
-        that costs less (`rows_to_pass`): a rolling batch with rows that hold no image calls it at
-        every round boundary. Those rows decode a stand-in that nothing keeps, and a pass over all
-        of them would cost a server at light load what a full batch costs. The outputs of a row
-        left out are a copy of another row's (a valid distribution: its stand-in goes on drawing
-        tokens) and its cache is not written. A row's outputs do not depend on which other rows
+        """Let later passes of all B rows go over these rows only (None: over every row), rounded
+        up to a power of two (`_busy_rows`): a rolling batch with rows that hold no image calls it
+        at every round boundary. Those rows decode a stand-in that nothing keeps, and a pass over
+        all of them would cost a server at light load what a full batch costs. The busy rows'
+        cache moves into a runner of that many images until the busy rows change (`forward`). The
+        outputs of a row left out are a copy of another row's (a valid distribution: its stand-in
+        goes on drawing tokens) and its cache is not written. A row's outputs do not depend on which other rows
         share its pass (bit for bit under `batch_invariant()`), so the images are unchanged.
         CPU only: the cost model is fitted there, and on a GPU, where a pass costs about the same
         whatever rows it carries, this has not run yet (every row is passed)."""
         busy = None if rows is None or len(rows) == self.batch or self.device.type != "cpu" else list(rows)
         if busy != self._busy:      # (the row maps of one set of rows serve every round it lasts)
+            self.settle_rows()
             self._busy, self._row_maps = busy, {}
+
+    def _busy_rows(self) -> Optional[List[int]]:
+        """The rows (sorted) the passes of all B rows go over while `pass_rows`' rows are busy:
+        those rows and others up to a power of two (`part_size`), or None: all B rows (no busy
+        rows set, no fewer rows to pass, or a cache that cannot copy rows out)."""
+        if self._busy is None or type(self.cache) is not SlotKVCache:
+            return None
+        k = part_size(len(self._busy), self.batch)
+        return None if k >= self.batch else self._filled(self._busy, k)
+
+    def settle_rows(self) -> None:
+        """Copy the busy rows kept in a runner of their own (`pass_rows`) back into this cache:
+        anything that reads or writes the cache otherwise than through `forward` and `invalidate*`
+        calls it first (a prefill, `load_row`, an AR step)."""
+        if self._resident is not None:
+            _, index, part = self._resident
+            part.cache.put_images(self.cache, index)
+            self._resident = None
+
+    def _resident_part(self, chosen: List[int], rows: torch.Tensor) -> "ModelRunner":
+        """The runner of len(chosen) images holding rows `chosen`, their cache copied in when they
+        were not held already."""
+        if self._resident is None or self._resident[0] != chosen:
+            self.settle_rows()
+            part = self.part(len(chosen))
+            part.cache.take_images(self.cache, rows)
+            self._resident = (chosen, rows, part)
+        return self._resident[2]
+
+    def load_row(self, source, row: int) -> None:
+        """`SlotKVCache.load_row` into this runner's cache (busy rows held apart copied back first)."""
+        self.settle_rows()
+        self.cache.load_row(source, row)
 
     def pass_cost(self, k: int, width: int) -> float:
         """What a pass of `width` tokens that k of the B rows need costs, in tokens of work
@@ -222,6 +261,7 @@ class ModelRunner:
     def prefill(self, classes) -> Outputs:
         """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
         self.forwards += 1
+        self.settle_rows()
         classes = to_device(classes, self.device) if isinstance(classes, torch.Tensor) else classes.to(self.device)
         out = self.model.prefill(self.cache, classes, backend=self.backend)
         return self.outputs(out.logits, out.hidden)
@@ -231,18 +271,23 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order. `images` (int64 [k]): a pass over those
         images of the cache only (tokens [k, N]; continuous batching). Set by `pass_rows`, a pass
-        of all B rows goes over some of them and its outputs are spread back to B rows."""
+        of all B rows goes over the busy rows (`_busy_rows`) and its outputs are spread back to B
+        rows: those rows' cache is copied into a runner of that many images once, and stays there
+        while the same rows are busy (a lone request at light load: copied in and out once, not
+        at every pass)."""
         chosen = None
         if self._busy is not None and images is None and tree_mask is None:
-            chosen = self.rows_to_pass(self._busy, tokens.shape[1])
+            chosen = self._busy_rows()
         if chosen is None:
+            self.settle_rows()
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write, images=images)
         rows, source = self._row_map(chosen)
         tokens = tokens.to(self.device).index_select(0, rows)
         positions = positions.to(self.device)
         if positions.dim() == 2:
             positions = positions.index_select(0, rows)
-        out = self._forward(tokens, positions, write=write, images=rows)
+        count_pass(self, tokens.shape[1])
+        out = self._resident_part(chosen, rows)._forward(tokens, positions, write=write)
 
         def spread(t):   # [k, ...] -> [B, ...]
             return None if t is None else t.index_select(0, source)
@@ -284,12 +329,20 @@ class ModelRunner:
         """Forget the cache entries of raster positions [N] or [B, N]."""
         if positions.numel():
             self.cache.invalidate_positions(positions)
+            if self._resident is not None:      # (and in the busy rows held apart)
+                _, rows, part = self._resident
+                part.cache.invalidate_positions(positions.index_select(0, rows) if positions.dim() == 2 else positions)
 
     def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
         """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per
         row; no host read)."""
         if positions.numel():
             self.cache.invalidate_positions(positions, where=mask)
+            if self._resident is not None:
+                _, rows, part = self._resident
+                rows = rows.to(positions.device)
+                part.cache.invalidate_positions(positions.index_select(0, rows),
+                                                where=mask.index_select(0, rows.to(mask.device)))
 
     # ---- functions of tensors kept with the runner ----
     def function(self, key, make: Callable[[], Callable]) -> Callable:
@@ -358,6 +411,7 @@ class TokenStep:
         """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
         eager step then reads only the cache prefix up to it; the compiled step ignores it and
         reads the whole cache (one shape for every step, so one graph)."""
+        self.runner.settle_rows()
         count_pass(self.runner, 1)
         (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
                                                                                            uniforms, reach)

@@ -7,9 +7,12 @@ import torch
 from decoding_models import TinyFamily, decode_alone, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import batching, rolling
+from specdec.decoding.compiled import CompiledRunner
+from specdec.decoding.runner import ModelRunner
 from specdec.decoding.sjd import JacobiWindows
 from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.streams import ImageStreams, image_generator
+from specdec.models.kv_cache import SlotKVCache
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
 from specdec.settings import Sampling
@@ -177,12 +180,13 @@ def test_a_rolling_stream_serves_requests_after_idle_and_starts_a_batch_after_an
 
 
 @pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8))], ids=["sd", "sjd"])
-def test_a_rolling_stream_passes_over_its_busy_rows_where_that_costs_less(fam, monkeypatch, method, options):
+def test_a_rolling_stream_passes_over_its_busy_rows(fam, monkeypatch, method, options):
     """Light load: a rolling stream of 16 rows whose target passes feed 9 tokens per row, with one
-    request, feeds each target pass that one row, not 16; then three requests at once, three rows
-    (and fewer as they finish); then eight, all 16 rows, which costs less than copying eight
-    images' cache rows in and out (`ModelRunner.pass_cost`). Every image is still its decode
-    alone, bit for bit, in tokens and passes (the rows a pass leaves out decode only stand-ins)."""
+    request, feeds each target pass that one row, not 16, its cache rows copied out of the
+    batch's cache once for the request, not at every pass; then three requests at once, four rows
+    (a power of two; fewer as they finish); then eight, eight rows. Every image is still its
+    decode alone, bit for bit, in tokens and passes (the rows a pass leaves out decode only
+    stand-ins; the rejected drafts a round forgets are forgotten in the rows held apart too)."""
     import functools
 
     fed = []     # the images of the cache each target pass fed (prefills are not passes)
@@ -193,12 +197,21 @@ def test_a_rolling_stream_passes_over_its_busy_rows_where_that_costs_less(fam, m
         fed.append(cache.batch)
         return forward_tokens(cache, *args, **kwargs)
 
+    takes = []
+    take_images = SlotKVCache.take_images
+
+    def counted(cache, source, index):
+        takes.append(index.shape[0])
+        return take_images(cache, source, index)
+
     monkeypatch.setattr(fam.target, "forward_tokens", recorded)
+    monkeypatch.setattr(SlotKVCache, "take_images", counted)
     kw = dict(seed=4, sampling=SAMPLING, backend="reference", **options)
     got = {}
 
     def serve(classes):
         fed.clear()
+        takes.clear()
         for c in classes:
             engine.submit(c)
         got.update((image.index, image) for image in engine.results())
@@ -206,14 +219,63 @@ def test_a_rolling_stream_passes_over_its_busy_rows_where_that_costs_less(fam, m
 
     with batch_invariant():
         engine = decoding.stream(method, fam, concurrency=16, **kw)
-        assert set(serve(CLASSES[:1])) == {1}
+        rows = serve(CLASSES[:1])
+        assert set(rows) == {1} and len(rows) > 5
+        assert len(takes) == (2 if method == "sd" else 1), takes     # (sd: the target's and the drafter's)
         rows = serve(CLASSES[1:4])
-        assert rows[0] == 3 and set(rows) <= {1, 2, 3}
+        assert rows[0] == 4 and set(rows) <= {1, 2, 4}
         rows = serve(CLASSES[4:])
-        assert rows[0] == 16 and set(rows) <= {1, 2, 3, 4, 5, 6, 7, 16}
+        assert rows[0] == 8 and set(rows) <= {1, 2, 4, 8}
         assert engine.batches == 1
         ref = decode_alone(fam, method, CLASSES, options, seed=4, sampling=SAMPLING, backend="reference")
     assert sorted(got) == list(range(len(CLASSES)))
     for i, image in got.items():
         assert torch.equal(image.tokens, ref[i].tokens[0]), i
         assert image.stats.target_passes == ref[i].stats.target_passes, i
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compiled):
+    """A runner told its busy rows (`pass_rows`) holds their cache in a runner of their own while
+    they stay busy (three of 8, with a fourth row to make a power of two): its passes, what a round
+    forgets (`invalidate_where`, `invalidate`) and what a prefill loads into a row (`load_row`,
+    here the fourth row) give the busy rows the outputs and the cache of a runner that passes
+    every row (batch-invariant numerics; compiled with the identity for a compiler: the padded
+    passes and copies as compiled)."""
+    def runner():
+        if not compiled:
+            return ModelRunner(fam.target, SAMPLING, batch=8, backend="reference")
+        return CompiledRunner(fam.target, SAMPLING, batch=8, backend="reference", compiler=lambda fn, device: fn)
+
+    g = torch.Generator().manual_seed(1)
+    classes = CLASSES[:8]
+    with batch_invariant(), torch.no_grad():
+        every, held = runner(), runner()
+        one = ModelRunner(fam.target, SAMPLING, batch=1, backend="reference")
+        one.prefill(CLASSES[:1])
+        for r in (every, held):
+            r.prefill(classes)
+        held.pass_rows([1, 2, 3])           # (held in a runner of 4: rows 0 to 3)
+        images = [1, 2, 3]
+        busy = torch.tensor(images + [b + 8 for b in images])   # their rows of the cache and hidden states (CFG)
+
+        def same(a, b):
+            assert torch.equal(a.cond[images], b.cond[images]) and torch.equal(a.hidden[busy], b.hidden[busy])
+
+        for step in range(3):
+            tokens = torch.randint(0, 16, (8, 3), generator=g)
+            pos = torch.arange(3 * step, 3 * step + 3).expand(8, -1)
+            same(every.forward(tokens, pos), held.forward(tokens, pos))
+            forget = torch.rand(8, 3, generator=g) < 0.5
+            forget[:, 2] = False        # (left for `invalidate` below)
+            for r in (every, held):
+                r.invalidate_where(pos, forget)
+                if step == 1:
+                    r.invalidate(pos[:, 2:])
+                if step == 2:
+                    r.load_row(one.cache, 0)    # (a row held with the busy ones takes a new image)
+        held.settle_rows()
+    for a, b in zip(every.cache.k + every.cache.v, held.cache.k + held.cache.v):
+        assert torch.equal(a[busy], b[busy])
+    assert torch.equal(every.cache.valid[busy], held.cache.valid[busy])
+    assert torch.equal(held.cache.valid[[0, 8]], one.cache.valid)
