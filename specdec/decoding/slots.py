@@ -102,10 +102,12 @@ class SharedModel:
         self._uniforms: Optional[torch.Tensor] = None
         self._runs: List[Optional[Run]] = [None] * slots
         self._next: List[int] = [0] * slots
-        #: (slots, their rows int64 [k], runner of k images): the rows the AR steps keep in a
-        #: runner of their own (`_step_over`), or None
+        #: (slots, their rows int64 [k], runner of k images): the rows held in a runner of their
+        #: own (`_hold`: by the AR steps and the passes over some images), or None
         self._resident: Optional[Tuple[List[int], torch.Tensor, ModelRunner]] = None
-        self._disturbed = False     # another pass or forgetting since the last step (`_settle`)
+        #: a pass or a forgetting since the last step: the next step counts on paying its copies
+        #: again (other images in other phases will likely want other rows before the step after)
+        self._disturbed = False
 
     @property
     def passes(self) -> int:
@@ -128,7 +130,7 @@ class SharedModel:
     def forward(self, requests: List[Forward]) -> Dict[int, Outputs]:
         """As few passes as pay (see the module's docstring): passes in place are split into
         passes by width at the least cost (`_in_place_groups`); blocks join blocks of their width."""
-        self._settle(disturbs=True)
+        self._disturbed = True
         in_place = [r for r in requests if r.tree_mask is None and r.write]
         groups = self._in_place_groups(in_place)
         blocks: Dict[tuple, List[Forward]] = {}
@@ -200,8 +202,12 @@ class SharedModel:
             mask = masks.pack(torch.eye(N, dtype=torch.bool, device=dev)).expand(k, -1, -1).clone()
             for r in group:
                 mask[where[r.slot]] = r.tree_mask[0]
-        index = None if k == self.slots else torch.tensor(images, dtype=torch.long).to(dev)
-        out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write, images=index)
+        if k == self.slots:
+            self._settle()
+            out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write)
+        else:   # (a pass over some images: theirs held apart, as for the AR steps)
+            count_pass(self.batch, N)
+            out = self._hold(images).forward(tokens, positions, tree_mask=mask, write=group[0].write)
         return {r.slot: self._row(out, where[r.slot], r.tokens.shape[1]) for r in group}
 
     def _images(self, slots: List[int], width: int) -> List[int]:
@@ -282,22 +288,25 @@ class SharedModel:
             if self._step is None:
                 self._step = self.batch.token_step()
             return range(self.slots), self._step, None
+        part = self._hold(rows)
+        count_pass(self.batch, 1)      # (passes made: counted on the runner of all slots)
+        return rows, part.token_step(), self._resident[1]
+
+    def _hold(self, rows: List[int]) -> ModelRunner:
+        """The runner of len(rows) images that holds the cache rows of slots `rows` (sorted), copied
+        in unless it holds them already: the AR steps' and the passes over some images' (a lone
+        request at light load: its row copied out once, not at every pass or step)."""
         if self._resident is None or self._resident[0] != rows:
             self._settle()
             index = to_device(rows, self.batch.device, torch.long)
             part = self.batch.part(len(rows))
             part.cache.take_images(self.batch.cache, index)
             self._resident = (rows, index, part)
-        rows, index, part = self._resident
-        count_pass(self.batch, 1)      # (passes made: counted on the runner of all slots)
-        return rows, part.token_step(), index
+        return self._resident[2]
 
-    def _settle(self, disturbs: bool = False) -> None:
-        """Copy the rows the AR steps keep in a runner of some images back into the cache of all
-        slots: before anything else reads or writes that cache (a pass, a prefill, a forgetting).
-        `disturbs`: the slots' passes or forgetting, which recur between steps (other images in
-        other phases), so that the next step expects to pay the copies again."""
-        self._disturbed = self._disturbed or disturbs
+    def _settle(self) -> None:
+        """Copy the rows held apart (`_hold`) back into the cache of all slots: before a pass over
+        all slots, a prefill, or holding other rows."""
         if self._resident is not None:
             _, index, part = self._resident
             part.cache.put_images(self.batch.cache, index)
@@ -305,12 +314,16 @@ class SharedModel:
 
     # ---- one row's cache ----
     def forget(self, slot: int, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
-        """Forget image `slot`'s raster `positions` [N] or [1, N] (where `where` [1, N] is set)."""
-        self._settle(disturbs=True)
+        """Forget image `slot`'s raster `positions` [N] or [1, N] (where `where` [1, N] is set), in
+        the cache of all slots and, when its row is held apart (`_hold`), there too."""
+        self._disturbed = True
         positions = positions.reshape(1, -1).to(self.batch.device)
         mine = torch.zeros(self.slots, positions.shape[1], dtype=torch.bool, device=positions.device)
         mine[slot] = True if where is None else where.reshape(-1).to(positions.device)
         self.batch.invalidate_where(positions.expand(self.slots, -1), mine)
+        if self._resident is not None and slot in self._resident[0]:
+            rows, index, part = self._resident
+            part.invalidate_where(positions.expand(len(rows), -1), mine.index_select(0, index))
 
 
 class SlotRunner:

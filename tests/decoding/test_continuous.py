@@ -381,3 +381,52 @@ def test_ar_steps_at_light_load_go_over_the_running_slots_alone(fam, monkeypatch
         for i, r in enumerate(ref):
             assert torch.equal(got[i].tokens, r.tokens[0]), i
         assert min(fed_rows) < 8, fed_rows
+
+
+def test_rows_the_slots_hold_apart_get_what_a_pass_over_all_slots_gives(fam, monkeypatch):
+    """A pass over some images holds their cache rows in a runner of that many images until other
+    rows are needed (a lone request copies its row out once, not at every pass): its outputs, and
+    after forgetting some of its positions and copying the rows back, the cache of all slots,
+    are those of the same passes over all slots (batch-invariant numerics). A lone `ssd` request
+    in a stream of 8 copies its row out once and gets the tokens of its decode alone."""
+    def shared_model(hold):
+        shared = slots.SharedModel(fam.target, SAMPLING, 4, "reference", compile=False)
+        if not hold:
+            shared.batch.rows_to_pass = lambda rows, width: None
+        for s in range(4):
+            shared.prefill(slots.Prefill(s, CLASSES[s:s + 1]))
+        return shared
+
+    g = torch.Generator().manual_seed(2)
+    with batch_invariant(), torch.no_grad():
+        held, every = shared_model(True), shared_model(False)
+        for start in (0, 7):     # (the tiny grid has 16 positions)
+            tokens = torch.randint(0, 16, (1, 9), generator=g)
+            pos = torch.arange(start, start + 9)[None]
+            a, b = (m.forward([slots.Forward(1, tokens, pos, None, True)])[1] for m in (held, every))
+            assert torch.equal(a.cond, b.cond) and torch.equal(a.hidden, b.hidden)
+            forget = torch.rand(1, 9, generator=g) < 0.5
+            for m in (held, every):
+                m.forget(1, pos, forget)
+        assert held._resident is not None and held._resident[0] == [1]
+        held._settle()
+        rows = torch.tensor([1, 5])
+        for x, y in zip(held.batch.cache.k + held.batch.cache.v + [held.batch.cache.valid],
+                        every.batch.cache.k + every.batch.cache.v + [every.batch.cache.valid]):
+            assert torch.equal(x[rows], y[rows])
+
+        takes = []
+        take_images = SlotKVCache.take_images
+
+        def counted(cache, source, index):
+            takes.append(index.shape[0])
+            return take_images(cache, source, index)
+
+        kw = dict(seed=4, sampling=SAMPLING, backend="reference")
+        alone = decoding.decode("ssd", fam, CLASSES[:1], **kw)
+        monkeypatch.setattr(SlotKVCache, "take_images", counted)
+        engine = decoding.stream("ssd", fam, concurrency=8, **kw)
+        engine.submit(CLASSES[0])
+        (image,) = engine.results()
+    assert torch.equal(image.tokens, alone.tokens[0])
+    assert takes == [1] and image.stats.target_passes[0] > 5, takes
