@@ -123,8 +123,8 @@ class ModelRunner:
         self._busy: Optional[List[int]] = None     # `pass_rows`: the rows that hold images (None: all)
         self._row_maps: dict = {}
         self._parts: dict = {}      # `part`: runners of some of the images, by image count
-        #: (rows [k] sorted, their int64 tensor, the runner of k images holding them): the busy
-        #: rows' cache kept in a runner of their own while the same rows are busy (`pass_rows`)
+        #: (rows [k] sorted, their int64 tensor, the runner of k images holding them): rows whose
+        #: cache is kept in a runner of their own (`hold`), or None
         self._resident: Optional[Tuple[List[int], torch.Tensor, "ModelRunner"]] = None
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
@@ -153,8 +153,8 @@ class ModelRunner:
         outputs of a row left out are a copy of another row's (a valid distribution: its stand-in
         goes on drawing tokens) and its cache is not written. A row's outputs do not depend on which other rows
         share its pass (bit for bit under `batch_invariant()`), so the images are unchanged.
-        CPU only: the cost model is fitted there, and on a GPU, where a pass costs about the same
-        whatever rows it carries, this has not run yet (every row is passed)."""
+        CPU only: on a GPU, where a pass costs about the same whatever rows it carries, this has
+        not run yet (every row is passed)."""
         busy = None if rows is None or len(rows) == self.batch or self.device.type != "cpu" else list(rows)
         if busy != self._busy:      # (the row maps of one set of rows serve every round it lasts)
             self.settle_rows()
@@ -170,23 +170,26 @@ class ModelRunner:
         return None if k >= self.batch else self._filled(self._busy, k)
 
     def settle_rows(self) -> None:
-        """Copy the busy rows kept in a runner of their own (`pass_rows`) back into this cache:
-        anything that reads or writes the cache otherwise than through `forward` and `invalidate*`
-        calls it first (a prefill, `load_row`, an AR step)."""
+        """Copy the rows held in a runner of their own (`hold`) back into this cache: anything that
+        reads or writes the cache otherwise than through them and `invalidate*` calls it first (a
+        pass over all rows, a prefill, `load_row`, an AR step of this runner)."""
         if self._resident is not None:
             _, index, part = self._resident
             part.cache.put_images(self.cache, index)
             self._resident = None
 
-    def _resident_part(self, chosen: List[int], rows: torch.Tensor) -> "ModelRunner":
-        """The runner of len(chosen) images holding rows `chosen`, their cache copied in when they
-        were not held already."""
-        if self._resident is None or self._resident[0] != chosen:
+    def hold(self, rows: List[int]) -> Tuple["ModelRunner", torch.Tensor]:
+        """The runner of len(rows) images that holds rows `rows` (sorted) of this cache, and those
+        rows as int64 [k]: copied in unless held already, they stay there until `settle_rows`
+        (a rolling batch's busy rows; the slots' AR steps and passes over some images). What is
+        forgotten (`invalidate*`) reaches them there too."""
+        if self._resident is None or self._resident[0] != rows:
             self.settle_rows()
-            part = self.part(len(chosen))
-            part.cache.take_images(self.cache, rows)
-            self._resident = (chosen, rows, part)
-        return self._resident[2]
+            index = to_device(rows, self.device, torch.long)
+            part = self.part(len(rows))
+            part.cache.take_images(self.cache, index)
+            self._resident = (list(rows), index, part)
+        return self._resident[2], self._resident[1]
 
     def load_row(self, source, row: int) -> None:
         """`SlotKVCache.load_row` into this runner's cache (busy rows held apart copied back first)."""
@@ -287,7 +290,7 @@ class ModelRunner:
         if positions.dim() == 2:
             positions = positions.index_select(0, rows)
         count_pass(self, tokens.shape[1])
-        out = self._resident_part(chosen, rows)._forward(tokens, positions, write=write)
+        out = self.hold(chosen)[0]._forward(tokens, positions, write=write)
 
         def spread(t):   # [k, ...] -> [B, ...]
             return None if t is None else t.index_select(0, source)

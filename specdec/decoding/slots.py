@@ -25,14 +25,13 @@ in the image's fiber. Forgetting slots (`invalidate*`) touches the image's own r
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
 from specdec import masks, switches
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
-from specdec.decoding.uploads import to_device
 
 
 class Forward(NamedTuple):
@@ -102,9 +101,6 @@ class SharedModel:
         self._uniforms: Optional[torch.Tensor] = None
         self._runs: List[Optional[Run]] = [None] * slots
         self._next: List[int] = [0] * slots
-        #: (slots, their rows int64 [k], runner of k images): the rows held in a runner of their
-        #: own (`_hold`: by the AR steps and the passes over some images), or None
-        self._resident: Optional[Tuple[List[int], torch.Tensor, ModelRunner]] = None
         #: a pass or a forgetting since the last step: the next step counts on paying its copies
         #: again (other images in other phases will likely want other rows before the step after)
         self._disturbed = False
@@ -120,11 +116,10 @@ class SharedModel:
 
     # ---- the passes ----
     def prefill(self, request: Prefill) -> Outputs:
-        self._settle()
         self.prefills += 1
         self.single.reset()
         out = self.single.prefill(request.condition)
-        self.batch.cache.load_row(self.single.cache, request.slot)
+        self.batch.load_row(self.single.cache, request.slot)
         return out
 
     def forward(self, requests: List[Forward]) -> Dict[int, Outputs]:
@@ -203,11 +198,10 @@ class SharedModel:
             for r in group:
                 mask[where[r.slot]] = r.tree_mask[0]
         if k == self.slots:
-            self._settle()
             out = self.batch.forward(tokens, positions, tree_mask=mask, write=group[0].write)
-        else:   # (a pass over some images: theirs held apart, as for the AR steps)
+        else:   # (a pass over some images: their rows held apart, as for the AR steps)
             count_pass(self.batch, N)
-            out = self._hold(images).forward(tokens, positions, tree_mask=mask, write=group[0].write)
+            out = self.batch.hold(images)[0].forward(tokens, positions, tree_mask=mask, write=group[0].write)
         return {r.slot: self._row(out, where[r.slot], r.tokens.shape[1]) for r in group}
 
     def _images(self, slots: List[int], width: int) -> List[int]:
@@ -275,55 +269,31 @@ class SharedModel:
         """(the slots a step goes over, in order; its AR step; their rows as int64 [k], or None
         for all slots). All slots, or (`ModelRunner.rows_to_step`: when that costs less for the
         steps left before the first of these runs ends) the running slots' rows, taken into a
-        runner of that many images and kept there (`_resident`) while the same rows step: copied
-        in once and back once (`_settle`) rather than per step, for a lone request at light load
-        pays otherwise what a full engine pays per token."""
+        runner of that many images and kept there (`ModelRunner.hold`) while the same rows step:
+        copied in once and back once rather than per step, for a lone request at light load pays
+        otherwise what a full engine pays per token."""
         # (the steps the copies are paid for: until the first run ends, or one step when the
         # slots' other passes came between the last two steps and will likely come again)
         steps = 1 if self._disturbed else min(r.end - self._next[r.slot] for r in runs)
         self._disturbed = False
         rows = self.batch.rows_to_step(sorted(r.slot for r in runs), steps)
         if rows is None:
-            self._settle()
             if self._step is None:
                 self._step = self.batch.token_step()
             return range(self.slots), self._step, None
-        part = self._hold(rows)
+        part, index = self.batch.hold(rows)
         count_pass(self.batch, 1)      # (passes made: counted on the runner of all slots)
-        return rows, part.token_step(), self._resident[1]
-
-    def _hold(self, rows: List[int]) -> ModelRunner:
-        """The runner of len(rows) images that holds the cache rows of slots `rows` (sorted), copied
-        in unless it holds them already: the AR steps' and the passes over some images' (a lone
-        request at light load: its row copied out once, not at every pass or step)."""
-        if self._resident is None or self._resident[0] != rows:
-            self._settle()
-            index = to_device(rows, self.batch.device, torch.long)
-            part = self.batch.part(len(rows))
-            part.cache.take_images(self.batch.cache, index)
-            self._resident = (rows, index, part)
-        return self._resident[2]
-
-    def _settle(self) -> None:
-        """Copy the rows held apart (`_hold`) back into the cache of all slots: before a pass over
-        all slots, a prefill, or holding other rows."""
-        if self._resident is not None:
-            _, index, part = self._resident
-            part.cache.put_images(self.batch.cache, index)
-            self._resident = None
+        return rows, part.token_step(), index
 
     # ---- one row's cache ----
     def forget(self, slot: int, positions: torch.Tensor, where: Optional[torch.Tensor]) -> None:
         """Forget image `slot`'s raster `positions` [N] or [1, N] (where `where` [1, N] is set), in
-        the cache of all slots and, when its row is held apart (`_hold`), there too."""
+        its row held apart too (`ModelRunner.hold`)."""
         self._disturbed = True
         positions = positions.reshape(1, -1).to(self.batch.device)
         mine = torch.zeros(self.slots, positions.shape[1], dtype=torch.bool, device=positions.device)
         mine[slot] = True if where is None else where.reshape(-1).to(positions.device)
         self.batch.invalidate_where(positions.expand(self.slots, -1), mine)
-        if self._resident is not None and slot in self._resident[0]:
-            rows, index, part = self._resident
-            part.invalidate_where(positions.expand(len(rows), -1), mine.index_select(0, index))
 
 
 class SlotRunner:

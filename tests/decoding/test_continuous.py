@@ -408,8 +408,8 @@ def test_rows_the_slots_hold_apart_get_what_a_pass_over_all_slots_gives(fam, mon
             forget = torch.rand(1, 9, generator=g) < 0.5
             for m in (held, every):
                 m.forget(1, pos, forget)
-        assert held._resident is not None and held._resident[0] == [1]
-        held._settle()
+        assert held.batch._resident is not None and held.batch._resident[0] == [1]
+        held.batch.settle_rows()
         rows = torch.tensor([1, 5])
         for x, y in zip(held.batch.cache.k + held.batch.cache.v + [held.batch.cache.valid],
                         every.batch.cache.k + every.batch.cache.v + [every.batch.cache.valid]):
