@@ -2,8 +2,9 @@
 (`specdec.decoding.runner.PASS_COST`, `PARTIAL_PASS_COST`), to refit it on another machine.
 
 For a runner of `--rows` images of the embedded family, the milliseconds of a pass of each width
-over all rows and over k of them (`images=`: eager, a cache of those rows; compiled, their rows
-copied into a runner of k and back), the median of `--repeat` calls after three untimed ones;
+over all rows and over k of them (their rows copied into a runner of k, `ModelRunner.hold`, its
+pass, and the rows copied back: what a pass over some images costs when the next one wants
+others), the median of `--repeat` calls after three untimed ones;
 then the cost model's constants fitted to the compiled figures, in tokens of work.
 
     python benchmarks/decoders/pass_cost.py [--grid 16] [--rows 16] [--modes compiled,eager]
@@ -19,11 +20,14 @@ def time_pass(runner, width: int, k=None, repeat: int = 20) -> float:
     rows = runner.batch if k is None else k
     tokens = torch.zeros(rows, width, dtype=torch.long)
     positions = torch.arange(width).expand(rows, -1) + 10
-    images = None if k is None else torch.arange(k)
     times = []
     for i in range(repeat + 3):
         start = time.perf_counter()
-        runner.forward(tokens, positions, images=images)
+        if k is None:
+            runner.forward(tokens, positions)
+        else:
+            runner.hold(list(range(k)))[0].forward(tokens, positions)
+            runner.settle_rows()
         if i >= 3:
             times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3

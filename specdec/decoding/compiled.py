@@ -247,28 +247,11 @@ class CompiledRunner(ModelRunner):
         classes = classes.to(self.device)
         return self.outputs(*self.function(("prefill", tuple(classes.shape)), make)(classes))
 
-    def _forward(self, tokens, positions, *, tree_mask=None, write=True, images=None):
+    def _forward(self, tokens, positions, *, tree_mask=None, write=True):
         count_pass(self, tokens.shape[1])
         tokens, positions = tokens.to(self.device), positions.to(self.device)
-        if images is None:
-            logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
-        else:
-            logits, hidden, probs = self._forward_images(tokens, positions, tree_mask, write, images)
+        logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
-
-    def _forward_images(self, tokens, positions, tree_mask, write, images):
-        """A pass over images `images` (int64 [k]) of the cache: their rows copied into the cache
-        of a runner of k images (made once per k and kept), its compiled pass, and the rows
-        copied back. Why not the eager way (`SlotKVCache.images`, a cache of some rows made inside
-        the pass): inside a compiled graph, writing to a cache the same graph has read from made
-        inductor copy the whole cache several times per layer (a 1-token pass over one image of
-        16 took 5.0 ms against 1.25 ms for all 16; this way 1.05 ms on a 2-core Intel Xeon)."""
-        part = self.part(images.shape[0])
-        part.cache.take_images(self.cache, images)
-        out = part.compiled_forward(tokens, positions, tree_mask, write)
-        if write:
-            part.cache.put_images(self.cache, images)
-        return out
 
     def rows_bucket(self, k: int) -> int:
         return part_size(k, self.batch)

@@ -47,17 +47,6 @@ def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torc
     return torch.where(off, cond, uncond)
 
 
-def pass_over(model, cache, images: Optional[torch.Tensor], tokens, positions, tree_mask, write, **kwargs):
-    """`model.forward_tokens` over the whole cache, or (images: int64 [k]) over those images of it
-    alone (`SlotKVCache.images`)."""
-    if images is None:
-        return model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write, **kwargs)
-    part = cache.images(images)
-    out = model.forward_tokens(part, tokens, positions, tree_mask=tree_mask, write=write, **kwargs)
-    part.commit()
-    return out
-
-
 class Outputs(NamedTuple):
     """Outputs of a forward at N positions: guidance halves and pre-norm hidden states."""
 
@@ -199,7 +188,7 @@ class ModelRunner:
     def pass_cost(self, k: int, width: int) -> float:
         """What a pass of `width` tokens that k of the B rows need costs, in tokens of work
         (`PASS_COST`): a fixed part, and the tokens of all rows, or of the k rows alone when the
-        cache can make a pass over some of its images (plus their gathered rows)."""
+        cache can hold some of its images apart (`hold`: plus their rows copied in and out)."""
         return PASS_COST + min(self.batch * width, self._partial_cost(k, width))
 
     def _partial_cost(self, k: int, width: int) -> float:
@@ -269,21 +258,20 @@ class ModelRunner:
         out = self.model.prefill(self.cache, classes, backend=self.backend)
         return self.outputs(out.logits, out.hidden)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True,
-                images: Optional[torch.Tensor] = None) -> Outputs:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
-        token that follows position i in raster order. `images` (int64 [k]): a pass over those
-        images of the cache only (tokens [k, N]; continuous batching). Set by `pass_rows`, a pass
+        token that follows position i in raster order. (A pass over some images of the cache alone
+        is a pass of the runner that `hold` gives.) Set by `pass_rows`, a pass
         of all B rows goes over the busy rows (`_busy_rows`) and its outputs are spread back to B
         rows: those rows' cache is copied into a runner of that many images once, and stays there
         while the same rows are busy (a lone request at light load: copied in and out once, not
         at every pass)."""
         chosen = None
-        if self._busy is not None and images is None and tree_mask is None:
+        if self._busy is not None and tree_mask is None:
             chosen = self._busy_rows()
         if chosen is None:
             self.settle_rows()
-            return self._forward(tokens, positions, tree_mask=tree_mask, write=write, images=images)
+            return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
         rows, source = self._row_map(chosen)
         tokens = tokens.to(self.device).index_select(0, rows)
         positions = positions.to(self.device)
@@ -310,13 +298,12 @@ class ModelRunner:
                                    to_device(source, self.device, torch.long))
         return self._row_maps[key]
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True,
-                 images: Optional[torch.Tensor] = None) -> Outputs:
-        """`forward` over the rows given (all, or `images`)."""
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
+        """`forward` over every row of the cache."""
         count_pass(self, tokens.shape[1])
         tokens, positions = tokens.to(self.device), positions.to(self.device)
-        out = pass_over(self.model, self.cache, images, tokens, positions, tree_mask, write,
-                        backend=self.backend, **self._fast)
+        out = self.model.forward_tokens(self.cache, tokens, positions, tree_mask=tree_mask, write=write,
+                                        backend=self.backend, **self._fast)
         return self.outputs_at(out.logits, out.hidden, positions)
 
     def outputs_at(self, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> Outputs:

@@ -119,11 +119,6 @@ class SlotKVCache:
     def reset(self) -> None:
         self.valid.zero_()
 
-    def images(self, index: torch.Tensor) -> "CacheRows":
-        """Images `index` (int64 [k], distinct) of this cache as a cache of k images, for a pass
-        over those images only (`CacheRows`)."""
-        return CacheRows(self, index)
-
     def load_row(self, source: "SlotKVCache", row: int) -> None:
         """Make image `row` of this cache a copy of `source`, a cache of one image (just
         prefilled, say): its keys, values and valid slots, the CFG row too. This is how a
@@ -170,35 +165,3 @@ class SlotKVCache:
         other.v = [t.clone() for t in self.v]
         other.valid = self.valid.clone()
         return other
-
-
-class CacheRows(SlotKVCache):
-    """Some images of a cache, as a cache of their own: a model pass over them alone costs what
-    their rows cost, not the whole batch's (continuous batching: the images that need the target
-    in a step are seldom all of them).
-
-    The keys, values and valid slots of those rows are gathered (a copy) when it is made; what a
-    pass writes goes to the copy (which the pass's attention reads) and through to the parent
-    cache, and `commit()` copies the valid slots back after the pass. Made and used inside one
-    pass (a compiled one included: every step is a tensor op)."""
-
-    def __init__(self, parent: SlotKVCache, index: torch.Tensor):
-        rows = parent.image_rows(index)
-        self.parent, self.parent_rows = parent, rows
-        self.batch, self.cfg, self.rows = index.shape[0], parent.cfg, rows.shape[0]
-        self.n_slots, self.prefix_len = parent.n_slots, parent.prefix_len
-        self.k = [t[rows] for t in parent.k]
-        self.v = [t[rows] for t in parent.v]
-        self.valid = parent.valid[rows]
-        self._row_index = torch.arange(self.rows, device=parent.device)[:, None]
-        self.kv_pos = parent.kv_pos[:self.rows]
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        super().write(layer, slots, k, v)
-        rows = self.parent_rows[:, None]
-        self.parent.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.parent.k[layer].dtype)
-        self.parent.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.parent.v[layer].dtype)
-
-    def commit(self) -> None:
-        """The pass's valid slots into the parent cache."""
-        self.parent.valid[self.parent_rows] = self.valid

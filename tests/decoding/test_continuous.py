@@ -207,11 +207,10 @@ def test_a_failing_shared_pass_reaches_the_caller_and_ends_every_image(fam, monk
 
 @pytest.mark.parametrize("kind", ["eager", "compiled"])
 def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam, kind):
-    """`images=` runs the model over some rows of the cache: their outputs and what the pass
-    writes into the cache are those of the whole batch's pass of the same runner kind
-    (batch-invariant numerics). A compiled runner copies those rows into a runner of 2 images and
-    back (here with the identity for a compiler: eager numerics, the copies and the padded pass as
-    compiled)."""
+    """`hold` runs the model over some rows of the cache, copied into a runner of 2 images and back
+    (`settle_rows`): their outputs and what the pass writes into the cache are those of the whole
+    batch's pass of the same runner kind (batch-invariant numerics; compiled here with the
+    identity for a compiler: eager numerics, the copies and the padded pass as compiled)."""
     def runner():
         if kind == "eager":
             return ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
@@ -226,7 +225,8 @@ def test_a_pass_over_some_images_is_the_pass_over_all_for_those_images(fam, kind
         pos = torch.tensor([0, 1, 2])
         whole = a.forward(tokens, pos)
         rows = torch.tensor([1, 3])
-        part = b.forward(tokens[rows], pos.expand(2, -1), images=rows)
+        part = b.hold([1, 3])[0].forward(tokens[rows], pos.expand(2, -1))
+        b.settle_rows()
     assert torch.equal(part.cond, whole.cond[rows])
     assert torch.equal(part.hidden, whole.hidden[torch.cat([rows, rows + 4])])
     every = torch.tensor([1, 3, 5, 7])    # the rows of images 1 and 3, conditional and unconditional
