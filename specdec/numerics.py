@@ -41,9 +41,14 @@ def batch_invariant(enabled: bool = True):
 
 
 def row_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] as M separate vector-matrix products (one kernel shape, so
-    row m of the result is the same whatever M is)."""
-    return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-3)).squeeze(-2)
+    """a [..., M, K] @ b [..., K, N] with each row of the result computed on its own: the products
+    summed over K elementwise (one sequential sum per output element), so row m is the same
+    whatever M and the batch dimensions are. Not a batched BLAS call, even of one-row products:
+    MKL picks its batched kernels by the batch count, and with 257 keys a query's attention
+    scores came out with other low bits beside 6 queries than beside 16 (a padded pass), which
+    changed an SSD image under continuous batching (tests/kernels/test_reference_runs.py). An
+    [..., M, K, N] intermediate: for tests and checks, as batch_invariant() is."""
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2)
 
 
 class RowLinear(nn.Linear):
