@@ -4,9 +4,8 @@ A server sizes its engine for its busiest minutes (`stream(method, concurrency=N
 serves whatever arrives, often one request at a time. Per cell (method, mode, concurrency): the
 seconds from `submit` to the finished image for requests that arrive one at a time, each after the
 last is done (the median over `--requests`), its target passes, and the rows the engine's target
-passes fed on average (a rolling batch's passes skip rows without an image while they are at
-least half the batch; slots pass over the images that need the target, and their AR steps over
-the running images). Every method beside `ar`
+passes fed on average (the scheduler's passes go over the rows that hold images; the slots pass
+over the images that need the target, and their AR steps over the running images). Every method beside `ar`
 at the same concurrency and mode, in one run; a cell at concurrency 1 is the floor. Kept as
 benchmarks/results/light-load-<grid>-<modes>-<machine>-<stamp>.json.
 

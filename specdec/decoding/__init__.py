@@ -7,24 +7,28 @@
     out.tokens, out.images, out.stats          # grids, decoded images, DecodeStats
 
 Each method has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`), a policy
-over the engine's round state, whose `decode(target, conditions, *, <its models>, options=<its
-options>, run=RunSettings(...))` takes the models explicitly; `decode(method, family, ...)`
-(specdec.decoding.api) picks the pieces a method needs from a model family through the module's
-hooks. The engine is split by job: `engine` (a batch's round state: streams, runners, the
-read-accept-commit step, statistics), `runner` (a model with its cache), `compiled` (the same
-through torch.compile), `streams` (one random stream per image), `uploads` (host data to the
-device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of shared passes),
-`drafters` (what proposes tokens for raster speculation), `batching`, `results`; continuous
-batching (`decode(..., concurrency=N)`, and `stream(...)` for a server) is `continuous` (slots
-and the engine step), `slots` (the batched passes), `fibers` (each image's decode as a fiber) and
-`rolling` (`sd`, `lantern`, `sjd`: one batch whose rows take the next request when done).
+over the rows of one persistent batch, whose `decode(target, conditions, *, <its models>,
+options=<its options>, run=RunSettings(...))` takes the models explicitly; `decode(method,
+family, ...)` (specdec.decoding.api) picks the pieces a method needs from a model family through
+the module's hooks. `scheduler` is the one loop (admit -> step -> retire) that `decode`,
+`decode(batch_size=...)`, `decode(concurrency=...)` and `stream(...)` run on, `streaming` its
+streaming engine for a server; the rest is split by job: `engine` (the batch's round state:
+streams, runners, the read-accept-commit step, statistics), `runner` (a model with its cache),
+`compiled` (the same through torch.compile), `streams` (one random stream per image), `uploads`
+(host data to the device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of
+shared passes), `drafters` (what proposes tokens for raster speculation), `batching`, `results`.
+MuLo-SD and SSD are not row policies yet: under `concurrency` they run an image per slot,
+`continuous` (the engine step), `slots` (the batched passes) and `fibers` (each image's decode as
+a fiber).
 """
 from __future__ import annotations
 
 from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
-from specdec.decoding.continuous import ContinuousEngine, Finished, StreamingEngine
+from specdec.decoding.continuous import ContinuousEngine
+from specdec.decoding.scheduler import Finished
+from specdec.decoding.streaming import RowStream, StreamingEngine
 from specdec.decoding.ar import AROptions
 from specdec.decoding.lantern import LanternOptions
 from specdec.decoding.mulo import MuloOptions
@@ -36,6 +40,7 @@ from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
 __all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
-           "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RunSettings", "SDOptions",
-           "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method", "concat_results",
-           "decode", "family_options", "method_options", "options_as_kwargs", "options_for", "stream"]
+           "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RowStream", "RunSettings",
+           "SDOptions", "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method",
+           "concat_results", "decode", "family_options", "method_options", "options_as_kwargs", "options_for",
+           "stream"]

@@ -18,7 +18,8 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
-from specdec.decoding.continuous import Requests, StreamingEngine
+from specdec.decoding.continuous import Requests
+from specdec.decoding.streaming import StreamingEngine
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling, check_int
@@ -207,8 +208,8 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
            **options) -> StreamingEngine:
-    """A streaming engine of `method` on the family's target, for a server: a rolling batch for
-    `sd`, `lantern` and `sjd` (`specdec.decoding.rolling`), slots for the others
+    """A streaming engine of `method` on the family's target, for a server: the scheduler's
+    (`specdec.decoding.streaming.RowStream`), or for `mulo` and `ssd` an image per slot
     (`specdec.decoding.continuous`); `submit(class_id)` requests as they arrive, `step()` and take the images it
     returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
     other keyword arguments are `decode`'s (run settings, models, the method's options), and

@@ -13,10 +13,12 @@ from typing import Optional
 
 import torch
 
-from specdec.decoding.batching import run_batches
+from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
-from specdec.decoding.runner import ModelRunner, TokenStep
+from specdec.decoding.runner import ModelRunner, TokenStep, count_pass
+from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.streams import ImageStreams, step_uniforms
+from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings
 
 
@@ -66,17 +68,71 @@ def plain_ar(engine, runner: ModelRunner, classes, first=None) -> torch.Tensor:
     return sample_grid(runner, classes, engine.streams, start_out=first, step=runner.token_step())
 
 
+class ARRows(RowPolicy):
+    """`ar` over the scheduler's rows: each row at its own raster position, one AR step over every
+    row per scheduler step (each row feeds its last token and draws the next). A row's uniforms
+    for its whole grid are drawn from its stream when it starts (the same numbers, in the same
+    order, as drawn step by step), and the positions advance on the device: no host work and no
+    host read per token. Rows done or without an image re-feed their last token at its own slot
+    (the same keys and values) and keep their grid."""
+
+    def __init__(self, engine, target):
+        super().__init__(engine)
+        self.runner = engine.runner(target)
+        B, self.HW = engine.batch, self.runner.H * self.runner.W
+        dev = self.runner.device
+        self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
+        #: each row's position fed by the next step (its last drawn token's), [B, 1]; the host
+        #: mirror says when a row is done (its last position fed)
+        self.position = torch.full((B, 1), self.HW - 1, dtype=torch.long, device=dev)
+        self.at = [self.HW - 1] * B
+        self.uniforms = torch.zeros(B, self.HW, device=dev)   #: row b's uniform for each position
+        self._step = self.runner.token_step()
+
+    def start(self, rows, conditions):
+        e, runner, HW = self.engine, self.runner, self.HW
+        _, p0 = e.prefill_rows(runner, rows, conditions)
+        streams = e.streams.rows(rows)
+        first = draw(p0, streams, runner.backend)
+        index = to_device(rows, runner.device, torch.long)
+        grids = torch.zeros(len(rows), HW, dtype=torch.long, device=runner.device)
+        grids[:, 0] = first
+        self.tokens.index_copy_(0, index, grids)
+        u = torch.zeros(len(rows), HW)
+        u[:, 1:] = streams.rand((len(rows) * (HW - 1),)).view(len(rows), HW - 1)
+        self.uniforms.index_copy_(0, index, to_device(u, runner.device))
+        self.position.index_fill_(0, index, 0)
+        for b in rows:
+            self.at[b] = 0
+
+    def done(self):
+        return [a >= self.HW - 1 for a in self.at]
+
+    def step(self):
+        runner, reach = self.runner, max(self.at)
+        held = runner.busy_rows()
+        if held is None:
+            values, written, moved = self._step.on_grid(self.tokens, self.position, self.uniforms, reach=reach)
+            self.tokens.scatter_(1, written, values)
+            self.position.copy_(moved)
+        else:   # only the rows that hold images, in a runner of that many (`ModelRunner.hold`)
+            part, index = runner.hold(held)
+            count_pass(runner, 1)
+            grid = self.tokens.index_select(0, index)
+            values, written, moved = part.token_step().on_grid(grid, self.position.index_select(0, index),
+                                                               self.uniforms.index_select(0, index), reach=reach)
+            self.tokens.index_copy_(0, index, grid.scatter_(1, written, values))
+            self.position.index_copy_(0, index, moved)
+        self.at = [a + 1 if a < self.HW - 1 else a for a in self.at]
+
+
 def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(), run: RunSettings = RunSettings()):
-    """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch). With
-    `run.compile` each step (model pass + sampling) runs through torch.compile
-    (specdec.decoding.compiled); the one-off compile time of each batch shape is reported in
+    """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch), on the scheduler
+    (`specdec.decoding.scheduler`). With `run.compile` each step (model pass + sampling) runs
+    through torch.compile (specdec.decoding.compiled); the one-off compile time is reported in
     stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is kept on the
-    model), and is part of wall_s of the batch that paid it."""
-
-    def decode_batch(cls, engine):
-        return plain_ar(engine, engine.runner(target), cls)
-
-    return run_batches("ar", target, conditions, decode_batch, run, tokenizer, same_passes=True)
+    model), and is part of wall_s."""
+    return run_rows("ar", target, conditions, lambda engine: ARRows(engine, target), run, tokenizer)
 
 
 OPTIONS = AROptions

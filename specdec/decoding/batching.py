@@ -1,7 +1,7 @@
-"""Decoding in batches: `run_batches` splits the conditions into batches, gives each batch an
-`Engine` (its images' streams, runners and statistics), times each batch and joins the
-statistics; the checks of a decoder's common arguments (the model's protocol, the conditions)
-happen here, once per call."""
+"""How a decode runs: `run_rows` on the scheduler (`specdec.decoding.scheduler`: `ar`, `sd`,
+`lantern`, `sjd`, `zipar`), `run_batches` in lockstep batches or an image per slot (MuLo-SD and
+SSD, until they are policies over rows too); the checks of a decoder's common arguments (the
+model's protocol, the conditions) happen here, once per call."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,8 @@ import torch
 from specdec.decoding.engine import Engine
 from specdec.decoding.continuous import ContinuousEngine, Requests, decode_continuous
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
-from specdec.decoding.rolling import RollingEngine, decode_rolling
+from specdec.decoding.scheduler import Scheduler
+from specdec.decoding.streaming import RowStream
 from specdec.decoding.streams import ImageStreams
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
@@ -39,49 +40,75 @@ def check_classes(model, classes):
     return classes.long()
 
 
+def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSettings, tokenizer=None):
+    """Decode `conditions` on the scheduler, `make_policy(engine)` the method's policy over its
+    rows: `run.concurrency` rows, each refilled as soon as its image is done; else lockstep
+    batches of `run.batch_size` (rows refilled once all are free). Image i depends only on (seed,
+    first_index + i). Prompts start together in groups of that many (a cache holds one prefix
+    length for all its rows). Given `Requests()` it returns the streaming engine (`RowStream`)
+    instead. The grids are decoded to images with `tokenizer` (not timed)."""
+    check_grid_model(model, "target")
+    if isinstance(conditions, Requests):
+        run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
+        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer,
+                         check=lambda c: check_classes(model, c))
+    conditions = check_classes(model, conditions)
+    n, rows = conditions.shape[0], run.concurrency or run.batch_size
+    prompts = is_prompts(conditions)
+    groups = [(i, min(i + rows, n)) for i in range(0, n, rows)] if prompts else [(0, n)]
+    finished, total = {}, DecodeStats(method)
+    start = time.perf_counter()
+    for lo, hi in groups:
+        scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, hi - lo),
+                              refill=run.concurrency is not None)
+        for i in range(lo, hi):
+            scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
+        with torch.no_grad():   # (inference: see run_batches)
+            while not scheduler.idle:
+                for image in scheduler.step():
+                    finished[image.index] = image
+                    if run.progress is not None:
+                        run.progress(len(finished))
+        total.passes_made += scheduler.passes_made
+        if run.compile:
+            total.compile_s.append(scheduler.take_compile_s())
+    wall_s = time.perf_counter() - start
+    total.extend([finished[i].stats for i in sorted(finished)])
+    total.wall_s = wall_s
+    H, W = model.grid
+    tokens = torch.stack([finished[i].tokens for i in sorted(finished)]).view(-1, H, W)
+    return DecodeResult(tokens, decode_images(tokens, tokenizer), total, None)
+
+
 def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,
-                tokenizer=None, *, same_passes: bool = False, rolling: bool = False) -> DecodeResult:
+                tokenizer=None) -> DecodeResult:
     """Decode `conditions` in batches of `run.batch_size`: `decode_batch(conditions[i:i+b], engine)
     -> tokens [b, H*W]`, where `engine` (specdec.decoding.engine.Engine) holds the batch's round
     state: one random stream per image (`ImageStreams(run.seed, first_index + i ..)`), its runners
     and its statistics, which it completes when the batch ends. Image i depends only on (seed,
-    first_index + i), whatever the batch size: a run of N images split into calls with
-    `first_index` set to each call's offset gives the same images as one call. batch_size=1 is
-    the latency setting speculative decoding is for. With `run.concurrency` set, class-conditional
+    first_index + i), whatever the batch size. With `run.concurrency` set, class-conditional
     decodes run under continuous batching instead (`specdec.decoding.continuous`: each image in a
-    slot of its own, refilled as images finish; the same images). Each batch is timed; the grids are decoded
-    to images with `tokenizer` (not timed); preview grids a method decoded itself (the engine's
-    `previews`) become the result's `preview`.
-
-    `same_passes`: every image takes the same passes whatever it draws (`ar`, `zipar`; every
-    method at a token share of one token, where each makes plain AR steps). Slots then have
-    nothing to gain: they would all be refilled at the same steps, so a decode given
-    `concurrency` runs in lockstep batches of that many images, the same passes without the
-    per-image work of the slots (the same images: each depends on its seed and index only).
-
-    `rolling`: `decode_batch` refills its rows when `engine.rolling` is set (`sd`, `lantern`), so a
-    decode given `concurrency` runs one rolling batch of that many rows (`specdec.decoding.rolling`:
-    a finished row takes the next request at the round's end; the per-round work is made once for
-    all rows) instead of an image per slot."""
+    slot of its own, refilled as images finish; the same images), except at a token share of one
+    token, where every image makes plain AR steps and slots have nothing to gain: lockstep
+    batches of that many images. Each batch is timed; the grids are decoded to images with
+    `tokenizer` (not timed); preview grids a method decoded itself (the engine's `previews`)
+    become the result's `preview`."""
     check_grid_model(model, "target")
     H, W = model.grid
     if isinstance(conditions, Requests):
         # (the run says how many images decode at once: what their token share is taken over)
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
-        # (at a share of one token the methods make plain AR steps, which the slots batch)
-        kind = RollingEngine if rolling and run.token_share != 1 else ContinuousEngine
-        return kind(method, decode_batch, run, (H, W), run.concurrency, tokenizer,
-                    check=lambda c: check_classes(model, c))
+        return ContinuousEngine(method, decode_batch, run, (H, W), run.concurrency, tokenizer,
+                                check=lambda c: check_classes(model, c))
     conditions = check_classes(model, conditions)
     if run.concurrency is not None:
-        lockstep = same_passes or run.token_share == 1 or is_prompts(conditions) or run.concurrency == 1
+        lockstep = run.token_share == 1 or is_prompts(conditions) or run.concurrency == 1
         if not lockstep:
-            decode = decode_rolling if rolling else decode_continuous
-            return decode(method, conditions, decode_batch, run, (H, W), tokenizer)
-        # Lockstep batches of `concurrency` images: when every image takes the same passes
-        # (above), and for prompt-conditioned models (prompts of different lengths would need a
-        # prefix length per cache row; the caches have none yet). One slot is one image at a
-        # time: the same decode without the engine's hand-overs.
+            return decode_continuous(method, conditions, decode_batch, run, (H, W), tokenizer)
+        # Lockstep batches of `concurrency` images: at a share of one token (above), and for
+        # prompt-conditioned models (prompts of different lengths would need a prefix length per
+        # cache row; the caches have none yet). One slot is one image at a time: the same decode
+        # without the engine's hand-overs.
         run = dataclasses.replace(run, batch_size=run.concurrency, concurrency=None)
     total = DecodeStats(method)
     grids, previews = [], []
@@ -107,4 +134,4 @@ def run_batches(method: str, model, conditions, decode_batch: Callable, run: Run
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, torch.cat(previews) if previews else None)
 
 
-__all__ = ["check_classes", "check_grid_model", "run_batches"]
+__all__ = ["check_classes", "check_grid_model", "run_batches", "run_rows"]

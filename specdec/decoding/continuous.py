@@ -28,19 +28,18 @@ A server feeds it directly (docs/engine.md, "Continuous batching"):
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from collections import deque
-from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from specdec.decoding.engine import Engine
 from specdec.decoding.fibers import Fiber
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
+from specdec.decoding.scheduler import Finished
 from specdec.decoding.slots import Forward, Prefill, Run, SharedModel, SlotRunner
+from specdec.decoding.streaming import StreamingEngine
 from specdec.decoding.streams import ImageStreams
-from specdec.settings import RunSettings, check_int
+from specdec.settings import RunSettings
 
 
 #: `ContinuousEngine.hold`'s default: chosen by measurement (docs/experiments.md, "Continuous
@@ -52,17 +51,6 @@ class Requests:
     """Conditions still to come: a method's `decode` given `Requests()` as its conditions returns
     its `ContinuousEngine` (requests submitted to it as they arrive) instead of decoding
     (`specdec.decoding.stream` is how callers get one)."""
-
-
-@dataclass
-class Finished:
-    """An image the engine has finished."""
-
-    index: int                        #: its image index (the stream it drew from)
-    tokens: torch.Tensor              #: int64 [H, W], on the CPU
-    stats: DecodeStats                #: its own statistics (one image)
-    preview: Optional[torch.Tensor]   #: int64 [h, w]: the preview grid a method decoded itself, or None
-    image: Optional[torch.Tensor] = None   #: [C, h, w] pixels, when the engine has a tokenizer
 
 
 class Slot:
@@ -101,72 +89,6 @@ class Slot:
         return Finished(self.index, tokens.reshape(e.grid).cpu(), stats, preview)
 
 
-class StreamingEngine(ABC):
-    """What every streaming engine has: a queue of requests (a condition and an image index),
-    `submit`, `results`, and the images' pixels when it has a tokenizer. `ContinuousEngine` (an
-    image per slot) and `specdec.decoding.rolling.RollingEngine` (a rolling batch) are the two."""
-
-    def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
-                 concurrency: int, tokenizer=None, check: Optional[Callable] = None):
-        """`decode_one(conditions, engine) -> tokens`: the method's `decode_batch`; `run` its run
-        settings (seed, sampling, backend, compile); `check(conditions [1]) -> conditions`: the
-        model's check of a request's condition (its class range), run at `submit` so that a bad
-        request is refused there, not in a step that other images share."""
-        check_int(concurrency, "concurrency", 1)
-        self.method, self.decode_one, self.run = method, decode_one, run
-        self._check = check
-        self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
-        self.grid = tuple(grid)
-        self.concurrency = concurrency
-        self.queue: Deque[Tuple[torch.Tensor, int]] = deque()
-        self._next_index = run.first_index
-        self.steps = 0      #: engine steps made
-        self.reads = 0      #: host reads made (at most one per step)
-        #: where its compiled runners are kept: its own (its caches live across steps, while other
-        #: decodes of the same models may run between them), or None: the models' (a decode
-        #: that runs to its end keeps them there for the next decode's graphs)
-        self.kept_runners: Optional[dict] = {}
-
-    # ---- requests ----
-    def submit(self, condition, index: Optional[int] = None) -> int:
-        """Queue a request: `condition` a class id (an int or a 0-d tensor), `index` its image index
-        (default: one past the last submitted). Returns the index."""
-        condition = torch.as_tensor(condition)
-        if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
-        if self._check is not None:
-            condition = self._check(condition.reshape(1))[0]
-        index = self._next_index if index is None else check_int(index, "index")
-        self._next_index = index + 1
-        self.queue.append((condition.reshape(()).long(), index))
-        return index
-
-    @property
-    @abstractmethod
-    def running(self) -> int:
-        """Images decoding now."""
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued and nothing decoding."""
-        return not self.queue and self.running == 0
-
-    @abstractmethod
-    def step(self) -> List[Finished]:
-        """One engine step: the queued requests that fit start, and the images it finishes are
-        returned."""
-
-    def results(self) -> Iterator[Finished]:
-        """Step until idle, yielding each image as it finishes."""
-        while not self.idle:
-            yield from self.step()
-
-    def _with_pixels(self, image: Finished) -> Finished:
-        if self.tokenizer is not None:
-            image.image = decode_images(image.tokens[None], self.tokenizer)[0]
-        return image
-
-
 class ContinuousEngine(StreamingEngine):
     """Decode requests (a condition and an image index) in `concurrency` slots, refilled as
     images finish. `decode_one(conditions [1], engine) -> tokens [1, H*W]` is a method's decode
@@ -174,7 +96,10 @@ class ContinuousEngine(StreamingEngine):
 
     def __init__(self, method: str, decode_one: Callable, run: RunSettings, grid: Tuple[int, int],
                  concurrency: int, tokenizer=None, check: Optional[Callable] = None):
-        super().__init__(method, decode_one, run, grid, concurrency, tokenizer, check)
+        super().__init__(method, run, grid, concurrency, tokenizer, check)
+        self.decode_one = decode_one
+        self.steps = 0      #: engine steps made
+        self.reads = 0      #: host reads made (at most one per step)
         self.slots: List[Optional[Slot]] = [None] * concurrency
         self._shared: Dict[Tuple[int, object, int], SharedModel] = {}
         self._roles: Dict[Tuple[int, object, int], str] = {}

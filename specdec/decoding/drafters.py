@@ -26,8 +26,11 @@ class Drafter(abc.ABC):
     that gave each image's last committed token, `draft` n tokens after each committed prefix,
     then hear how many were kept (`accepted`)."""
 
-    def start(self, engine: Engine, target: ModelRunner, classes) -> None:
+    def start(self, engine: Engine, target: ModelRunner) -> None:
         """Begin a batch: `target` is the batch's target runner."""
+
+    def start_rows(self, rows: List[int], conditions) -> None:
+        """Rows `rows` start the images of `conditions` (one each)."""
 
     def observe(self, hidden: torch.Tensor) -> None:
         """hidden [rows, dim]: the target's state that gave each image's last committed token."""
@@ -40,19 +43,20 @@ class Drafter(abc.ABC):
     def accepted(self, c: Lengths, a: torch.Tensor, a_host: List[int], n: int) -> None:
         """a [B] (a_host on the host) of each image's n drafts were kept after c."""
 
-    def restart(self, b: int, condition: torch.Tensor) -> None:
-        """Row b starts a new image of `condition` [1] (a rolling batch: `engine.rolling`)."""
-
 
 class ModelDrafter(Drafter):
     def __init__(self, model, sampling=None):
         self.model, self.sampling = model, sampling
 
-    def start(self, engine, target, classes):
+    def start(self, engine, target):
         self.engine = engine
         self.runner = engine.runner(self.model, self.sampling, role="drafter")
-        self.runner.prefill(classes)
-        self.fed = Lengths([0] * classes.shape[0], self.runner.device)   # committed tokens seen
+        # committed tokens seen (a row without an image: all of them)
+        self.fed = Lengths([self.runner.H * self.runner.W] * engine.batch, self.runner.device)
+
+    def start_rows(self, rows, conditions):
+        self.engine.prefill_rows(self.runner, rows, conditions)
+        self.fed.reset_rows(rows, 0)
 
     def draft(self, x, c, n, going):
         r, streams = self.runner, self.engine.streams
@@ -87,10 +91,6 @@ class ModelDrafter(Drafter):
         self.fed.device = c.device + a.clamp(max=n - 1)
         self.fed.host = [cb + min(ab, n - 1) for cb, ab in zip(c.host, a_host)]
 
-    def restart(self, b, condition):
-        self.engine.rolling.prefill(self.runner, b, condition)
-        self.fed.reset_row(b, 0)
-
 
 class HeadsDrafter(Drafter):
     """Drafts up to len(heads.horizontal) tokens per row from [h_{c-1} ; e(x_{c-1})] in one call."""
@@ -98,7 +98,7 @@ class HeadsDrafter(Drafter):
     def __init__(self, heads):
         self.heads = heads
 
-    def start(self, engine, target, classes):
+    def start(self, engine, target):
         self.engine, self.target = engine, target
 
     def observe(self, hidden):

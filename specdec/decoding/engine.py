@@ -51,10 +51,11 @@ class Lengths:
         self.device = self.device + device_delta
         self.host = [c + d for c, d in zip(self.host, host_delta)]
 
-    def reset_row(self, b: int, value: int) -> None:
-        """Row b's length set to `value` (a rolling batch's row that starts its next image)."""
-        self.host[b] = value
-        self.device = self.device.index_fill(0, to_device([b], self.device.device, torch.long), value)
+    def reset_rows(self, rows: Sequence[int], value: int) -> None:
+        """Rows `rows`' lengths set to `value` (rows of the scheduler's batch that start images)."""
+        for b in rows:
+            self.host[b] = value
+        self.device = self.device.index_fill(0, to_device(list(rows), self.device.device, torch.long), value)
 
 
 @dataclass
@@ -94,9 +95,12 @@ class Engine:
         #: the grids of a preview stage a method decoded itself (MuLo-SD drafted by GLM-Image's
         #: preview), one per image: the result's `preview`
         self.previews: Optional[torch.Tensor] = None
-        #: a rolling batch's rows (`specdec.decoding.rolling.RollingRows`): set when a method that
-        #: refills its rows decodes with `concurrency`; its statistics are then kept per image
-        self.rolling = None
+        #: the scheduler whose rows this batch is (`specdec.decoding.scheduler.Scheduler`): its
+        #: statistics are then kept per image, each row's part to the image it holds
+        self.rows = None
+        #: prefills of some rows (on a runner of that many images, copied in): target passes of
+        #: their own, besides the runners' (`prefill_rows`)
+        self.prefill_passes = 0
         #: where compiled runners are kept (None: on the model, reused by every decode); a streaming
         #: engine's batch lives across steps, between which other decodes may run, so it keeps its own
         self.kept_runners: Optional[dict] = None
@@ -135,6 +139,28 @@ class Engine:
                                 store=self.kept_runners)
         self._runners.append((runner, role))
         return runner
+
+    def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> torch.Tensor:
+        """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache and
+        return the distribution of each one's token 0 ([k, V]). Every row at once: one prefill
+        of the runner itself (its cache emptied first); some rows: a prefill on a runner of that
+        many images, copied into their rows (`SlotKVCache.put_images`), the other rows untouched.
+        Each row's image is counted one pass of the runner's role."""
+        role = next(rr for r, rr in self._runners if r is runner)
+        runner.settle_rows()
+        if len(rows) == self.batch:
+            runner.cache.reset()
+            source = runner
+        else:
+            source = runner.part(len(rows))
+            source.reset()
+            self.prefill_passes += role != "drafter"
+        out = source.prefill(conditions)
+        if source is not runner:
+            source.cache.put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+        if self.rows is not None:
+            self.rows.count_prefill(list(rows), role)
+        return out, source.probs(out)[:, 0]
 
     # ---- the read-accept-commit step ----
     def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
@@ -185,9 +211,9 @@ class Engine:
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
         amap = amap.view(self.batch, self.H, self.W)
-        if self.rolling is not None:     # each row's part to the image it holds
+        if self.rows is not None:     # each row's part to the image it holds
             for b in range(self.batch):
-                self.rolling.record(b, amap[b:b + 1], int(judged[b]), sum(accept[b]))
+                self.rows.record(b, amap[b:b + 1], int(judged[b]), sum(accept[b]))
             return
         self.stats.acceptance_maps.append(amap)
         self.stats.drafted.append(int(sum(judged)))

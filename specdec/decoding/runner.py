@@ -135,9 +135,9 @@ class ModelRunner:
 
     def pass_rows(self, rows: Optional[Sequence[int]]) -> None:
         """Let later passes of all B rows go over these rows only (None: over every row), rounded
-        up to a power of two (`_busy_rows`): a rolling batch with rows that hold no image calls it
-        at every round boundary. Those rows decode a stand-in that nothing keeps, and a pass over
-        all of them would cost a server at light load what a full batch costs. The busy rows'
+        up to a power of two (`busy_rows`): the scheduler calls it whenever the rows that hold
+        images change. The other rows hold nothing, and a pass over all of them would cost a
+        server at light load what a full batch costs. The busy rows'
         cache moves into a runner of that many images until the busy rows change (`forward`). The
         outputs of a row left out are a copy of another row's (a valid distribution: its stand-in
         goes on drawing tokens) and its cache is not written. A row's outputs do not depend on which other rows
@@ -149,7 +149,7 @@ class ModelRunner:
             self.settle_rows()
             self._busy, self._row_maps = busy, {}
 
-    def _busy_rows(self) -> Optional[List[int]]:
+    def busy_rows(self) -> Optional[List[int]]:
         """The rows (sorted) the passes of all B rows go over while `pass_rows`' rows are busy:
         those rows and others up to a power of two (`part_size`), or None: all B rows (no busy
         rows set, no fewer rows to pass, or a cache that cannot copy rows out)."""
@@ -200,8 +200,8 @@ class ModelRunner:
     def rows_to_pass(self, rows: Sequence[int], width: int) -> Optional[List[int]]:
         """The rows (sorted) a pass of `width` tokens that `rows` need goes over, or None: all of
         them, when that costs no more (`pass_cost`). A compiled runner adds other rows up to its
-        bucket (`rows_bucket`)."""
-        if self.batch * width <= self._partial_cost(len(rows), width):
+        bucket (`rows_bucket`). CPU only, as `pass_rows`: the cost model is fitted there."""
+        if self.device.type != "cpu" or self.batch * width <= self._partial_cost(len(rows), width):
             return None
         return self._filled(rows, self.rows_bucket(len(rows)))
 
@@ -262,13 +262,13 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order. (A pass over some images of the cache alone
         is a pass of the runner that `hold` gives.) Set by `pass_rows`, a pass
-        of all B rows goes over the busy rows (`_busy_rows`) and its outputs are spread back to B
+        of all B rows goes over the busy rows (`busy_rows`) and its outputs are spread back to B
         rows: those rows' cache is copied into a runner of that many images once, and stays there
         while the same rows are busy (a lone request at light load: copied in and out once, not
         at every pass)."""
         chosen = None
         if self._busy is not None and tree_mask is None:
-            chosen = self._busy_rows()
+            chosen = self.busy_rows()
         if chosen is None:
             self.settle_rows()
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
@@ -396,6 +396,27 @@ class TokenStep:
             return (verification.sample_residual_unchecked(p, None, uniforms, backend).tokens.long(),)
 
         self._step = step if compiler is None else compiler(step, cache.device)
+        HW = runner.H * runner.W
+
+        def grid_step(grid, position, uniforms, reach=None):
+            going = position < HW - 1
+            nxt = (position + 1).clamp(max=HW - 1)
+            (drawn,) = step(grid.gather(1, position), position, uniforms.gather(1, nxt)[:, 0], reach)
+            return torch.where(going, drawn[:, None], grid.gather(1, nxt)), nxt, position + going.long()
+
+        self._grid_step = grid_step if compiler is None else compiler(grid_step, cache.device)
+
+    def on_grid(self, grid, position, uniforms, reach: Optional[int] = None):
+        """One AR step of every row of `grid` [B, H*W] int64, each at its own position [B, 1] (its
+        last drawn token's; a row at the grid's last position feeds it again and keeps its grid),
+        with its uniform for the position it draws from `uniforms` [B, H*W]. Returns (values,
+        positions [B, 1] written, positions advanced): the caller scatters the values into its
+        grid. The gathers and the choice of values are part of the step (compiled: one graph), so
+        a step is one call whatever the rows' positions. `reach`: as in `__call__`."""
+        self.runner.settle_rows()
+        count_pass(self.runner, 1)
+        return self._grid_step(grid, position, uniforms) if self.compiled else self._grid_step(grid, position,
+                                                                                                 uniforms, reach)
 
     def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
         """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
@@ -418,8 +439,8 @@ class TokenStep:
             x[:, u] = self(x[:, u - 1:u], pos, uniforms[u - start - 1], reach=u - 1)
 
     def take_compile_s(self) -> float:
-        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
-        return self._step.take_compile_s() if self.compiled else 0.0
+        """The compile time of the compiled steps not reported yet (0 once reported, and eager)."""
+        return self._step.take_compile_s() + self._grid_step.take_compile_s() if self.compiled else 0.0
 
 
 __all__ = ["PARTIAL_PASS_COST", "PASS_COST", "ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",

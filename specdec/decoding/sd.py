@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from specdec.decoding import heads as _heads
-from specdec.decoding.ar import plain_ar
-from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.ar import ARRows
+from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.drafters import HeadsDrafter, ModelDrafter
 from specdec.decoding.speculative import RasterSpeculation, Relaxation
 from specdec.settings import RunSettings, check_int
@@ -57,22 +55,18 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         check_same_grid(target, drafter)
     else:
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
-    def decode_batch(cls, engine):
-        runner = engine.runner(target)
-        first = runner.prefill(cls)
+
+    def policy(engine):
         # Under a token budget the drafts per pass shrink to the image's share (the pass feeds
         # the last committed token and the drafts); with room for none, plain AR steps.
         n = engine.narrowed(chunk + 1) - 1
         if n == 0:
-            return plain_ar(engine, runner, cls, first)
+            return ARRows(engine, target)
         d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
-        d.start(engine, runner, cls)
-        x = torch.zeros(cls.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
-        RasterSpeculation(engine, runner, d, end=x.shape[1], chunk=n, relax=relax).run(first, x)
-        return x
+        HW = target.grid[0] * target.grid[1]
+        return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, relax=relax)
 
-    # (every round has the same shape for every image: a rolling batch under `concurrency`)
-    return run_batches(method, target, conditions, decode_batch, run, tokenizer, rolling=True)
+    return run_rows(method, target, conditions, policy, run, tokenizer)
 
 
 def decode(target, conditions, *, drafter=None, heads=None, tokenizer=None, options: SDOptions = SDOptions(),

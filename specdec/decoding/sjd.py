@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.decoding.ar import plain_ar
-from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.ar import ARRows
+from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
-from specdec.decoding.runner import ModelRunner
+from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -45,18 +45,51 @@ def _long(values, device) -> torch.Tensor:
     return to_device(values, device, torch.long)
 
 
-class JacobiWindows:
-    """Every image's window: guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the
-    distribution q [B, L, V] each was drawn from (entries beyond n_b are padding, never judged)."""
+class JacobiRows(RowPolicy):
+    """Every row's window, as a policy over the scheduler's rows (`specdec.decoding.scheduler`):
+    guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the distribution q [B, L, V] each was
+    drawn from (entries beyond n_b are padding, never judged); a row without an image, or done,
+    has n_b = 0 and rides along on re-feeds. A step is one Jacobi iteration of every row."""
 
-    def __init__(self, engine: Engine, runner: ModelRunner, x: torch.Tensor, window: int, vocab: int):
-        self.engine, self.runner, self.x, self.window = engine, runner, x, window
-        self.HW = x.shape[1]
-        self.c = Lengths([1] * x.shape[0], x.device)
-        self.n_host = [min(window, self.HW - 1)] * x.shape[0]
-        self.uniform = torch.full((vocab,), 1.0 / vocab, device=x.device)
-        self.q = self.uniform.expand(x.shape[0], self.n_host[0], vocab).clone()
-        self.y = self._draw_rows(self.q, self.n_host)
+    def __init__(self, engine: Engine, target, window: int):
+        super().__init__(engine)
+        self.runner = runner = engine.runner(target)
+        self.window, self.HW = window, runner.H * runner.W
+        B, dev = engine.batch, runner.device
+        self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
+        self.c = Lengths([self.HW] * B, dev)
+        self.n_host = [0] * B
+        self.uniform = torch.full((target.vocab_size,), 1.0 / target.vocab_size, device=dev)
+        L = min(window, self.HW - 1)
+        self.q = self.uniform.expand(B, L, target.vocab_size).clone()
+        self.y = torch.zeros(B, L, dtype=torch.long, device=dev)
+
+    def start(self, rows, conditions):
+        """Rows `rows` start as images start alone: their prefills, token 0 and a window of
+        uniform guesses drawn from each row's own stream."""
+        e, backend, dev = self.engine, self.runner.backend, self.tokens.device
+        _, p0 = e.prefill_rows(self.runner, rows, conditions)
+        streams = e.streams.rows(rows)
+        index, k = to_device(rows, dev, torch.long), len(rows)
+        grids = torch.zeros(k, self.HW, dtype=torch.long, device=dev)
+        grids[:, 0] = draw(p0, streams, backend)
+        self.tokens.index_copy_(0, index, grids)
+        n = min(self.window, self.HW - 1)
+        B, L, V = self.q.shape
+        if n > L:      # the other rows' windows have shrunk near their ends: room again
+            self.y = torch.cat([self.y, self.y.new_zeros(B, n - L)], 1)
+            self.q = torch.cat([self.q, self.uniform.expand(B, n - L, V)], 1)
+            L = n
+        self.q.index_copy_(0, index, self.uniform.expand(k, L, V).contiguous())
+        guesses = torch.zeros(k, L, dtype=torch.long, device=dev)
+        guesses[:, :n] = draw(self.uniform.expand(k * n, V), streams, backend).view(k, n)
+        self.y.index_copy_(0, index, guesses)
+        self.c.reset_rows(rows, 1)
+        for b in rows:
+            self.n_host[b] = n
+
+    def done(self):
+        return [n == 0 for n in self.n_host]
 
     def _draw_rows(self, probs, counts):
         """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its
@@ -64,9 +97,9 @@ class JacobiWindows:
         B, L, V = probs.shape
         return draw(probs.reshape(-1, V), self.engine.streams, self.runner.backend, counts=counts).view(B, L)
 
-    def step(self) -> bool:
-        """One pass: feed, judge, commit, and the next windows; False once every image is done."""
-        x, y, n_host = self.x, self.y, self.n_host
+    def step(self) -> None:
+        """One pass: feed, judge, commit, and the next windows."""
+        x, y, n_host = self.tokens, self.y, self.n_host
         B, L = y.shape
         c_host = self.c.host
         c, n = self.c.device, _long(n_host, x.device)
@@ -90,33 +123,13 @@ class JacobiWindows:
         self.c = Lengths(new_c, x.device)
         if max(new_n) == 0:
             self.n_host = new_n
-            return False
+            return
         self._next_windows(p, a, n, new_n)
-        return True
-
-    def start_row(self, rows, b: int, condition: torch.Tensor) -> None:
-        """Row b of a rolling batch starts the image of `condition` as an image starts alone
-        (`specdec.decoding.rolling`): its prefill copied into its cache rows, token 0 and a window
-        of uniform guesses drawn from its own stream."""
-        x, streams, backend = self.x, self.engine.streams, self.runner.backend
-        out = rows.prefill(self.runner, b, condition)
-        x[b] = 0
-        x[b, 0] = draw(rows.probs(self.runner, out)[:, 0], streams.row(b), backend)[0]
-        n = min(self.window, self.HW - 1)
-        B, L, V = self.q.shape
-        if n > L:      # the other rows' windows have shrunk near their ends: room again
-            self.y = torch.cat([self.y, self.y.new_zeros(B, n - L)], 1)
-            self.q = torch.cat([self.q, self.uniform.expand(B, n - L, V)], 1)
-        self.q[b] = self.uniform
-        self.y[b] = 0
-        self.y[b, :n] = draw(self.uniform.expand(n, V), streams.row(b), backend)
-        self.c.reset_row(b, 1)
-        self.n_host[b] = n
 
     def _commit(self, c, n, a, a_host, p) -> None:
         """Write the kept prefixes, then each image's correction at c + a (from the residual) or,
         with its whole window kept, its bonus token at c + n (from p)."""
-        x, y = self.x, self.y
+        x, y = self.tokens, self.y
         B, L = y.shape
         jl = torch.arange(L, device=x.device)[None]
         kept = jl < a[:, None]
@@ -154,40 +167,18 @@ class JacobiWindows:
         self.n_host = new_n
 
 
-@torch.no_grad()
-def sjd_grid(engine: Engine, runner: ModelRunner, classes, *, window: int) -> torch.Tensor:
-    """Decode the batch `classes` on `runner`; returns int64 [B, H*W]."""
-    first = runner.prefill(classes)
-    x = torch.zeros(classes.shape[0], runner.H * runner.W, dtype=torch.long, device=runner.device)
-    x[:, 0] = draw(runner.probs(first)[:, 0], engine.streams, runner.backend)
-    windows = JacobiWindows(engine, runner, x, window, first.cond.shape[-1])
-    rows = engine.rolling
-    while True:
-        if rows is not None:     # a rolling batch: done images leave, queued ones take their rows
-            rows.refill(lambda b: windows.n_host[b] == 0, lambda b, cond: windows.start_row(rows, b, cond), x)
-            if not rows.busy:
-                return x
-        elif not any(nb > 0 for nb in windows.n_host):
-            return x
-        windows.step()
-
-
 def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptions(), run: RunSettings = RunSettings()):
     """Speculative Jacobi decoding of `target`. With `run.compile` every target pass runs through
     compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
     check_grid_model(target, "target")
 
-    def decode_batch(cls, engine):
+    def policy(engine):
         # Under a token budget the window shrinks to the image's share (a pass feeds the last
         # committed token and the window); with room for no guess, plain AR steps.
         window = engine.narrowed(options.window + 1) - 1
-        runner = engine.runner(target)
-        if window == 0:
-            return plain_ar(engine, runner, cls)
-        return sjd_grid(engine, runner, cls, window=window)
+        return ARRows(engine, target) if window == 0 else JacobiRows(engine, target, window)
 
-    # (every pass has the same shape for every image: a rolling batch under `concurrency`)
-    return run_batches("sjd", target, conditions, decode_batch, run, tokenizer, rolling=True)
+    return run_rows("sjd", target, conditions, policy, run, tokenizer)
 
 
 OPTIONS = SJDOptions

@@ -13,7 +13,7 @@ more (SSD goes on from its stream after row 0).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -22,6 +22,7 @@ from specdec.decoding.drafters import Drafter
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
 
 
@@ -44,55 +45,67 @@ class Round(NamedTuple):
     out: Outputs                #: the target pass (output j: the distribution of position c + j)
 
 
-class RasterSpeculation:
-    """Fill x[:, 0:end] speculatively with `drafter` on the `target` runner of `engine`'s batch.
-    `relax`: LANTERN's pooled acceptance (None: plain `sd`). With `hidden_out` [rows, end, dim],
-    the exact target hidden state that gave each token's distribution is stored there (SSD's
-    vertical heads need row 0's)."""
+class RasterSpeculation(RowPolicy):
+    """Raster speculation with `drafter` on the `target` runner of `engine`'s batch, as a policy
+    over its rows (`specdec.decoding.scheduler`): each row's committed length `c` and the hidden
+    state that gave its last token; a step is one round of every row (draft, one target pass,
+    judge, commit), a row at `end` riding along on re-feeds. `relax`: LANTERN's pooled acceptance
+    (None: plain `sd`). SSD decodes its first row with it in lockstep (`run`), with `hidden_out`
+    [rows, end, dim]: the exact target hidden state that gave each token's distribution is stored
+    there (its vertical heads need row 0's)."""
 
     def __init__(self, engine: Engine, target: ModelRunner, drafter: Drafter, *, end: int, chunk: int,
                  relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None):
-        self.engine, self.target, self.drafter = engine, target, drafter
+        super().__init__(engine)
+        self.target, self.drafter = target, drafter
         self.end = end
         self.chunk = min(chunk, end - 1)     # re-feed padding needs room before the block (see padded_block)
         self.relax = relax
         self.hidden_out = hidden_out
+        B = engine.batch
+        self.tokens = torch.zeros(B, target.H * target.W, dtype=torch.long, device=target.device)
+        self.c = Lengths([end] * B, target.device)     # (a row without an image: done)
+        self.hid_prev: Optional[torch.Tensor] = None    # [rows, dim], made at the first start
+        drafter.start(engine, target)
 
     @torch.no_grad()
     def run(self, first: Outputs, x: torch.Tensor) -> torch.Tensor:
-        """x: int64 [B, H*W]; `first` the prefill's outputs (the distribution of token 0). Returns
-        the target hidden state [rows, dim] that gave each image's last committed token."""
-        x[:, 0] = draw(self.target.probs(first)[:, 0], self.engine.streams, self.target.backend)
-        self.hid_prev = first.hidden[:, 0].clone()
+        """Lockstep, every row at once (SSD's first row): x int64 [B, H*W] filled in place, `first`
+        the prefill's outputs (the distribution of token 0) already made on the target and the
+        drafter started on the same conditions. Returns the target hidden state [rows, dim] that
+        gave each image's last committed token."""
+        self.tokens = x
+        self._begin(list(range(x.shape[0])), self.target.probs(first)[:, 0], first.hidden[:, 0])
+        while self.chunk >= 1 and not all(self.done()):
+            self.step()
+        return self.hid_prev
+
+    def start(self, rows, conditions):
+        out, p0 = self.engine.prefill_rows(self.target, rows, conditions)
+        self.drafter.start_rows(rows, conditions)
+        self._begin(rows, p0, out.hidden[:, 0])
+
+    def _begin(self, rows: List[int], p0: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Rows `rows` start: token 0 drawn from p0 [k, V] with each row's own stream, the hidden
+        state that gave it (hidden [k or 2k (CFG), dim]) kept, committed length 1."""
+        x, B, dev = self.tokens, self.tokens.shape[0], self.tokens.device
+        index = to_device(rows, dev, torch.long)
+        grids = torch.zeros(len(rows), x.shape[1], dtype=torch.long, device=dev)
+        grids[:, 0] = draw(p0, self.engine.streams.rows(rows), self.target.backend)
+        x.index_copy_(0, index, grids)
+        if self.hid_prev is None:
+            self.hid_prev = hidden.new_zeros((hidden.shape[0] // len(rows)) * B, hidden.shape[-1])
+        halves = hidden.shape[0] // len(rows)            # (CFG: rows b and b + B)
+        self.hid_prev.index_copy_(0, torch.cat([index + k * B for k in range(halves)]), hidden)
         if self.hidden_out is not None:
             self.hidden_out[:, 0] = self.hid_prev
-        c = Lengths([1] * x.shape[0], x.device)
-        rows = self.engine.rolling
-        if rows is not None and self.hidden_out is not None:
-            raise ValueError("a rolling batch keeps no hidden states of finished rows (hidden_out)")
-        while True:
-            if rows is not None:    # a rolling batch: done images leave, queued ones take their rows
-                rows.refill(lambda b: c.host[b] >= self.end, lambda b, cond: self._start_row(rows, x, c, b, cond), x)
-                if not rows.busy:
-                    return self.hid_prev
-            elif not any(cb < self.end for cb in c.host):
-                return self.hid_prev
-            if self.chunk < 1:
-                return self.hid_prev
-            self._round(x, c)
+        self.c.reset_rows(rows, 1)
 
-    def _start_row(self, rows, x: torch.Tensor, c: Lengths, b: int, condition: torch.Tensor) -> None:
-        """Row b of a rolling batch starts the image of `condition` as an image starts alone
-        (`specdec.decoding.rolling`): its prefill copied into its cache rows and the drafter's,
-        token 0 drawn from its own stream, its committed length 1."""
-        out = rows.prefill(self.target, b, condition)
-        self.drafter.restart(b, condition)
-        x[b] = 0
-        x[b, 0] = draw(rows.probs(self.target, out)[:, 0], self.engine.streams.row(b), self.target.backend)[0]
-        hidden, B = out.hidden[:, 0], x.shape[0]    # [1 or 2 (CFG), dim]: rows b, b + B of hid_prev
-        for k in range(hidden.shape[0]):
-            self.hid_prev[b + k * B] = hidden[k]
-        c.reset_row(b, 1)
+    def done(self):
+        return [c >= self.end for c in self.c.host]
+
+    def step(self):
+        self._round(self.tokens, self.c)
 
     def _round(self, x: torch.Tensor, c: Lengths) -> None:
         going = [cb < self.end for cb in c.host]

@@ -319,18 +319,14 @@ def decode_rows(engine: Engine, runner: ModelRunner, heads, classes, options: SS
         if chunk == 0:
             x = plain_ar(engine, runner, classes, first)
         else:
-            drafter = HeadsDrafter(heads)
-            drafter.start(engine, runner, classes)
-            RasterSpeculation(engine, runner, drafter, end=H * W, chunk=chunk).run(first, x)
+            RasterSpeculation(engine, runner, HeadsDrafter(heads), end=H * W, chunk=chunk).run(first, x)
         B = classes.shape[0]
         engine.stats.method_stats = SSDStats([runner.forwards - 1] * B, [0] * B, [0] * B, [0] * B, [0] * B)
         return x
     if share is not None and share < W * options.vertical_heads:
         options = dataclasses.replace(options, vertical_heads=share // W)
     hid = first.hidden.new_zeros(first.hidden.shape[0], H * W, first.hidden.shape[-1])   # state giving token t
-    drafter = HeadsDrafter(heads)
-    drafter.start(engine, runner, classes)
-    RasterSpeculation(engine, runner, drafter, end=W, chunk=chunk, hidden_out=hid[:, :W]).run(first, x)
+    RasterSpeculation(engine, runner, HeadsDrafter(heads), end=W, chunk=chunk, hidden_out=hid[:, :W]).run(first, x)
     rows = RowDecoder(engine, runner, heads, options, x, hid)
     if options.commit == "verify":
         rows.verify_groups()

@@ -39,17 +39,20 @@ class ImageStreams:
         self.generators = [image_generator(seed, i) for i in self.indices]
 
     def restart(self, b: int, index: int) -> None:
-        """Row b now draws for image `index`, from the start of its stream (a rolling batch's row
-        that takes the next request: `specdec.decoding.rolling`)."""
+        """Row b now draws for image `index`, from the start of its stream (a row of the
+        scheduler's batch that takes the next request: `specdec.decoding.scheduler`)."""
         self.indices[b] = index
         self.generators[b] = image_generator(self.seed, index)
 
-    def row(self, b: int) -> "ImageStreams":
-        """Image b's stream alone, as the streams of a batch of one (its draws go on from where
-        the batch's left it, and the batch's go on from where these leave it)."""
-        one = ImageStreams.__new__(ImageStreams)
-        one.seed, one.indices, one.generators = self.seed, [self.indices[b]], [self.generators[b]]
-        return one
+    def rows(self, rows: Sequence[int]) -> "ImageStreams":
+        """The streams of rows `rows` alone, as the streams of a batch of those images (their
+        draws go on from where the batch's left them, and the batch's from where these leave
+        them)."""
+        some = ImageStreams.__new__(ImageStreams)
+        some.seed = self.seed
+        some.indices = [self.indices[b] for b in rows]
+        some.generators = [self.generators[b] for b in rows]
+        return some
 
     def __len__(self) -> int:
         return len(self.generators)

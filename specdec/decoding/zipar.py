@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.decoding.ar import plain_ar
-from specdec.decoding.batching import run_batches
+from specdec.decoding.ar import ARRows
+from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
-from specdec.decoding.runner import ModelRunner
+from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
@@ -42,18 +43,13 @@ class ZipAROptions:
 
 
 @functools.lru_cache(maxsize=16)
-def schedule(H: int, W: int, window: int, device) -> tuple:
+def plan(H: int, W: int, window: int) -> tuple:
     """The passes of the row-staggered schedule, one (positions, fed, fake, src, targets) per step
-    t >= 1: raster positions of the queries, the raster slots whose tokens they carry, the fake
-    end-of-row slots to forget afterwards (None if none), the output index of each producing
-    query, and the positions it samples. It depends on (t, window, H, W) only, so it is worked out
-    on the host once and sent to the device before the loop (no read-back, no copy per step), and
-    kept for the next decode (under continuous batching every image runs the schedule; the
-    tensors are only read)."""
-    def tensor(values):
-        return to_device(values, device, torch.long)
-
-    plan = []
+    t >= 1, as host lists: raster positions of the queries, the raster slots whose tokens they
+    carry, the fake end-of-row slots among the positions (forgotten after the pass), the output
+    index of each producing query, and the positions it samples. It depends on (t, window, H, W)
+    only: worked out once and kept."""
+    steps = []
     for t in range(1, (H - 1) * window + W):
         fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
         real = [i * W + (t - 1 - i * window) for i in fed_rows]
@@ -67,8 +63,19 @@ def schedule(H: int, W: int, window: int, device) -> tuple:
         lo = fed_rows[0]
         src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
         targets = [i * W + (t - i * window) for i in cont] + [i * W for i in start]
-        plan.append((tensor(real + fake), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets)))
-    return tuple(plan)
+        steps.append((real + fake, fed, fake, src, targets))
+    return tuple(steps)
+
+
+@functools.lru_cache(maxsize=16)
+def schedule(H: int, W: int, window: int, device) -> tuple:
+    """`plan` as device tensors (fake None where a step has none), sent to the device once
+    before the loop (no read-back, no copy per step) and kept for the next decode."""
+    def tensor(values):
+        return to_device(values, device, torch.long)
+
+    return tuple((tensor(positions), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets))
+                 for positions, fed, fake, src, targets in plan(H, W, window))
 
 
 def widest_pass(H: int, W: int, window: int) -> int:
@@ -110,23 +117,86 @@ def zipar_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams
     return x
 
 
+class ZipARRows(RowPolicy):
+    """ZipAR over the scheduler's rows: each row at its own step t of the schedule (`plan`), one
+    target pass over every row's queries per scheduler step. Rows with fewer queries than the
+    widest are padded with their last query repeated (the same token at the same slot: the same
+    keys and values, the same outputs); a row done or without an image re-feeds its last token.
+    Each row draws its step's tokens from its own stream."""
+
+    def __init__(self, engine, target, window: int):
+        super().__init__(engine)
+        self.runner = engine.runner(target)
+        H, W = target.grid
+        self.plan, self.HW = plan(H, W, window), H * W
+        B = engine.batch
+        self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
+        self.t = [len(self.plan) + 1] * B      #: each row's next step (past the plan: done)
+
+    def start(self, rows, conditions):
+        e, dev = self.engine, self.tokens.device
+        _, p0 = e.prefill_rows(self.runner, rows, conditions)
+        grids = torch.zeros(len(rows), self.HW, dtype=torch.long, device=dev)
+        grids[:, 0] = draw(p0, e.streams.rows(rows), self.runner.backend)
+        self.tokens.index_copy_(0, to_device(rows, dev, torch.long), grids)
+        for b in rows:
+            self.t[b] = 1
+
+    def done(self):
+        return [t > len(self.plan) for t in self.t]
+
+    def _steps(self) -> list:
+        """Each row's (positions, fed, fake, src, targets) this step (a re-feed when done)."""
+        last = self.HW - 1
+        return [self.plan[t - 1] if t <= len(self.plan) else ([last], [last], [], [], []) for t in self.t]
+
+    def step(self):
+        runner, dev, HW = self.runner, self.tokens.device, self.HW
+        steps = self._steps()
+        n = max(len(s[0]) for s in steps)
+        m = max(len(s[4]) for s in steps)
+        positions = [s[0] + s[0][-1:] * (n - len(s[0])) for s in steps]
+        fed = [s[1] + s[1][-1:] * (n - len(s[1])) for s in steps]
+        fakes = [[p in s[2] for p in row] for s, row in zip(steps, positions)]
+        src = [s[3] + [0] * (m - len(s[3])) for s in steps]
+        targets = [s[4] + [HW - 1] * (m - len(s[4])) for s in steps]
+        pos, fed_t, fake_t, src_t, tgt_t = (to_device(v, dev, torch.long)
+                                            for v in (positions, fed, fakes, src, targets))
+        out = runner.forward(self.tokens.gather(1, fed_t), pos)
+        if any(map(any, fakes)):
+            runner.invalidate_where(pos, fake_t.bool())
+        if m == 0:
+            self._advance()
+            return
+        def pick(t):   # [B, n, V] -> [B, m, V]: each row's producing queries
+            return None if t is None else t.gather(1, src_t[..., None].expand(-1, -1, t.shape[-1]))
+        p = runner.probs(Outputs(pick(out.cond), pick(out.uncond), out.hidden, pick(out.probs)))
+        counts = [len(s[4]) for s in steps]
+        new = draw(p.reshape(-1, p.shape[-1]), self.engine.streams, runner.backend, counts=counts).view(-1, m)
+        real = torch.arange(m, device=dev)[None] < to_device(counts, dev, torch.long)[:, None]
+        self.tokens.scatter_(1, tgt_t, torch.where(real, new, self.tokens.gather(1, tgt_t)))
+        self._advance()
+
+    def _advance(self) -> None:
+        self.t = [t + 1 if t <= len(self.plan) else t for t in self.t]
+
+
 def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipAROptions(),
            run: RunSettings = RunSettings()):
-    """ZipAR on `target`. With `run.compile` every target pass runs through compiled graphs padded
-    to bucket widths (specdec.decoding.compiled)."""
+    """ZipAR on `target`, on the scheduler. With `run.compile` every target pass runs through
+    compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
     window = check_window(options.window, target.grid[1])
 
-    def decode_batch(cls, engine):
+    def policy(engine):
         # Under a token budget fewer rows run at once: a wider stagger; window W is raster AR,
         # made by AR's own step (the same tokens, one sampling step per pass).
         H, W = target.grid
-        runner = engine.runner(target)
         narrowed = narrowed_window(H, W, window, engine.token_share)
         if narrowed == W and window < W:
-            return plain_ar(engine, runner, cls)
-        return zipar_grid(runner, cls, engine.streams, window=narrowed)
+            return ARRows(engine, target)
+        return ZipARRows(engine, target, narrowed)
 
-    return run_batches("zipar", target, conditions, decode_batch, run, tokenizer, same_passes=True)
+    return run_rows("zipar", target, conditions, policy, run, tokenizer)
 
 
 OPTIONS = ZipAROptions

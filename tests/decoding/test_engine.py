@@ -99,6 +99,23 @@ def test_row_linear_and_row_matmul_compute_each_row_alone():
     torch.testing.assert_close(prod, a @ b)
 
 
+@pytest.mark.parametrize("keys", [17, 257, 300, 1025])
+def test_row_matmul_gives_a_query_the_same_scores_beside_any_number_of_queries(keys):
+    """Attention's shapes (the 16x16 family's 257 cache slots, a transposed key view): a query's
+    scores and its output over the values are the same alone, beside 5 others or beside 15 (a
+    pass padded to a bucket width). A batched BLAS product of one-row matrices gave the scores
+    other low bits at 6 queries than at 16 with 257 keys, and an SSD image under continuous
+    batching then differed from its decode alone in 180 of its 256 tokens."""
+    g = torch.Generator().manual_seed(keys)
+    q, k = torch.randn(2, 4, 16, 32, generator=g), torch.randn(2, 4, keys, 32, generator=g)
+    p, v = torch.rand(2, 4, 16, keys, generator=g), torch.randn(2, 4, keys, 32, generator=g)
+    for a, b in ((q, k.transpose(-1, -2)), (p, v)):
+        alone = torch.cat([row_matmul(a[:, :, i:i + 1], b) for i in range(16)], 2)
+        for n in (6, 16):
+            assert torch.equal(row_matmul(a[:, :, :n], b), alone[:, :, :n]), n
+        torch.testing.assert_close(alone, a @ b, rtol=1e-4, atol=1e-4)   # (another order of sums)
+
+
 def test_count_host_syncs_sees_reads_and_data_dependent_ops():
     x = torch.randn(10)
     with count_host_syncs() as c:
@@ -182,7 +199,7 @@ def test_a_speculative_decode_reads_back_at_most_once_per_target_pass(fam, monke
     out, round_trips = counter.decode(method, fam, CLASSES[:batch], seed=4, sampling=SAMPLING, backend="cpu",
                                       batch_size=batch, **options)
     assert torch.equal(out.tokens, tokens)       # the counted decode is an ordinary one
-    assert counter.passes == out.stats.target_forwards // batch     # a shared pass counts once per image
+    assert counter.passes == out.stats.passes_made     # a shared pass counted once
     assert round_trips <= counter.passes, (round_trips, counter.passes, counter.count.by_op)
 
 
@@ -225,13 +242,13 @@ SHARED = [("sjd", {}), ("ssd", {}), ("mulo", {}), ("mulo", dict(resample="raster
 def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, monkeypatch, method, options):
     """The images of a batch share their passes: with batch_size=3 the target passes the runner
     actually makes are fewer than the single-image runs' together (each pass counts once, whatever
-    the batch), while stats still count a shared pass once per image."""
+    the batch), while stats count for each image the passes it took part in."""
     alone = [decoding.decode(method, fam, CLASSES[i:i + 1], seed=6, first_index=i, sampling=SAMPLING, **options)
              for i in range(3)]
     counter = LoopCounter(monkeypatch, fam.target)
     batched, _ = counter.decode(method, fam, CLASSES[:3], seed=6, sampling=SAMPLING, batch_size=3, **options)
     assert counter.passes < sum(r.stats.target_forwards for r in alone)
-    assert batched.stats.target_forwards == 3 * counter.passes
+    assert batched.stats.passes_made == counter.passes == max(batched.stats.target_passes)
     assert max(r.stats.target_forwards for r in alone) <= counter.passes
 
 
@@ -297,9 +314,7 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
         runner = engine.runner(fam.target)
         first = runner.prefill(classes[images])
         x = torch.zeros(len(images), fam.target.grid[0] * W, dtype=torch.long)
-        drafter = HeadsDrafter(fam.ssd_heads)
-        drafter.start(engine, runner, classes[images])
-        RasterSpeculation(engine, runner, drafter, end=W, chunk=3).run(first, x)
+        RasterSpeculation(engine, runner, HeadsDrafter(fam.ssd_heads), end=W, chunk=3).run(first, x)
         return x[:, :W], [torch.rand(1, generator=g) for g in streams.generators]
 
     with batch_invariant():

@@ -1,0 +1,131 @@
+"""Streaming engines, for a server: requests submitted as they arrive, images handed over as they
+finish.
+
+    engine = specdec.decoding.stream("sd", family, concurrency=16, seed=0)
+    engine.submit(3)                      # a class id; image index 0
+    while not engine.idle:
+        for image in engine.step():       # Finished(index, tokens [H, W], stats, preview, image)
+            ...
+        # submit more as they arrive
+
+`StreamingEngine` is what every one has (the queue, `submit`, `results`, pixels); `RowStream` is
+the scheduler's (`specdec.decoding.scheduler`): a step is one scheduler step. (MuLo-SD and SSD
+still stream through `specdec.decoding.continuous`, an image per slot.)
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import Callable, Deque, Iterator, List, Optional, Tuple
+
+import torch
+
+from specdec.decoding.results import decode_images
+from specdec.decoding.scheduler import Finished, Scheduler
+from specdec.settings import RunSettings, check_int
+
+
+class StreamingEngine(ABC):
+    """What every streaming engine has: a queue of requests (a condition and an image index),
+    `submit`, `results`, and the images' pixels when it has a tokenizer."""
+
+    def __init__(self, method: str, run: RunSettings, grid: Tuple[int, int], concurrency: int, tokenizer=None,
+                 check: Optional[Callable] = None):
+        """`run`: the run settings (seed, sampling, backend, compile); `check(conditions [1]) ->
+        conditions`: the model's check of a request's condition (its class range), run at
+        `submit` so that a bad request is refused there, not in a step that other images share."""
+        check_int(concurrency, "concurrency", 1)
+        self.method, self.run = method, run
+        self._check = check
+        self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
+        self.grid = tuple(grid)
+        self.concurrency = concurrency
+        self.queue: Deque[Tuple[torch.Tensor, int]] = deque()
+        self._next_index = run.first_index
+        #: where its compiled runners are kept: its own (its caches live across steps, while other
+        #: decodes of the same models may run between them), or None: the models' (a decode
+        #: that runs to its end keeps them there for the next decode's graphs)
+        self.kept_runners: Optional[dict] = {}
+
+    def submit(self, condition, index: Optional[int] = None) -> int:
+        """Queue a request: `condition` a class id (an int or a 0-d tensor), `index` its image index
+        (default: one past the last submitted). Returns the index."""
+        condition = torch.as_tensor(condition)
+        if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
+        if self._check is not None:
+            condition = self._check(condition.reshape(1))[0]
+        index = self._next_index if index is None else check_int(index, "index")
+        self._next_index = index + 1
+        self.queue.append((condition.reshape(()).long(), index))
+        return index
+
+    @property
+    @abstractmethod
+    def running(self) -> int:
+        """Images decoding now."""
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing decoding."""
+        return not self.queue and self.running == 0
+
+    @abstractmethod
+    def step(self) -> List[Finished]:
+        """One engine step: the queued requests that fit start, and the images it finishes are
+        returned."""
+
+    def results(self) -> Iterator[Finished]:
+        """Step until idle, yielding each image as it finishes."""
+        while not self.idle:
+            yield from self.step()
+
+    def _with_pixels(self, image: Finished) -> Finished:
+        if self.tokenizer is not None:
+            image.image = decode_images(image.tokens[None], self.tokenizer)[0]
+        return image
+
+
+class RowStream(StreamingEngine):
+    """The scheduler as a streaming engine: `concurrency` rows, each free row taking the next
+    request at once; a step is one scheduler step (admit -> step -> retire)."""
+
+    def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
+                 tokenizer=None, check: Optional[Callable] = None):
+        super().__init__(method, run, grid, concurrency, tokenizer, check)
+        self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
+        self.scheduler.queue = self.queue
+
+    @property
+    def running(self) -> int:
+        return self.scheduler.running
+
+    @property
+    def steps(self) -> int:
+        """Scheduler steps made."""
+        return self.scheduler.steps
+
+    @property
+    def reads(self) -> int:
+        """Host reads made (at most one per step)."""
+        return self.scheduler.reads
+
+    @property
+    def passes_made(self) -> int:
+        """Target passes made so far (the prefills included), a shared pass once."""
+        return self.scheduler.passes_made
+
+    @torch.no_grad()
+    def step(self) -> List[Finished]:
+        """One scheduler step; returns the images it finished. Inference: autograd off (a model
+        whose parameters require grad would otherwise record graphs, and torch.compile trace
+        training graphs)."""
+        return [self._with_pixels(image) for image in self.scheduler.step()]
+
+    def close(self) -> None:
+        """Abandon the queue and the images decoding (their rows are free for later requests)."""
+        self.queue.clear()
+        self.scheduler.drop()
+
+
+__all__ = ["RowStream", "StreamingEngine"]

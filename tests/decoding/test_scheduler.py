@@ -1,0 +1,313 @@
+"""The scheduler (specdec.decoding.scheduler): one loop over one persistent batch of rows, for
+`decode`, `decode(batch_size=...)`, `decode(concurrency=...)` and `stream`; each image gets what
+it gets alone, a step reads back at most once."""
+import pytest
+import torch
+
+from decoding_models import TinyFamily, decode_alone, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
+from specdec import decoding
+from specdec.decoding import scheduler as scheduler_module
+from specdec.decoding.compiled import CompiledRunner
+from specdec.decoding.runner import ModelRunner
+from specdec.decoding.streams import ImageStreams, image_generator
+from specdec.models.kv_cache import SlotKVCache
+from specdec.numerics import batch_invariant
+from specdec.profiling import count_host_syncs
+from specdec.settings import Sampling
+
+SAMPLING = Sampling(cfg_scale=2.0)
+CLASSES = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1, 0, 0, 1, 2])
+#: the methods that run on the scheduler (MuLo-SD and SSD still run an image per slot)
+ROWS = ("ar", "sd", "lantern", "sjd", "zipar")
+VARIANTS = [(m, {}) for m in ROWS] + [("sd", dict(heads="family"))]
+IDS = [m for m in ROWS] + ["sd-heads"]
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+def _options(fam, options):
+    # (SSD's horizontal heads draft, Medusa-style: no drafter model)
+    return dict(heads=fam.ssd_heads) if options.get("heads") == "family" else options
+
+
+def test_decode_batches_concurrency_and_stream_reach_the_same_scheduler_loop(fam, monkeypatch):
+    """Every way to run a request of a scheduler method goes through `Scheduler.step`."""
+    steps = []
+    step = scheduler_module.Scheduler.step
+
+    def counted(scheduler):
+        steps.append(scheduler.capacity)
+        return step(scheduler)
+
+    monkeypatch.setattr(scheduler_module.Scheduler, "step", counted)
+    kw = dict(seed=1, sampling=SAMPLING)
+    for method in ROWS:
+        for run in (dict(), dict(batch_size=3), dict(concurrency=3)):
+            steps.clear()
+            decoding.decode(method, fam, CLASSES[:4], **kw, **run)
+            assert steps and set(steps) == {run.get("batch_size", run.get("concurrency", 1))}, (method, run)
+        steps.clear()
+        engine = decoding.stream(method, fam, concurrency=2, **kw)
+        engine.submit(1)
+        list(engine.results())
+        assert steps and set(steps) == {2}, method
+
+
+@pytest.mark.parametrize("method,options", VARIANTS, ids=IDS)
+def test_every_way_to_batch_gives_each_image_its_decode_alone(fam, method, options):
+    """Lockstep batches of 5 and 5 rows refilled as they free up: every image gets the tokens,
+    passes, tokens fed, drafter passes and judgements of its decode alone (batch-invariant
+    numerics), and a pass shared by rows is made once."""
+    options = _options(fam, options)
+    kw = dict(seed=3, sampling=SAMPLING, backend="reference", **options)
+    with batch_invariant():
+        ref = decode_alone(fam, method, CLASSES, options, seed=3, sampling=SAMPLING, backend="reference")
+        rolled = decoding.decode(method, fam, CLASSES, concurrency=5, **kw)
+        lockstep = decoding.decode(method, fam, CLASSES, batch_size=5, **kw)
+    for out in (rolled, lockstep):
+        s = out.stats
+        assert torch.equal(out.tokens, torch.cat([r.tokens for r in ref]))
+        for field in ("target_passes", "draft_passes"):
+            assert getattr(s, field) == [v for r in ref for v in getattr(r.stats, field)], field
+        fed = [v for r in ref for v in r.stats.tokens_fed]
+        # (sjd, zipar: a pass is as wide as the widest row's window or queries)
+        assert all(v >= o for v, o in zip(s.tokens_fed, fed)) if method in ("sjd", "zipar") else s.tokens_fed == fed
+        assert s.drafted == [v for r in ref for v in r.stats.drafted]
+        assert s.accepted == [v for r in ref for v in r.stats.accepted]
+        assert s.passes_made < sum(s.target_passes)
+
+
+@pytest.mark.parametrize("method", ROWS + ("ssd", "mulo"))
+@pytest.mark.parametrize("seed,concurrency", [(0, 2), (5, 3), (7, 5), (11, 7)])
+def test_a_sweep_of_seeds_and_concurrencies_gives_each_image_its_decode_alone(fam, method, seed, concurrency):
+    """Held-out cases beyond the arrival tests: other seeds, class orders and concurrencies, the
+    requests arriving at staggered steps; every image is its decode alone, bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    classes = torch.randint(0, 3, (9,), generator=g)
+    kw = dict(seed=seed, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        ref = decode_alone(fam, method, classes, {}, **kw)
+        engine = decoding.stream(method, fam, concurrency=concurrency, **kw)
+        got = submit_staggered(engine, classes, {0: 2, 1: 3, 4: 4})
+        whole = decoding.decode(method, fam, classes, concurrency=concurrency, **kw)
+    for i, r in enumerate(ref):
+        assert torch.equal(got[i].tokens, r.tokens[0]), f"image {i} (stream)"
+        assert torch.equal(whole.tokens[i], r.tokens[0]), f"image {i} (decode)"
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "lantern", "sjd", "zipar"])
+def test_a_scheduler_step_reads_back_at_most_once_and_ar_never(fam, monkeypatch, method):
+    """The read budget on the checked fast path (cpu backend): each scheduler step makes at most
+    one host read (its verdicts), `ar` and `zipar` none; starting rows reads nothing besides the
+    prefills' model checks (set-up, once per request)."""
+    trips = []
+    original = scheduler_module.Scheduler.step
+    prefill = ModelRunner.prefill
+    prefill_trips = [0]
+
+    def measured_prefill(runner, conditions):
+        with count_host_syncs() as c:
+            out = prefill(runner, conditions)
+        prefill_trips[0] += c.round_trips
+        return out
+
+    def counted(scheduler):
+        before = prefill_trips[0]
+        with count_host_syncs() as c:
+            out = original(scheduler)
+        trips.append((c.round_trips - (prefill_trips[0] - before), c.by_op))
+        return out
+
+    monkeypatch.setattr(ModelRunner, "prefill", measured_prefill)
+    monkeypatch.setattr(scheduler_module.Scheduler, "step", counted)
+    decoding.decode(method, fam, CLASSES[:7], seed=1, sampling=SAMPLING, backend="cpu", concurrency=3)
+    most = 0 if method in ("ar", "zipar") else 1
+    assert trips and all(t <= most for t, _ in trips), trips
+
+
+def test_a_rows_stream_restarts_at_its_next_image_and_a_view_of_some_rows_draws_from_it():
+    """`ImageStreams.restart(b, index)`: row b draws image `index`'s stream from its start;
+    `rows([b])` is that stream alone, consumed where the batch's draws go on."""
+    streams = ImageStreams(7, [0, 1])
+    first = streams.rand((4,))
+    assert torch.equal(first[:2], torch.rand(2, generator=image_generator(7, 0)))
+    streams.restart(1, 5)
+    assert streams.indices == [0, 5]
+    alone = torch.rand(5, generator=image_generator(7, 5))
+    assert torch.equal(streams.rows([1]).rand((3,)), alone[:3])
+    assert torch.equal(streams.rand((4,))[2:], alone[3:])
+
+
+def test_a_stream_serves_requests_after_idle_and_close_frees_its_rows(fam):
+    """A stream of 3 rows serves 2 requests and is idle when they are done; later requests take
+    its rows; every image is its decode alone; `close` mid-way drops the images and the queue,
+    and the rows serve the next requests."""
+    kw = dict(seed=6, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        engine = decoding.stream("sd", fam, concurrency=3, **kw)
+        assert isinstance(engine, decoding.RowStream)
+        for c in CLASSES[:2]:
+            engine.submit(c)
+        first = {image.index: image for image in engine.results()}
+        assert sorted(first) == [0, 1] and engine.idle and engine.running == 0
+        made = engine.passes_made
+        assert made > 0 and engine.step() == []
+        engine.submit(CLASSES[2])
+        later = list(engine.results())
+        assert [image.index for image in later] == [2] and engine.passes_made > made
+        ref = decode_alone(fam, "sd", CLASSES[:6], {}, **kw)
+        for c in CLASSES[3:5]:
+            engine.submit(c)
+        engine.step()
+        assert engine.running == 2
+        engine.close()
+        assert engine.idle
+        engine.submit(CLASSES[5], index=5)
+        later += list(engine.results())
+    for image in [*first.values(), *later]:
+        assert torch.equal(image.tokens, ref[image.index].tokens[0]), image.index
+        assert image.stats.target_passes == ref[image.index].stats.target_passes
+
+
+@pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8)), ("ar", {})],
+                         ids=["sd", "sjd", "ar"])
+def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, method, options):
+    """Light load: a stream of 16 rows with one request feeds each target pass that one row, not
+    16, its cache rows copied out of the batch's cache once for the request; then three requests
+    at once, four rows (a power of two; fewer as they finish); then eight, eight rows. Every image
+    is still its decode alone, bit for bit, in tokens and passes."""
+    import functools
+
+    fed = []     # the images of the cache each target pass fed (prefills are not passes)
+    forward_tokens = fam.target.forward_tokens
+
+    @functools.wraps(forward_tokens)
+    def recorded(cache, *args, **kwargs):
+        fed.append(cache.batch)
+        return forward_tokens(cache, *args, **kwargs)
+
+    takes = []
+    take_images = SlotKVCache.take_images
+
+    def counted(cache, source, index):
+        takes.append(index.shape[0])
+        return take_images(cache, source, index)
+
+    monkeypatch.setattr(fam.target, "forward_tokens", recorded)
+    monkeypatch.setattr(SlotKVCache, "take_images", counted)
+    kw = dict(seed=4, sampling=SAMPLING, backend="reference", **options)
+    got = {}
+
+    def serve(classes):
+        fed.clear()
+        takes.clear()
+        for c in classes:
+            engine.submit(c)
+        got.update((image.index, image) for image in engine.results())
+        return list(fed)
+
+    with batch_invariant():
+        engine = decoding.stream(method, fam, concurrency=16, **kw)
+        rows = serve(CLASSES[:1])
+        assert set(rows) == {1} and len(rows) > 5
+        assert len(takes) == (2 if method == "sd" else 1), takes     # (sd: the target's and the drafter's)
+        rows = serve(CLASSES[1:4])
+        assert rows[0] == 4 and set(rows) <= {1, 2, 4}
+        rows = serve(CLASSES[4:])
+        assert rows[0] == 8 and set(rows) <= {1, 2, 4, 8}
+        ref = decode_alone(fam, method, CLASSES, options, seed=4, sampling=SAMPLING, backend="reference")
+    assert sorted(got) == list(range(len(CLASSES)))
+    for i, image in got.items():
+        assert torch.equal(image.tokens, ref[i].tokens[0]), i
+        assert image.stats.target_passes == ref[i].stats.target_passes, i
+
+
+def test_a_compiled_scheduler_gives_the_eager_tokens(fam):
+    """compile=True: the batch's compiled runners and the prefills of some rows copied into it;
+    a stream's runners are its own, apart from the model's kept ones: a compiled decode of the
+    same model and batch run between two of its steps leaves its tokens alone."""
+    kw = dict(seed=5, sampling=SAMPLING, concurrency=3)
+    eager = decoding.decode("sd", fam, CLASSES[:7], **kw)
+    compiled = decoding.decode("sd", fam, CLASSES[:7], compile=True, **kw)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.target_passes == eager.stats.target_passes
+    assert len(compiled.stats.compile_s) == 1
+    engine = decoding.stream("sd", fam, seed=5, sampling=SAMPLING, concurrency=1, compile=True)
+    for i in range(3):     # one at a time: each after the last is done, into the same row
+        engine.submit(CLASSES[i])
+        (image,) = engine.results()
+        assert torch.equal(image.tokens, eager.tokens[i]), i
+    engine.submit(CLASSES[3])
+    engine.step()
+    engine.step()
+    between = decoding.decode("sd", fam, CLASSES[4:5], seed=5, first_index=4, sampling=SAMPLING, compile=True)
+    assert torch.equal(between.tokens[0], eager.tokens[4])
+    (image,) = engine.results()
+    assert torch.equal(image.tokens, eager.tokens[3])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compiled):
+    """A runner told its busy rows (`pass_rows`) holds their cache in a runner of their own while
+    they stay busy (three of 8, with a fourth row to make a power of two): its passes, what a step
+    forgets (`invalidate_where`, `invalidate`) and what a prefill loads into a row (`load_row`,
+    here the fourth row) give the busy rows the outputs and the cache of a runner that passes
+    every row (batch-invariant numerics; compiled with the identity for a compiler: the padded
+    passes and copies as compiled)."""
+    def runner():
+        if not compiled:
+            return ModelRunner(fam.target, SAMPLING, batch=8, backend="reference")
+        return CompiledRunner(fam.target, SAMPLING, batch=8, backend="reference", compiler=lambda fn, device: fn)
+
+    g = torch.Generator().manual_seed(1)
+    classes = CLASSES[:8]
+    with batch_invariant(), torch.no_grad():
+        every, held = runner(), runner()
+        one = ModelRunner(fam.target, SAMPLING, batch=1, backend="reference")
+        one.prefill(CLASSES[:1])
+        for r in (every, held):
+            r.prefill(classes)
+        held.pass_rows([1, 2, 3])           # (held in a runner of 4: rows 0 to 3)
+        images = [1, 2, 3]
+        busy = torch.tensor(images + [b + 8 for b in images])   # their rows of the cache and hidden states (CFG)
+
+        def same(a, b):
+            assert torch.equal(a.cond[images], b.cond[images]) and torch.equal(a.hidden[busy], b.hidden[busy])
+
+        for step in range(3):
+            tokens = torch.randint(0, 16, (8, 3), generator=g)
+            pos = torch.arange(3 * step, 3 * step + 3).expand(8, -1)
+            same(every.forward(tokens, pos), held.forward(tokens, pos))
+            forget = torch.rand(8, 3, generator=g) < 0.5
+            forget[:, 2] = False        # (left for `invalidate` below)
+            for r in (every, held):
+                r.invalidate_where(pos, forget)
+                if step == 1:
+                    r.invalidate(pos[:, 2:])
+                if step == 2:
+                    r.load_row(one.cache, 0)    # (a row held with the busy ones takes a new image)
+        held.settle_rows()
+    for a, b in zip(every.cache.k + every.cache.v, held.cache.k + held.cache.v):
+        assert torch.equal(a[busy], b[busy])
+    assert torch.equal(every.cache.valid[busy], held.cache.valid[busy])
+    assert torch.equal(held.cache.valid[[0, 8]], one.cache.valid)
+
+
+SLOTS = pytest.mark.xfail(strict=True, reason="SSD still decodes an image per slot, its ops per image (2.6x here)")
+
+
+# (MuLo-SD's slots stay within 1.3x on this tiny family, 1.2x: fewer ops per image between its passes)
+@pytest.mark.parametrize("method", ROWS + ("mulo", pytest.param("ssd", marks=SLOTS)))
+def test_aten_ops_per_target_pass_at_concurrency_16_are_those_of_a_lockstep_batch(fam, method):
+    """On a GPU an op is a launch, which costs what a small pass costs: a step's ops run once over
+    all rows, never once per image. Eager, cpu backend, 16 images: ATen ops per target pass made
+    at concurrency 16 are within 1.3x of a lockstep batch of 16."""
+    per_pass = {}
+    for run in (dict(batch_size=16), dict(concurrency=16)):
+        with count_host_syncs() as c:
+            out = decoding.decode(method, fam, CLASSES.repeat(2)[:16], seed=2, sampling=SAMPLING, backend="cpu", **run)
+        per_pass[tuple(run)] = c.ops / out.stats.passes_made
+    assert per_pass[("concurrency",)] <= 1.3 * per_pass[("batch_size",)], per_pass
