@@ -119,8 +119,14 @@ class RowStream(StreamingEngine):
     def step(self) -> List[Finished]:
         """One scheduler step; returns the images it finished. Inference: autograd off (a model
         whose parameters require grad would otherwise record graphs, and torch.compile trace
-        training graphs)."""
-        return [self._with_pixels(image) for image in self.scheduler.step()]
+        training graphs). A step that fails ends every image decoding and the queue (they shared
+        its passes), and the error reaches the caller."""
+        try:
+            finished = self.scheduler.step()
+        except BaseException:
+            self.close()
+            raise
+        return [self._with_pixels(image) for image in finished]
 
     def close(self) -> None:
         """Abandon the queue and the images decoding (their rows are free for later requests)."""

@@ -132,6 +132,7 @@ class ZipARRows(RowPolicy):
         B = engine.batch
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
         self.t = [len(self.plan) + 1] * B      #: each row's next step (past the plan: done)
+        self._passes: dict = {}                # tuple(t) -> `_pass`
 
     def start(self, rows, conditions):
         e, dev = self.engine, self.tokens.device
@@ -145,37 +146,54 @@ class ZipARRows(RowPolicy):
     def done(self):
         return [t > len(self.plan) for t in self.t]
 
-    def _steps(self) -> list:
-        """Each row's (positions, fed, fake, src, targets) this step (a re-feed when done)."""
-        last = self.HW - 1
-        return [self.plan[t - 1] if t <= len(self.plan) else ([last], [last], [], [], []) for t in self.t]
-
     def step(self):
-        runner, dev, HW = self.runner, self.tokens.device, self.HW
-        steps = self._steps()
-        n = max(len(s[0]) for s in steps)
-        m = max(len(s[4]) for s in steps)
-        positions = [s[0] + s[0][-1:] * (n - len(s[0])) for s in steps]
-        fed = [s[1] + s[1][-1:] * (n - len(s[1])) for s in steps]
-        fakes = [[p in s[2] for p in row] for s, row in zip(steps, positions)]
-        src = [s[3] + [0] * (m - len(s[3])) for s in steps]
-        targets = [s[4] + [HW - 1] * (m - len(s[4])) for s in steps]
-        pos, fed_t, fake_t, src_t, tgt_t = (to_device(v, dev, torch.long)
-                                            for v in (positions, fed, fakes, src, targets))
-        out = runner.forward(self.tokens.gather(1, fed_t), pos)
-        if any(map(any, fakes)):
-            runner.invalidate_where(pos, fake_t.bool())
-        if m == 0:
-            self._advance()
-            return
-        def pick(t):   # [B, n, V] -> [B, m, V]: each row's producing queries
-            return None if t is None else t.gather(1, src_t[..., None].expand(-1, -1, t.shape[-1]))
-        p = runner.probs(Outputs(pick(out.cond), pick(out.uncond), out.hidden, pick(out.probs)))
-        counts = [len(s[4]) for s in steps]
-        new = draw(p.reshape(-1, p.shape[-1]), self.engine.streams, runner.backend, counts=counts).view(-1, m)
-        real = torch.arange(m, device=dev)[None] < to_device(counts, dev, torch.long)[:, None]
-        self.tokens.scatter_(1, tgt_t, torch.where(real, new, self.tokens.gather(1, tgt_t)))
+        runner = self.runner
+        pos, fed, fake, src, targets, counts = self._pass()
+        out = runner.forward(self.tokens.gather(1, fed), pos)
+        if fake is not None:
+            runner.invalidate_where(pos, fake)
+        if src is not None:
+            def pick(t):   # [B, n, V] -> [B, m, V]: each row's producing queries
+                return None if t is None else t.gather(1, src[..., None].expand(-1, -1, t.shape[-1]))
+            p = runner.probs(Outputs(pick(out.cond), pick(out.uncond), out.hidden, pick(out.probs)))
+            drawn = draw(p.reshape(-1, p.shape[-1]), self.engine.streams, runner.backend, counts=counts)
+            real = torch.arange(src.shape[1], device=drawn.device)[None] < to_device(counts, drawn.device,
+                                                                                    torch.long)[:, None]
+            self.tokens.scatter_(1, targets, torch.where(real, drawn.view(src.shape), self.tokens.gather(1, targets)))
         self._advance()
+
+    def _pass(self) -> tuple:
+        """This step's device tensors, [B, n] or [B, m]: positions, the slots fed, the fake
+        queries (None: none), the producing queries and the positions they draw (None: none draw),
+        and each row's draw count (host). Made once per combination of the rows' steps and kept
+        (a decode's rows go through the same steps together: no upload per step)."""
+        key = tuple(self.t)
+        found = self._passes.get(key)
+        if found is None:
+            if len(self._passes) >= 1024:       # (a stream's rows rarely repeat a combination)
+                self._passes.clear()
+            found = self._passes[key] = self._make_pass()
+        return found
+
+    def _make_pass(self) -> tuple:
+        dev, last = self.tokens.device, self.HW - 1
+        # each row's step (a row done or without an image re-feeds its last slot)
+        steps = [self.plan[t - 1] if t <= len(self.plan) else ([last], [last], [], [], []) for t in self.t]
+        m = max(len(s[4]) for s in steps)
+
+        def padded(lists, fill=None):   # each row's list to the widest, its last entry (or fill) repeated
+            width = max(map(len, lists))
+            return [v + (v[-1:] if fill is None else [fill]) * (width - len(v)) for v in lists]
+
+        positions = padded([s[0] for s in steps])
+        fakes = [[p in s[2] for p in row] for s, row in zip(steps, positions)]
+        pos, fed = (to_device(v, dev, torch.long) for v in (positions, padded([s[1] for s in steps])))
+        fake = to_device(fakes, dev, torch.bool) if any(map(any, fakes)) else None
+        if m == 0:
+            return pos, fed, fake, None, None, None
+        src, targets = (to_device(padded([s[k] for s in steps], fill), dev, torch.long)
+                        for k, fill in ((3, 0), (4, last)))
+        return pos, fed, fake, src, targets, [len(s[4]) for s in steps]
 
     def _advance(self) -> None:
         self.t = [t + 1 if t <= len(self.plan) else t for t in self.t]

@@ -321,25 +321,26 @@ def test_ar_steps_at_light_load_go_over_the_running_slots_alone(fam, monkeypatch
     every image still gets the tokens of its decode alone; `mulo` too (its drafter's steps
     between the target's passes, on the slots)."""
     fed_rows = []
-    call = slots.TokenStep.__call__
+    call, on_grid = slots.TokenStep.__call__, slots.TokenStep.on_grid
 
-    def counted(step, tokens, *args, **kwargs):
+    def counted(step, tokens, *args, **kwargs):     # (the slots' AR steps)
         fed_rows.append(tokens.shape[0])
         return call(step, tokens, *args, **kwargs)
+
+    def counted_grid(step, grid, *args, **kwargs):  # (the scheduler's: `ar`)
+        fed_rows.append(grid.shape[0])
+        return on_grid(step, grid, *args, **kwargs)
 
     kw = dict(seed=4, sampling=SAMPLING, backend="reference")
     with batch_invariant():
         alone = decoding.decode("ar", fam, CLASSES[:6], **kw)
         ref = decode_alone(fam, "mulo", CLASSES[:4], {}, **kw)
-        monkeypatch.setattr(slots.TokenStep, "__call__", counted)
+        monkeypatch.setattr(slots.TokenStep, "on_grid", counted_grid)
         engine = decoding.stream("ar", fam, concurrency=8, **kw)
         got = submit_staggered(engine, CLASSES[:6], {0: 1, 4: 1, 30: 1, 33: 1, 35: 1, 37: 1})
         for i in range(6):
             assert torch.equal(got[i].tokens, alone.tokens[i]), i
-        # one row while one image runs, two while two do; all 8 for the last step or two of a run,
-        # where the copies would cost more than they save
-        # one row while the first image runs alone, two while two do (the last steps of a run,
-        # where the copies would cost more than they save, go over all 8)
+        # one row while the first image runs alone, two while two do
         assert fed_rows[:3] == [1, 1, 1] and 2 in fed_rows, fed_rows
         # With copies that cost nothing, the steps go over the running rows whenever fewer than
         # all run: a request that joins in a row the steps hold (here the fourth, in the row that

@@ -121,26 +121,44 @@ def test_host_data_reaches_the_gpu_without_waiting_for_it(monkeypatch):
 
 
 class _LoopWaits:
-    """The host's waits for the GPU inside one method's batch decoder (from its prefills to its
-    last pass: the hand-back of tokens and images to the CPU comes after it and is per batch), less
-    the prefills' model checks (per batch: each prefill records its waits in a log of its own, so
-    the decoder's log leaves them out), beside the target passes (a batched pass counts once)."""
+    """The host's waits for the GPU inside one method's decode loop (a scheduler's steps, or a
+    lockstep batch decoder from its prefills to its last pass), less the hand-back of finished
+    images to the CPU (per image, after its last pass) and the prefills' model checks (each prefill
+    records its waits in a log of its own, so the loop's log leaves them out), beside the target
+    passes (a batched pass counts once) and the batches (schedulers or lockstep batches) made."""
 
     def __init__(self, monkeypatch, target):
-        from specdec.decoding import common
+        from specdec.decoding import batching, scheduler
 
         self.passes, self.batches, self.loop_waits, self.setup_waits = 0, 0, 0, 0
-        run_batches = common.run_batches
+        run_batches = batching.run_batches
         prefill, forward = ModelRunner.prefill, ModelRunner.forward
+        step, retire, start = scheduler.Scheduler.step, scheduler.Scheduler._retire, scheduler.Scheduler.__init__
 
-        def counted_run_batches(name, model, classes, seed, decode_batch, **kwargs):
+        def counted_run_batches(method, model, conditions, decode_batch, run, tokenizer=None):
             def counted_batch(*args):
                 self.batches += 1
                 with _host_waits() as waits:
                     out = decode_batch(*args)
                 self.loop_waits += len(waits)
                 return out
-            return run_batches(name, model, classes, seed, counted_batch, **kwargs)
+            return run_batches(method, model, conditions, counted_batch, run, tokenizer)
+
+        def counted_start(sched, *args, **kwargs):
+            self.batches += 1
+            start(sched, *args, **kwargs)
+
+        def counted_step(sched):
+            with _host_waits() as waits:
+                out = step(sched)
+            self.loop_waits += len(waits)
+            return out
+
+        def uncounted_retire(sched):
+            with _host_waits() as waits:
+                out = retire(sched)
+            self.setup_waits += len(waits)
+            return out
 
         def counted_prefill(runner, *args, **kwargs):
             self.passes += runner.model is target
@@ -153,9 +171,12 @@ class _LoopWaits:
             self.passes += runner.model is target
             return forward(runner, *args, **kwargs)
 
-        for module in vars(decoding).values():      # every decoder module calls it by its own name
+        for module in vars(decoding).values():      # every lockstep decoder module calls it by its own name
             if getattr(module, "run_batches", None) is run_batches:
                 monkeypatch.setattr(module, "run_batches", counted_run_batches)
+        monkeypatch.setattr(scheduler.Scheduler, "__init__", counted_start)
+        monkeypatch.setattr(scheduler.Scheduler, "step", counted_step)
+        monkeypatch.setattr(scheduler.Scheduler, "_retire", uncounted_retire)
         monkeypatch.setattr(ModelRunner, "prefill", counted_prefill)
         monkeypatch.setattr(ModelRunner, "forward", counted_forward)
 
@@ -174,7 +195,7 @@ def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(familie
     if method == "ar":                  # its token steps are not ModelRunner passes
         assert counter.loop_waits == 0
         return
-    assert counter.passes == out.stats.target_forwards // 2
+    assert counter.passes == out.stats.passes_made
     assert counter.loop_waits <= counter.passes, (counter.loop_waits, counter.passes)
 
 

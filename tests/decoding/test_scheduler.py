@@ -311,3 +311,34 @@ def test_aten_ops_per_target_pass_at_concurrency_16_are_those_of_a_lockstep_batc
             out = decoding.decode(method, fam, CLASSES.repeat(2)[:16], seed=2, sampling=SAMPLING, backend="cpu", **run)
         per_pass[tuple(run)] = c.ops / out.stats.passes_made
     assert per_pass[("concurrency",)] <= 1.3 * per_pass[("batch_size",)], per_pass
+
+
+def test_a_failing_step_reaches_the_caller_ends_the_images_and_the_stream_serves_on(fam, monkeypatch):
+    """An error inside a step (here the third target pass) reaches `step()`'s caller; the images
+    that shared the step and the queue are dropped, and the stream serves the next request with
+    the image its decode alone gives."""
+    from specdec.decoding.speculative import RasterSpeculation
+
+    kw = dict(seed=2, sampling=SAMPLING, backend="reference")
+    calls = [0]
+    step = RasterSpeculation.step
+
+    def failing(policy):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("pass failed")
+        return step(policy)
+
+    with batch_invariant():
+        engine = decoding.stream("sd", fam, concurrency=2, **kw)
+        monkeypatch.setattr(RasterSpeculation, "step", failing)
+        for c in CLASSES[:3]:
+            engine.submit(c)
+        with pytest.raises(RuntimeError, match="pass failed"):
+            list(engine.results())
+        assert engine.idle
+        monkeypatch.undo()
+        engine.submit(CLASSES[3], index=3)
+        (image,) = engine.results()
+        alone = decoding.decode("sd", fam, CLASSES[3:4], first_index=3, **kw)
+    assert torch.equal(image.tokens, alone.tokens[0])
