@@ -2,11 +2,12 @@
 concurrency, eager or compiled, beside `ar` at the same concurrency and mode, in one run.
 
 Per cell (method, mode, concurrency, batching): images per second, target passes per image (the
-passes each image took part in), image tokens fed to the target per image, and the one-off
-compile time. `batching` is "lockstep" (batches of `concurrency` images that run until their
-slowest is done: `batch_size`) or "continuous" (`concurrency` slots, each refilled as soon as its
-image is done). `ar`'s images all take the same passes, so its lockstep batches are its best and
-the baseline: speed-ups are against `ar` lockstep at the same concurrency and mode. Kept as
+passes each image took part in), image tokens fed to the target per image, the one-off compile
+time, and (eager) the ATen ops per target pass made, counted in an untimed decode. `batching` is
+"lockstep" (batches of `concurrency` images that start together: `batch_size`) or "continuous"
+(`concurrency` rows or slots, each refilled as soon as its image is done). `ar`'s images all take
+the same passes, so its lockstep batches are its best and the baseline: speed-ups are against
+`ar` lockstep at the same concurrency and mode. Kept as
 benchmarks/results/continuous-<grid>-<modes>-<machine>-<stamp>.json.
 
     python benchmarks/decoders/record_continuous.py [--grid 16] [--num-images 32]
@@ -44,7 +45,13 @@ def cell(decoding, fam, method, classes, *, mode, concurrency, batching, budget=
     out = decoding.decode(method, fam, classes, **kw)
     wall = time.perf_counter() - start
     n = classes.shape[0]
-    return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching,
+    ops = None
+    if mode == "eager":     # ATen ops per target pass made (each a launch on a GPU), from an untimed decode
+        from specdec.profiling import count_host_syncs
+        with count_host_syncs() as counted:
+            decoding.decode(method, fam, classes, **kw)
+        ops = counted.ops / max(1, out.stats.passes_made)
+    return {"method": method, "mode": mode, "concurrency": concurrency, "batching": batching, "aten_ops_per_pass": ops,
             "max_tokens_per_pass": budget, "widest_feed": max(out.stats.widest_feed), "images": n,
             "wall_s": wall, "images_per_s": n / wall, "target_passes_per_image": out.stats.target_forwards_per_image,
             "tokens_fed_per_image": out.stats.target_tokens_fed / n, "passes_made_per_image": out.stats.passes_made / n,
