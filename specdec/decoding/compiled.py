@@ -288,31 +288,31 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
 
 
 def compiled_runner(model, sampling, batch: int, backend=None, *, use: str = "decode",
-                    store: Optional[dict] = None) -> CompiledRunner:
+                    store: Optional[dict] = None, graphs: bool = True) -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model (later decodes reset the same runner: same cache tensors, so the graphs are reused, and
     on CUDA replay into the same addresses). `use`: runners that live at the same time keep apart
     (a rolling batch of one row and the one-image prefills copied into it); `store`: a dict of
     the caller's own to keep them in instead (a streaming engine, whose batch lives across steps
     while other decodes of the model run)."""
-    key = _store_key(model, sampling, batch, backend)
+    key = _store_key(model, sampling, batch, backend) + (graphs,)
     if store is None:
         store = model.__dict__.setdefault(f"_specdec_compiled_runners_{use}", {})
     else:       # (a caller's store holds the runners of several models: the target's, the drafter's)
         key = (id(model),) + key
     if key not in store:
-        store[key] = CompiledRunner(model, sampling, batch=batch, backend=backend)
+        store[key] = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
     runner = store[key]
     runner.reset()
     return runner
 
 
 def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False,
-               store: Optional[dict] = None) -> ModelRunner:
+               store: Optional[dict] = None, graphs: bool = True) -> ModelRunner:
     """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
     kept compiled one (kept in `store` when given: `compiled_runner`)."""
     if compile:
-        return compiled_runner(model, sampling, batch, backend, store=store)
+        return compiled_runner(model, sampling, batch, backend, store=store, graphs=graphs)
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 

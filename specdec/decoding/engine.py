@@ -31,7 +31,7 @@ import torch
 from specdec.decoding.compiled import CompiledRunner, runner_for
 from specdec.decoding.draws import draw_residual
 from specdec.decoding.results import DecodeStats
-from specdec.decoding.runner import ModelRunner
+from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.ops.verification import verify_grid_unchecked
@@ -101,6 +101,9 @@ class Engine:
         #: prefills of some rows (on a runner of that many images, copied in): target passes of
         #: their own, besides the runners' (`prefill_rows`)
         self.prefill_passes = 0
+        #: compiled passes replayed as CUDA graphs on CUDA (the scheduler's only with the switch
+        #: SPECDEC_CONTINUOUS_GRAPHS=1: its per-row steps have not run on a GPU)
+        self.graphs = True
         #: where compiled runners are kept (None: on the model, reused by every decode); a streaming
         #: engine's batch lives across steps, between which other decodes may run, so it keeps its own
         self.kept_runners: Optional[dict] = None
@@ -136,13 +139,13 @@ class Engine:
             runner = self.slot.runner(model, sampling, role)
         else:
             runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
-                                store=self.kept_runners)
+                                store=self.kept_runners, graphs=self.graphs)
         self._runners.append((runner, role))
         return runner
 
-    def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> torch.Tensor:
-        """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache and
-        return the distribution of each one's token 0 ([k, V]). Every row at once: one prefill
+    def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> Tuple[Outputs, torch.Tensor]:
+        """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache; returns
+        the prefill's outputs and the distribution of each one's token 0 ([k, V]). Every row at once: one prefill
         of the runner itself (its cache emptied first); some rows: a prefill on a runner of that
         many images, copied into their rows (`SlotKVCache.put_images`), the other rows untouched.
         Each row's image is counted one pass of the runner's role."""

@@ -38,6 +38,7 @@ from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.engine import Engine
 from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
+from specdec import switches
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.settings import RunSettings
 
@@ -116,6 +117,7 @@ class Scheduler:
         self.method, self.grid, self.refill = method, tuple(grid), refill
         self.engine = Engine(method, run, ImageStreams(run.seed, [-1 - b for b in range(capacity)]), grid)
         self.engine.kept_runners = kept_runners
+        self.engine.graphs = cuda_graphs()
         self.engine.rows = self
         self.policy = make_policy(self.engine)
         self.queue: Deque[Tuple[object, int]] = deque()
@@ -248,6 +250,13 @@ class Scheduler:
         return sum(r.take_compile_s() for r, _ in self.engine.runners if isinstance(r, CompiledRunner))
 
 
+def cuda_graphs() -> bool:
+    """Whether compiled passes of the scheduler (and of the slots) replay CUDA graphs on CUDA:
+    opt-in by the switch SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU
+    (`specdec.switches`)."""
+    return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
+
+
 def _joined(conditions: list):
     """Requests' conditions as one batch: class ids [k], or one `Prompts` of k prompts."""
     if is_prompts(conditions[0]):
@@ -256,4 +265,4 @@ def _joined(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "RowCounts", "RowPolicy", "Scheduler"]
+__all__ = ["Finished", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs"]

@@ -29,8 +29,9 @@ from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
-from specdec import masks, switches
+from specdec import masks
 from specdec.decoding.compiled import CompiledRunner, _store_key, runner_for
+from specdec.decoding.scheduler import cuda_graphs
 from specdec.decoding.runner import ModelRunner, Outputs, TokenStep, count_pass
 
 
@@ -58,9 +59,9 @@ class Prefill(NamedTuple):
 
 
 def slot_graphs() -> bool:
-    """Whether the engine's compiled passes replay CUDA graphs (on CUDA): opt-in by the switch
-    SPECDEC_CONTINUOUS_GRAPHS=1 until continuous batching has run on a GPU (`specdec.switches`)."""
-    return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
+    """Whether the engine's compiled passes replay CUDA graphs (on CUDA): the scheduler's switch
+    (`scheduler.cuda_graphs`, SPECDEC_CONTINUOUS_GRAPHS=1), opt-in until they have run on a GPU."""
+    return cuda_graphs()
 
 
 def _slot_batch_runner(model, sampling, slots: int, backend, compile: bool, store: Optional[dict]) -> ModelRunner:
