@@ -74,11 +74,12 @@ class ARRows(RowPolicy):
     for its whole grid are drawn from its stream when it starts (the same numbers, in the same
     order, as drawn step by step), and the positions advance on the device: no host work and no
     host read per token. Rows done or without an image re-feed their last token at its own slot
-    (the same keys and values) and keep their grid."""
+    (the same keys and values) and keep their grid. `runner`: the engine's runner it steps (the
+    target's; MuLo-SD's drafter drafts with it too)."""
 
-    def __init__(self, engine, target):
+    def __init__(self, engine, runner: ModelRunner):
         super().__init__(engine)
-        self.runner = engine.runner(target)
+        self.runner = runner
         B, self.HW = engine.batch, self.runner.H * self.runner.W
         dev = self.runner.device
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
@@ -132,7 +133,7 @@ def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions
     through torch.compile (specdec.decoding.compiled); the one-off compile time is reported in
     stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is kept on the
     model), and is part of wall_s."""
-    return run_rows("ar", target, conditions, lambda engine: ARRows(engine, target), run, tokenizer)
+    return run_rows("ar", target, conditions, lambda engine: ARRows(engine, engine.runner(target)), run, tokenizer)
 
 
 OPTIONS = AROptions

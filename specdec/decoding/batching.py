@@ -76,8 +76,11 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     total.extend([finished[i].stats for i in sorted(finished)])
     total.wall_s = wall_s
     H, W = model.grid
-    tokens = torch.stack([finished[i].tokens for i in sorted(finished)]).view(-1, H, W)
-    return DecodeResult(tokens, decode_images(tokens, tokenizer), total, None)
+    images = [finished[i] for i in sorted(finished)]
+    tokens = torch.stack([image.tokens for image in images]).view(-1, H, W)
+    previews = [image.preview for image in images]
+    preview = torch.stack(previews) if all(p is not None for p in previews) else None
+    return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)
 
 
 def run_batches(method: str, model, conditions, decode_batch: Callable, run: RunSettings,

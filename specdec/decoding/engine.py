@@ -168,14 +168,16 @@ class Engine:
     # ---- the read-accept-commit step ----
     def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
               judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
-              valid: Optional[torch.Tensor] = None, islands: bool = False, **how) -> Judgement:
+              valid: Optional[torch.Tensor] = None, islands: bool = False, rows: Optional[Sequence[int]] = None,
+              **how) -> Judgement:
         """`verify_grid` over each image's drafts and the pass's one host read.
 
         score, q: [B, L] (a raster window; column k of image b is raster position starts[b] + k)
         or [B, H, W] (a whole grid, starts 0); `uniforms` for rule="ratio"; `valid` the columns
         holding a draft (None: all); `judged[b]` how many image b has (the drafted count
         recorded); `how`: the rule's and mode's arguments (mode, tau, radius). `islands=True`
-        reads the island labels too (MuLo-SD's resampling schedule)."""
+        reads the island labels too (MuLo-SD's resampling schedule). `rows`: the batch's rows that
+        score's B rows are (None: all of them, in order)."""
         B = score.shape[0]
         shape = (B, 1, score.shape[-1]) if score.dim() == 2 else tuple(score.shape)
         view = (lambda t: None if t is None else t.reshape(shape))
@@ -195,7 +197,7 @@ class Engine:
         if islands:
             out.islands = [row[2 * L:3 * L] for row in host]
             out.num_islands = [row[3 * L] for row in host]
-        self.record(accept, starts, judged)
+        self.record(accept, starts, judged, rows)
         return out
 
     def read(self, t: torch.Tensor) -> list:
@@ -204,19 +206,20 @@ class Engine:
         self.reads += 1
         return t.tolist() if self.slot is None else self.slot.read(t)
 
-    def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int]) -> None:
+    def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int],
+               rows: Optional[Sequence[int]] = None) -> None:
         """One judgement into the statistics: the map of kept drafts over the grid, and the
-        drafted and kept counts."""
-        HW = self.H * self.W
-        amap = torch.zeros(self.batch, HW, dtype=torch.bool)
+        drafted and kept counts (`rows`: which of the batch's rows were judged; None: all)."""
+        HW, B = self.H * self.W, len(accept)
+        amap = torch.zeros(B, HW, dtype=torch.bool)
         for b, (row, start) in enumerate(zip(accept, starts)):
             inside = row[:max(0, HW - start)]
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
-        amap = amap.view(self.batch, self.H, self.W)
+        amap = amap.view(B, self.H, self.W)
         if self.rows is not None:     # each row's part to the image it holds
-            for b in range(self.batch):
-                self.rows.record(b, amap[b:b + 1], int(judged[b]), sum(accept[b]))
+            for i, b in enumerate(range(B) if rows is None else rows):
+                self.rows.record(b, amap[i:i + 1], int(judged[i]), sum(accept[i]))
             return
         self.stats.acceptance_maps.append(amap)
         self.stats.drafted.append(int(sum(judged)))

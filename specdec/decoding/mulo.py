@@ -36,19 +36,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
-from specdec import masks
 from specdec.decoding import upsample as _up
-from specdec.decoding.ar import plain_ar, sample_grid
-from specdec.decoding.batching import check_grid_model, run_batches
-from specdec.decoding.engine import Engine, Judgement
+from specdec.decoding.ar import ARRows
+from specdec.decoding.batching import check_grid_model, run_rows
+from specdec.decoding.engine import Engine
 from specdec.decoding.lantern import check_delta, check_k, neighbor_table
-from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, raster_plan, resample_step
+from specdec.decoding.runner import Outputs, count_pass
+from specdec.decoding.scheduler import RowPolicy, join_conditions
 from specdec.decoding.uploads import to_device
-from specdec.decoding.zipar import check_window, zipar_grid
+from specdec.decoding.zipar import ZipARRows, check_window
 from specdec.settings import RunSettings, Sampling, check_int
 
 DRAFTING = ("serial", "zipar")
@@ -118,19 +119,6 @@ def check_models(target, drafter, upsample: str = "nearest"):
     return factor
 
 
-def island_schedule(resample: list, islands: list) -> list:
-    """The passes of v2 from R_X (host bools over the grid) and its island labels (host ints):
-    pass m resolves the m-th position (raster order) of every island with more than m, the
-    islands in label order."""
-    by_island = {}
-    for t, r in enumerate(resample):
-        if r:
-            by_island.setdefault(islands[t], []).append(t)
-    order = [by_island[label] for label in sorted(by_island)]
-    depth = max(map(len, order), default=0)
-    return [[island[m] for island in order if m < len(island)] for m in range(depth)]
-
-
 @dataclass
 class MuloStats:
     """MuLo-SD's own figures, one entry per image (`DecodeStats.method_stats`)."""
@@ -139,131 +127,6 @@ class MuloStats:
     resampled: List[int]                #: positions of R_X (resampled by the target)
     islands: List[torch.Tensor]         #: int32 [H, W] island labels (-1 outside R_X)
     low_res: List[torch.Tensor]         #: int64 [h, w] low-resolution drafts
-
-
-def _gathered(o: Outputs, rows: list, cols: list) -> Outputs:
-    """Outputs [1, n, V] at the (row, column) pairs (host ints) of a batched pass."""
-    rr, cc = to_device([rows, cols], o.cond.device, torch.long)
-    return o.map(lambda t: t[rr, cc][None])
-
-
-def _draw_at(engine: Engine, runner: ModelRunner, x, o: Outputs, picks: list) -> None:
-    """picks: (image, output column, raster position) host triples, the images in order;
-    x[image, position] = a token drawn from that output, image b's uniforms from its stream."""
-    if picks:
-        probs = runner.probs(_gathered(o, [b for b, _, _ in picks], [c for _, c, _ in picks]))[0]
-        engine.redraw(x, [(b, t) for b, _, t in picks], probs)
-
-
-def _resample_pass(engine: Engine, runner: ModelRunner, x, work: dict, *, tree: bool, end: int) -> None:
-    """One shared resampling pass: work[b] = (positions to resolve now, the block of slots fed,
-    which of them are resolved) for the images in it (the others ride along at slot end - 1);
-    `tree`: the blocks hold another island's unresolved token, so a tree mask hides it."""
-    B, dev = x.shape[0], x.device
-    N = max(len(block) for _, block, _ in work.values())
-    pos = to_device([work[b][1] + [end - 1] * (N - len(work[b][1])) if b in work else [end - 1] * N
-                     for b in range(B)], dev, torch.long)
-    mask = None
-    if tree:
-        # A query slot of another island's unresolved token: visible to its own query only
-        # (and rows riding along see themselves only).
-        dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
-        for b, (_, _, trusted) in work.items():
-            dense[b] |= torch.tensor(trusted, dtype=torch.bool)[None, :]
-        mask = masks.pack(to_device(dense, dev))
-    out = runner.forward(x.gather(1, pos), pos, tree_mask=mask)
-    if mask is not None:
-        stale = torch.zeros(B, N, dtype=torch.bool)
-        for b, (_, _, trusted) in work.items():
-            stale[b, :len(trusted)] = torch.tensor([not ok for ok in trusted])
-        runner.invalidate_where(pos, to_device(stale, dev))
-    _draw_at(engine, runner, x, out, [(b, block.index(u - 1), u) for b, (now, block, _) in work.items() for u in now])
-
-
-def _resample(engine: Engine, runner: ModelRunner, x, ver: Outputs, plans: list, *, base: int, end: int) -> list:
-    """Resample R_X of every image of the batch in shared passes. plans[b]: None (nothing to
-    resample) or (t0, steps, resolved): image b's first position (drawn from the verification
-    outputs `ver`, of positions base, base + 1, ...), the positions each later pass resolves, and
-    its resolved flags over the grid (host). Returns each image's positions resolved last (keys
-    unwritten).
-
-    Pass m of image b feeds its last resolved tokens and the tokens just before the positions it
-    resolves now. A pass needs one width for all rows and one attention path: rows whose block
-    is all resolved take the in-place path (attention over the cache alone, whatever the width),
-    rows with another island's unresolved token need a tree mask, whose attention also reads the
-    block, so those share a pass only with rows of the same block width (a wider block would
-    change the length of that reduction, and so the logits' last bit). A row not in a pass rides
-    along at slot end - 1 (the block's last slot): only a query at that position sees it, whose
-    output predicts a position past the block, which nothing reads."""
-    _draw_at(engine, runner, x, ver, [(b, plan[0] - base, plan[0]) for b, plan in enumerate(plans) if plan])
-    last = [[plan[0]] if plan else [] for plan in plans]
-    depth = max((len(plan[1]) for plan in plans if plan), default=0)
-    for m in range(depth):
-        work = {}
-        for b, plan in enumerate(plans):
-            if plan and m < len(plan[1]):
-                now = plan[1][m]
-                block = sorted(set(last[b]) | {u - 1 for u in now})
-                work[b] = (now, block, [plan[2][t] for t in block])
-        groups = {}
-        for b, (_, block, trusted) in work.items():
-            groups.setdefault(None if all(trusted) else len(block), []).append(b)
-        for key in sorted(groups, key=lambda k: -1 if k is None else k):
-            _resample_pass(engine, runner, x, {b: work[b] for b in groups[key]}, tree=key is not None, end=end)
-            for b in groups[key]:
-                for u in work[b][0]:
-                    plans[b][2][u] = True
-                last[b] = work[b][0]
-    return last
-
-
-def resample_raster(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, rpos: list, base: int = 0,
-                    end: Optional[int] = None) -> list:
-    """v1: R_X positions of each image (rpos[b], sorted host ints; empty: nothing to resample)
-    one per pass; each pass feeds the token resolved last and the token just before the next
-    position (re-encoding a kept token with the corrected context). `ver` holds the verification
-    outputs of positions base, base + 1, ...; `end`: the end of the block (default the grid).
-    Returns the positions each image resolved last (host lists), whose keys and values are not
-    written yet. The schedule is known from R_X alone, so the passes read nothing back."""
-    HW = x.shape[1]
-    plans = []
-    for r in rpos:
-        if not r:
-            plans.append(None)
-            continue
-        resolved = [True] * HW
-        for t in r:
-            resolved[t] = False
-        resolved[r[0]] = True
-        plans.append((r[0], [[u] for u in r[1:]], resolved))
-    return _resample(engine, runner, x, ver, plans, base=base, end=HW if end is None else end)
-
-
-def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list,
-                     islands: list, base: int = 0, end: Optional[int] = None, most: Optional[int] = None) -> list:
-    """v2: every island of R_X advances one token per pass, all islands in one pass. resample[b]
-    (bools; None: nothing to resample) and islands[b] (labels) cover image b's grid, on the
-    host: the passes' positions, masks and draw counts follow from them alone, so the passes read
-    nothing back. The first token of the first island (the first rejection) is drawn from the
-    verification outputs `ver` (positions base, base + 1, ...): its context is all accepted.
-    Returns the positions each image resolved in its last pass (host lists), whose keys and values
-    are not written yet. `most`: at most this many islands advance in one pass (a step of more is
-    split into passes of `most`, islands in label order; None: all at once)."""
-    HW = x.shape[1]
-    plans = []
-    for R, isl in zip(resample, islands):
-        if R is None or True not in R:
-            plans.append(None)
-            continue
-        t0 = R.index(True)                       # the first rejection: R_X starts there
-        sched = island_schedule(R, isl)
-        steps = [now for now in [[u for u in sched[0] if u != t0]] + sched[1:] if now]
-        if most is not None:
-            steps = [now[i:i + most] for now in steps for i in range(0, len(now), most)]
-        resolved = [not r for r in R]
-        resolved[t0] = True
-        plans.append((t0, steps, resolved))
-    return _resample(engine, runner, x, ver, plans, base=base, end=HW if end is None else end)
 
 
 def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions):
@@ -293,99 +156,180 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
     return factor
 
 
-class MuloPolicy:
-    """MuLo-SD over a batch's engine: draft low, up-sample, verify once, resample R_X. One per
-    decode call (its models and options); `decode_batch` is what `run_batches` runs."""
+#: a row's phase in `MuloRows` ("idle": no image, or its image is done)
+IDLE, DRAFT, RESAMPLE, AR = "idle", "draft", "resample", "ar"
 
-    def __init__(self, target, drafter, *, tokenizer=None, upsampler=None, neighbors=None,
+
+class MuloRows(RowPolicy):
+    """MuLo-SD over the scheduler's rows, each row in its own phase (`phase[b]`):
+
+    - "draft": its low-resolution draft, one step of the drafting policy (`ARRows` for serial
+      drafting, `ZipARRows` for v2's) on the drafter's runner per scheduler step, the drafting
+      rows in one pass;
+    - in the step its draft is complete: up-sampled, its target prefill, one verification pass
+      over the rows that completed theirs in that step (on a runner of those rows alone when
+      others are in other phases: `ModelRunner.hold`), the judgement (one host read) and the
+      first resampled token (`_verify`); then "resample", or done;
+    - "resample": the next pass of its `ResamplePlan` per step, the rows' passes shared
+      (`resampling.resample_step`);
+    - "ar": at a share of one token per pass, plain AR steps on the target (`ARRows`), after the
+      preview a two-stage model is conditioned on.
+
+    Each row's passes are credited to it alone (`Scheduler.credit`): an image's counts are those
+    of its decode alone, whatever its neighbours are doing."""
+
+    def __init__(self, engine: Engine, target, drafter, *, tokenizer=None, upsampler=None, neighbors=None,
                  options: MuloOptions = MuloOptions()):
-        self.target, self.drafter, self.tokenizer, self.upsampler = target, drafter, tokenizer, upsampler
-        self.neighbors, self.o = neighbors, options
+        super().__init__(engine)
+        self.target, self.tokenizer, self.upsampler, self.neighbors, self.o = target, tokenizer, upsampler, \
+            neighbors, options
         self.delta = options.delta if neighbors is not None else None
-        self.preview = options.draft == "preview"
-
-    def decode_batch(self, cls, engine: Engine) -> torch.Tensor:
         # The preview is the target model's own output: its passes are target passes (role
         # "preview"), its tokens committed tokens, its grids the result's `preview`.
-        drunner = engine.runner(self.drafter, self.o.draft_sampling, role="preview" if self.preview else "drafter")
-        runner = engine.runner(self.target)
-        H, W = engine.H, engine.W
+        self.previewing = options.draft == "preview"
+        self.draft_role = "preview" if self.previewing else "drafter"
+        self.drunner = engine.runner(drafter, options.draft_sampling, role=self.draft_role)
+        self.runner = engine.runner(target)
+        B, self.HW = engine.batch, self.runner.H * self.runner.W
         # A share of one token per pass leaves nothing to verify a draft with: plain AR, drafting
         # nothing (a two-stage model still writes the preview its target stage is conditioned on).
-        plain = engine.token_share == 1
-        grids = self.draft(engine, drunner, cls) if self.preview or not plain else None
-        first = runner.prefill(self.target.condition_on_preview(cls, grids) if self.preview else cls)
-        if plain:
-            B = cls.shape[0]
-            low = [torch.zeros(0, dtype=torch.long)] * B if grids is None else list(grids.cpu().unbind(0))
-            none = [torch.full((H, W), -1, dtype=torch.int32)] * B     # no islands
-            engine.stats.method_stats = MuloStats([0] * B, [0] * B, none, low)
-            return plain_ar(engine, runner, cls, first)
-        x = self.upsample(grids, runner)
-        ver, judgement = self.verify(engine, runner, first, x)
-        self.resample(engine, runner, x, ver, judgement)
-        engine.stats.method_stats = MuloStats(
-            num_islands=list(judgement.num_islands), resampled=[sum(R) for R in judgement.resample],
-            islands=[torch.tensor(isl, dtype=torch.int32).view(H, W) for isl in judgement.islands],
-            low_res=list(grids.cpu().unbind(0)))
-        return x
+        self.plain = engine.token_share == 1
+        self.ar = ARRows(engine, self.runner) if self.plain else None
+        self.drafting = None
+        if self.previewing or not self.plain:
+            self.drafting = (ARRows(engine, self.drunner) if options.drafting == "serial"
+                             else ZipARRows(engine, self.drunner, options.window))
+        self.x = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
+        self.phase = [IDLE] * B
+        self.conditions: List[object] = [None] * B        #: each row's condition (a batch of one)
+        self.plans: Dict[int, ResamplePlan] = {}          #: the resampling rows' plans
+        self.figures: List[Optional[tuple]] = [None] * B  #: (islands, resampled, labels, low-res draft)
 
-    def draft(self, engine: Engine, drunner: ModelRunner, cls) -> torch.Tensor:
-        """1. The low-resolution image [B, h, w] (draft="preview": the target's own preview)."""
-        B, (h, w) = cls.shape[0], self.drafter.grid
-        if self.o.drafting == "serial":
-            low = torch.zeros(B, h * w, dtype=torch.long, device=drunner.device)
-            sample_grid(drunner, cls, engine.streams, start_out=drunner.prefill(cls), x=low, step=drunner.token_step())
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.ar.tokens if self.plain else self.x
+
+    def _in(self, phase: str) -> List[int]:
+        return [b for b, p in enumerate(self.phase) if p == phase]
+
+    def start(self, rows, conditions):
+        for i, b in enumerate(rows):
+            self.conditions[b] = conditions[i:i + 1]
+            self.phase[b] = DRAFT if self.drafting is not None else AR
+        if self.drafting is None:
+            self.ar.start(rows, conditions)
+            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
+            for b in rows:
+                self.figures[b] = (0, 0, none, torch.zeros(0, dtype=torch.long))
         else:
-            low = zipar_grid(drunner, cls, engine.streams, window=self.o.window)
-        grids = low.view(B, h, w)
-        if self.preview:
-            engine.previews = grids
-            engine.stats.tokens += B * h * w
-        return grids
+            self.drafting.start(rows, conditions)
 
-    def upsample(self, grids: torch.Tensor, runner: ModelRunner) -> torch.Tensor:
-        """2. The high-resolution draft x~ [B, H*W], up-sampled image by image (batch-independent)."""
-        B, H, W = grids.shape[0], runner.H, runner.W
-        up = torch.cat([_up.upsample(grids[b:b + 1], (H, W), self.o.upsample, tokenizer=self.tokenizer,
-                                     net=self.upsampler) for b in range(B)])
-        return to_device(up.reshape(B, H * W), runner.device).long().contiguous()
+    def done(self):
+        ar_done = self.ar.done() if self.ar is not None else None
+        return [p == IDLE or (p == AR and ar_done[b]) for b, p in enumerate(self.phase)]
 
-    def verify(self, engine: Engine, runner: ModelRunner, first: Outputs, x: torch.Tensor):
-        """3.-5. One target pass over the draft (output i: the distribution of slot i), the pooled
-        threshold and the local rejection windows -> (the verification outputs, the judgement:
-        the pass's one host read, islands included)."""
-        B, HW = x.shape
+    def step(self):
+        credit = self.engine.rows.credit
+        drafting = self._in(DRAFT)
+        forwards, fed = self.drunner.forwards, self.drunner.fed
+        if drafting:
+            self.drafting.step()
+        n, f = self.drunner.forwards - forwards, self.drunner.fed - fed
+        credit(drafting, self.draft_role, n, f, f // max(n, 1))
+        plans = {b: self.plans[b] for b in self._in(RESAMPLE)}
+        if plans:
+            for rows, width in resample_step(self.engine, self.runner, self.x, plans, self.HW):
+                credit(rows, "target", 1, width, width)
+            for b, plan in plans.items():
+                if plan.done:
+                    self.phase[b] = IDLE
+                    del self.plans[b]
+        stepping = self._in(AR)
+        if stepping:
+            self.ar.step()
+            credit(stepping, "target", 1, 1, 1)
+        done = self.drafting.done() if drafting else []
+        ready = [b for b in drafting if done[b]]
+        if ready:
+            self._draft_done(ready)
+        credit([], "target", 0, 0, 0)     # (every target pass above is credited to its rows)
+
+    def _draft_done(self, rows: List[int]) -> None:
+        """Rows whose draft is complete: plain AR from here at a share of one token, else the
+        draft up-sampled and verified."""
+        e, dev = self.engine, self.runner.device
+        h, w = self.drunner.H, self.drunner.W
+        index = to_device(rows, dev, torch.long)
+        grids = self.drafting.tokens.index_select(0, index).view(len(rows), h, w)
+        conditions = join_conditions([self.conditions[b] for b in rows])
+        if self.previewing:
+            conditions = self.target.condition_on_preview(conditions, grids)
+        low = grids.cpu().unbind(0)
+        if self.plain:
+            self.ar.start(rows, conditions)
+            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
+            for b, grid in zip(rows, low):
+                self.phase[b], self.figures[b] = AR, (0, 0, none, grid)
+            return
+        x = self.upsample(grids)
+        self.x.index_copy_(0, index, x)
+        first, _ = e.prefill_rows(self.runner, rows, conditions)
+        for b, grid, (islands, resampled, labels, plan) in zip(rows, low, self._verify(rows, first, x)):
+            self.figures[b] = (islands, resampled, labels, grid)
+            if plan is not None and not plan.done:
+                self.phase[b], self.plans[b] = RESAMPLE, plan
+            else:
+                self.phase[b] = IDLE
+
+    def upsample(self, grids: torch.Tensor) -> torch.Tensor:
+        """2. The high-resolution drafts x~ [k, H*W] of grids [k, h, w], image by image."""
+        k, H, W = grids.shape[0], self.runner.H, self.runner.W
+        up = torch.cat([_up.upsample(grids[i:i + 1], (H, W), self.o.upsample, tokenizer=self.tokenizer,
+                                     net=self.upsampler) for i in range(k)])
+        return to_device(up.reshape(k, H * W), self.runner.device).long().contiguous()
+
+    def _verify(self, rows: List[int], first: Outputs, x: torch.Tensor) -> list:
+        """3.-5. of rows `rows` (their drafts x [k, H*W], `first` their prefill's outputs): one
+        target pass over the drafts (output i: the distribution of slot i), the pooled threshold
+        and the local rejection windows (the pass's one host read, islands included), R_X's keys
+        and values dropped and its first token drawn. Returns per row (islands, resampled count,
+        island labels [H, W], its `ResamplePlan` or None)."""
+        e, runner, HW = self.engine, self.runner, self.HW
+        k, H, W = len(rows), runner.H, runner.W
+        part = runner if k == e.batch else runner.hold(rows)[0]
         # Under a token budget the pass is cut into causal chunks of the image's share (the same
         # outputs, more passes), as an engine chunks a long prefill.
-        step = engine.narrowed(HW - 1)
+        step = e.narrowed(HW - 1)
         fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
-        ver = Outputs.cat([first] + [runner.forward(fed[:, a:a + step], positions[a:a + step])
-                                     for a in range(0, HW - 1, step)])
-        pooled = runner.token_probs(ver, x, self.neighbors, self.delta).pooled
-        judgement = engine.judge(pooled.view(B, runner.H, runner.W), rule="threshold", tau=self.o.tau, mode="local",
-                                 radius=self.o.radius, islands=True, starts=[0] * B, judged=[HW] * B)
-        return ver, judgement
+        chunks = []
+        for a in range(0, HW - 1, step):
+            chunks.append(part.forward(fed[:, a:a + step], positions[a:a + step]))
+            if part is not runner:
+                count_pass(runner, chunks[-1].cond.shape[1])
+        e.rows.credit(rows, "target", len(chunks), HW - 1, step)
+        ver = Outputs.cat([first] + chunks)
+        pooled = part.token_probs(ver, x, self.neighbors, self.delta).pooled
+        judgement = e.judge(pooled.view(k, H, W), rule="threshold", tau=self.o.tau, mode="local",
+                            radius=self.o.radius, islands=True, starts=[0] * k, judged=[HW] * k, rows=rows)
+        if any(True in R for R in judgement.resample):
+            part.invalidate_where(torch.arange(HW, device=x.device).expand(k, -1),
+                                  torch.tensor(judgement.resample, dtype=torch.bool, device=x.device))
+        # A pass feeds up to two tokens per island it advances: under a token budget, fewer
+        # islands at a time.
+        share = e.token_share
+        most = None if share is None else max(1, share // 2)
+        plans = [raster_plan(R) if self.o.resample == "raster" else island_plan(R, isl, most)
+                 for R, isl in zip(judgement.resample, judgement.islands)]
+        draw_first(e, part, self.x, ver, rows, plans)
+        return [(n, sum(R), torch.tensor(isl, dtype=torch.int32).view(H, W), plan)
+                for n, R, isl, plan in zip(judgement.num_islands, judgement.resample, judgement.islands, plans)]
 
-    def resample(self, engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, judgement: Judgement):
-        """6. R_X resampled with the target, its slots' keys and values dropped first. The passes'
-        positions, masks and draws follow from the judgement's host read: they read nothing back."""
-        R_all = [R if True in R else None for R in judgement.resample]
-        if all(R is None for R in R_all):
-            return
-        B, HW = x.shape
-        rmask = torch.tensor(judgement.resample, dtype=torch.bool, device=x.device)
-        runner.invalidate_where(torch.arange(HW, device=x.device).expand(B, -1), rmask)
-        if self.o.resample == "raster":
-            rpos = [[t for t, r in enumerate(R) if r] for R in judgement.resample]
-            resample_raster(engine, runner, x, ver, rpos)
-        else:
-            # A pass feeds up to two tokens per island it advances: under a token budget, fewer
-            # islands at a time.
-            share = engine.token_share
-            resample_islands(engine, runner, x, ver, R_all, judgement.islands,
-                             most=None if share is None else max(1, share // 2))
+    def preview(self, b):
+        return self.figures[b][3] if self.previewing else None
 
+    def method_stats(self, b):
+        islands, resampled, labels, low = self.figures[b]
+        return MuloStats([islands], [resampled], [labels], [low])
 
 def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codebook=None, neighbors=None,
            options: MuloOptions = MuloOptions(), run: RunSettings = RunSettings()):
@@ -402,9 +346,11 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
     _check_resources(target, drafter, tokenizer, upsampler, options)
     if neighbors is None and codebook is not None and options.k > 0:
         neighbors = neighbor_table(codebook, options.k)
-    policy = MuloPolicy(target, drafter, tokenizer=tokenizer, upsampler=upsampler, neighbors=neighbors,
+    def policy(engine):
+        return MuloRows(engine, target, drafter, tokenizer=tokenizer, upsampler=upsampler, neighbors=neighbors,
                         options=options)
-    return run_batches("mulo", target, conditions, policy.decode_batch, run, tokenizer)
+
+    return run_rows("mulo", target, conditions, policy, run, tokenizer)
 
 
 OPTIONS = MuloOptions

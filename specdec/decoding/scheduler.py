@@ -79,30 +79,45 @@ class RowPolicy(ABC):
     def done(self) -> List[bool]:
         """Per row, whether its image is complete (from host state: no read)."""
 
+    def preview(self, b: int) -> Optional[torch.Tensor]:
+        """Row b's preview grid [h, w] when the method decoded one itself (MuLo-SD drafted by a
+        model's own preview stage), else None."""
+        return None
+
+    def method_stats(self, b: int):
+        """Row b's figures of the method's own (`DecodeStats.method_stats` of one image), or None."""
+        return None
+
 
 class RowCounts:
-    """One live image's counters. Every pass made while it holds its row is one of its own (the
-    rows step together), so its counts are the scheduler's totals since it started (`mark`),
-    plus its own prefills; and its judgements (acceptance maps, drafted and kept counts)."""
+    """One live image's counters: the passes it took part in by role (its prefills included), the
+    image tokens they fed its row, the widest of them, and its judgements (acceptance maps,
+    drafted and kept counts). The scheduler adds each step's passes to the rows that took part
+    (`Scheduler.credit`; by default every row that holds an image)."""
 
-    __slots__ = ("prefills", "mark", "maps", "drafted", "accepted")
+    __slots__ = ("passes", "fed", "widest", "maps", "drafted", "accepted")
 
     def __init__(self):
-        self.prefills = {"target": 0, "drafter": 0, "preview": 0}
-        self.mark: Optional[tuple] = None     #: the scheduler's (passes by role, fed, steps) at its start
+        self.passes = {"target": 0, "drafter": 0, "preview": 0}
+        self.fed = 0
+        self.widest = 0
         self.maps: List[torch.Tensor] = []
         self.drafted: List[int] = []
         self.accepted: List[int] = []
 
-    def result(self, method: str, grid: Tuple[int, int], passes: Dict[str, int], fed: int,
-               widest: List[int]) -> DecodeStats:
-        """Its statistics, given the scheduler's totals now and the widest feed of each step."""
-        before, fed_before, step = self.mark
-        own = {role: passes[role] - before[role] + self.prefills[role] for role in passes}
-        return DecodeStats(method, images=1, tokens=grid[0] * grid[1], target_passes=[own["target"] + own["preview"]],
-                           tokens_fed=[fed - fed_before], widest_feed=[max(widest[step:], default=0)],
-                           draft_passes=[own["drafter"]], acceptance_maps=self.maps, drafted=self.drafted,
-                           accepted=self.accepted)
+    def add(self, role: str, passes: int, fed: int, widest: int) -> None:
+        self.passes[role] += passes
+        if role != "drafter":
+            self.fed += fed
+            self.widest = max(self.widest, widest)
+
+    def result(self, method: str, tokens: int, method_stats=None) -> DecodeStats:
+        """Its statistics (`tokens` committed: its grid's, and a preview grid it decoded)."""
+        own = self.passes
+        return DecodeStats(method, images=1, tokens=tokens, target_passes=[own["target"] + own["preview"]],
+                           tokens_fed=[self.fed], widest_feed=[self.widest], draft_passes=[own["drafter"]],
+                           preview_passes=[own["preview"]] if own["preview"] else [], acceptance_maps=self.maps,
+                           drafted=self.drafted, accepted=self.accepted, method_stats=method_stats)
 
 
 class Scheduler:
@@ -124,13 +139,11 @@ class Scheduler:
         self.rows: List[Optional[RowCounts]] = [None] * capacity
         self.index: List[Optional[int]] = [None] * capacity
         self.steps = 0      #: steps made
-        # The passes made since the start by role, the tokens they fed, each step's widest feed
-        # (`_tick`), and each runner's counts at the last tick: a row's counts are differences.
-        self._passes = {"target": 0, "drafter": 0, "preview": 0}
-        self._fed = 0
-        self._widest: List[int] = []
+        # Each runner's counts at the last tick (a step's passes are the differences), and the
+        # rows that took part in passes of a role this step, when the policy says (`credit`).
         self._seen: Dict[int, Tuple[int, int]] = {}
         self._head_passes = 0
+        self._credited: Dict[str, List[Tuple[List[int], int, int, int]]] = {}
 
     @property
     def capacity(self) -> int:
@@ -181,10 +194,8 @@ class Scheduler:
             self.index[b] = index
             self.rows[b] = RowCounts()
             conditions.append(condition)
-        self.policy.start(rows, _joined(conditions))
+        self.policy.start(rows, join_conditions(conditions))
         self._tick(count=False)     # (the prefills were counted per row by prefill_rows)
-        for b in rows:
-            self.rows[b].mark = (dict(self._passes), self._fed, len(self._widest))
         self._cover()
 
     def _retire(self) -> List[Finished]:
@@ -194,8 +205,10 @@ class Scheduler:
             if complete and self.rows[b] is not None:
                 # (a copy: the row's grid is the next image's once the row is refilled)
                 tokens = self.policy.tokens[b].view(H, W).to("cpu", copy=True)
-                stats = self.rows[b].result(self.method, self.grid, self._passes, self._fed, self._widest)
-                done.append(Finished(self.index[b], tokens, stats, None))
+                preview = self.policy.preview(b)
+                stats = self.rows[b].result(self.method, H * W + (0 if preview is None else preview.numel()),
+                                            self.policy.method_stats(b))
+                done.append(Finished(self.index[b], tokens, stats, preview))
                 self.rows[b] = self.index[b] = None
         if done:
             self._cover()
@@ -209,28 +222,43 @@ class Scheduler:
             runner.pass_rows(None if len(held) in (0, self.capacity) else held)
 
     # ---- the counters ----
+    def credit(self, rows: List[int], role: str, passes: int, fed: int, widest: int) -> None:
+        """Rows `rows` took part in `passes` passes of `role` this step, feeding `fed` image tokens
+        each, at most `widest` at once: a policy whose rows are in different phases says which
+        rows took which passes (for a role it names in a step, only what it names is counted)."""
+        self._credited.setdefault(role, []).append((list(rows), passes, fed, widest))
+
     def _tick(self, count: bool = True) -> None:
-        """The passes the runners made since the last tick into the totals (`count=False`: only
-        the marks move: the prefills of rows that start are counted per row)."""
-        e, widest = self.engine, 0
+        """The passes the runners made since the last tick into the counters of the rows that took
+        part: those the policy credited, else every row that holds an image (`count=False`: none;
+        the prefills of rows that start are counted per row)."""
+        e = self.engine
+        made: Dict[str, List[int]] = {}
         for runner, role in e.runners:
             forwards, fed = self._seen.get(id(runner), (0, 0))
             self._seen[id(runner)] = (runner.forwards, runner.fed)
-            if count:
-                self._passes[role] += runner.forwards - forwards
-                if role != "drafter":
-                    self._fed += runner.fed - fed
-                    widest = max(widest, runner.widest)
+            m = made.setdefault(role, [0, 0, 0])
+            m[0] += runner.forwards - forwards
+            m[1] += runner.fed - fed
+            m[2] = max(m[2], runner.widest)
             runner.widest = 0      # (the widest feed since this tick: one number per runner)
         heads, self._head_passes = e.head_passes - self._head_passes, e.head_passes
-        if count:
-            self._passes["drafter"] += heads
-            self._widest.append(widest)
+        made.setdefault("drafter", [0, 0, 0])[0] += heads
+        credited, self._credited = self._credited, {}
+        if not count:
+            return
+        held = [b for b in range(self.capacity) if self.rows[b] is not None]
+        for role in sorted(set(made) | set(credited)):
+            passes, fed, widest = made.get(role, (0, 0, 0))
+            for rows, p, f, w in credited.get(role, [(held, passes, fed, widest)]):
+                for b in rows:
+                    if self.rows[b] is not None:
+                        self.rows[b].add(role, p, f, w)
 
     def count_prefill(self, rows: List[int], role: str) -> None:
         """A prefill of `rows` on a runner of `role`: one pass for each of those images."""
         for b in rows:
-            self.rows[b].prefills[role] += 1
+            self.rows[b].passes[role] += 1
 
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""
@@ -257,7 +285,7 @@ def cuda_graphs() -> bool:
     return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
 
 
-def _joined(conditions: list):
+def join_conditions(conditions: list):
     """Requests' conditions as one batch: class ids [k], or one `Prompts` of k prompts."""
     if is_prompts(conditions[0]):
         negative = [n for c in conditions for n in (c.negative or [None])]
@@ -265,4 +293,4 @@ def _joined(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs"]
+__all__ = ["Finished", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs", "join_conditions"]

@@ -61,7 +61,7 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
         # the last committed token and the drafts); with room for none, plain AR steps.
         n = engine.narrowed(chunk + 1) - 1
         if n == 0:
-            return ARRows(engine, target)
+            return ARRows(engine, engine.runner(target))
         d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         HW = target.grid[0] * target.grid[1]
         return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, relax=relax)

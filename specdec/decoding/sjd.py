@@ -176,7 +176,7 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
         # Under a token budget the window shrinks to the image's share (a pass feeds the last
         # committed token and the window); with room for no guess, plain AR steps.
         window = engine.narrowed(options.window + 1) - 1
-        return ARRows(engine, target) if window == 0 else JacobiRows(engine, target, window)
+        return ARRows(engine, engine.runner(target)) if window == 0 else JacobiRows(engine, target, window)
 
     return run_rows("sjd", target, conditions, policy, run, tokenizer)
 

@@ -124,10 +124,10 @@ class ZipARRows(RowPolicy):
     keys and values, the same outputs); a row done or without an image re-feeds its last token.
     Each row draws its step's tokens from its own stream."""
 
-    def __init__(self, engine, target, window: int):
+    def __init__(self, engine, runner: ModelRunner, window: int):
         super().__init__(engine)
-        self.runner = engine.runner(target)
-        H, W = target.grid
+        self.runner = runner
+        H, W = runner.H, runner.W
         self.plan, self.HW = plan(H, W, window), H * W
         B = engine.batch
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
@@ -211,8 +211,8 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
         H, W = target.grid
         narrowed = narrowed_window(H, W, window, engine.token_share)
         if narrowed == W and window < W:
-            return ARRows(engine, target)
-        return ZipARRows(engine, target, narrowed)
+            return ARRows(engine, engine.runner(target))
+        return ZipARRows(engine, engine.runner(target), narrowed)
 
     return run_rows("zipar", target, conditions, policy, run, tokenizer)
 

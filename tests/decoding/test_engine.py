@@ -7,7 +7,7 @@ import torch
 from decoding_models import LoopCounter, TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec import ops
-from specdec.decoding import ar, mulo
+from specdec.decoding import ar, resampling
 from specdec.decoding.engine import Engine
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams, image_generator, step_uniforms, uniforms
@@ -283,8 +283,8 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
         redo = verdict.resample.view(n, HW)
         runner.invalidate_where(torch.arange(HW).expand(n, -1), redo)
         passes = runner.forwards
-        last = mulo.resample_islands(engine, runner, x, ver, redo.tolist(), verdict.islands.view(n, HW).tolist(),
-                                     base=0, end=HW)
+        last = resampling.resample_islands(engine, runner, x, ver, redo.tolist(),
+                                           verdict.islands.view(n, HW).tolist(), end=HW)
         return x, last, runner.forwards - passes
 
     monkeypatch.setattr(ModelRunner, "forward", spy)

@@ -1,0 +1,177 @@
+"""MuLo-SD's step 6: the rejected region R_X of an image resampled with the target, pass by pass.
+
+An image's resampling is a `ResamplePlan` worked out on the host from its judgement alone (R_X
+and its island labels), so the passes read nothing back:
+
+- v1 (`raster_plan`): one position of R_X per pass, in raster order;
+- v2 (`island_plan`): every 8-connected island of R_X advances one position per pass, all
+  islands in one pass, unresolved positions of other islands hidden by a tree mask.
+
+The first position of R_X (the first rejection) is drawn from the verification pass's outputs:
+its context is all accepted. Each later pass m of an image feeds the positions it resolved last
+(their keys and values are written now) and the tokens just before the positions it resolves.
+`resample_step` makes one pass of every plan given, as few shared passes as the rows' blocks
+allow (see there).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from specdec import masks
+from specdec.decoding.engine import Engine
+from specdec.decoding.runner import ModelRunner, Outputs
+from specdec.decoding.uploads import to_device
+
+
+def island_schedule(resample: list, islands: list) -> list:
+    """The passes of v2 from R_X (host bools over the grid) and its island labels (host ints):
+    pass m resolves the m-th position (raster order) of every island with more than m, the
+    islands in label order."""
+    by_island = {}
+    for t, r in enumerate(resample):
+        if r:
+            by_island.setdefault(islands[t], []).append(t)
+    order = [by_island[label] for label in sorted(by_island)]
+    depth = max(map(len, order), default=0)
+    return [[island[m] for island in order if m < len(island)] for m in range(depth)]
+
+
+@dataclass
+class ResamplePlan:
+    """One image's resampling after its first position `t0` (drawn from the verification
+    outputs): the positions each later pass resolves, which positions of the grid are resolved
+    (host bools), the positions resolved last (keys not written yet) and the next pass."""
+
+    t0: int
+    steps: List[List[int]]
+    resolved: List[bool]
+    last: List[int]
+    m: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.m >= len(self.steps)
+
+    def block(self) -> Tuple[List[int], List[int], List[bool]]:
+        """This pass: (positions it resolves, the slots it feeds, which of those are resolved)."""
+        now = self.steps[self.m]
+        block = sorted(set(self.last) | {u - 1 for u in now})
+        return now, block, [self.resolved[t] for t in block]
+
+    def advance(self) -> None:
+        now = self.steps[self.m]
+        for u in now:
+            self.resolved[u] = True
+        self.last, self.m = now, self.m + 1
+
+
+def raster_plan(resample: List[bool]) -> Optional[ResamplePlan]:
+    """v1: R_X (host bools over the grid) one position per pass; None when R_X is empty."""
+    positions = [t for t, r in enumerate(resample) if r]
+    if not positions:
+        return None
+    resolved = [not r for r in resample]
+    resolved[positions[0]] = True
+    return ResamplePlan(positions[0], [[u] for u in positions[1:]], resolved, [positions[0]])
+
+
+def island_plan(resample: List[bool], islands: List[int], most: Optional[int] = None) -> Optional[ResamplePlan]:
+    """v2: every island of R_X one position per pass (`most`: at most that many islands a pass, a
+    step of more split into passes of `most`, islands in label order); None when R_X is empty."""
+    if True not in resample:
+        return None
+    t0 = resample.index(True)                   # the first rejection: R_X starts there
+    sched = island_schedule(resample, islands)
+    steps = [now for now in [[u for u in sched[0] if u != t0]] + sched[1:] if now]
+    if most is not None:
+        steps = [now[i:i + most] for now in steps for i in range(0, len(now), most)]
+    resolved = [not r for r in resample]
+    resolved[t0] = True
+    return ResamplePlan(t0, steps, resolved, [t0])
+
+
+def draw_first(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, rows: List[int],
+               plans: List[Optional[ResamplePlan]]) -> None:
+    """Each plan's first position t0 drawn from the verification outputs `ver` (row i: batch row
+    rows[i], output t: the distribution of position t) into x [B, H*W], from its row's stream."""
+    picks = [(i, b, plan.t0) for i, (b, plan) in enumerate(zip(rows, plans)) if plan is not None]
+    if picks:
+        ii, tt = to_device([[i for i, _, _ in picks], [t for _, _, t in picks]], ver.cond.device, torch.long)
+        probs = runner.probs(ver.map(lambda t: t[ii, tt][None]))[0]
+        engine.redraw(x, [(b, t) for _, b, t in picks], probs)
+
+
+def _resample_pass(engine: Engine, runner: ModelRunner, x, work: dict, *, tree: bool, end: int) -> None:
+    """One shared resampling pass: work[b] = (positions to resolve now, the block of slots fed,
+    which of them are resolved) for the images in it (the others ride along at slot end - 1);
+    `tree`: the blocks hold another island's unresolved token, so a tree mask hides it."""
+    B, dev = x.shape[0], x.device
+    N = max(len(block) for _, block, _ in work.values())
+    pos = to_device([work[b][1] + [end - 1] * (N - len(work[b][1])) if b in work else [end - 1] * N
+                     for b in range(B)], dev, torch.long)
+    mask = None
+    if tree:
+        # A query slot of another island's unresolved token: visible to its own query only
+        # (and rows riding along see themselves only).
+        dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
+        for b, (_, _, trusted) in work.items():
+            dense[b] |= torch.tensor(trusted, dtype=torch.bool)[None, :]
+        mask = masks.pack(to_device(dense, dev))
+    out = runner.forward(x.gather(1, pos), pos, tree_mask=mask)
+    if mask is not None:
+        stale = torch.zeros(B, N, dtype=torch.bool)
+        for b, (_, _, trusted) in work.items():
+            stale[b, :len(trusted)] = torch.tensor([not ok for ok in trusted])
+        runner.invalidate_where(pos, to_device(stale, dev))
+    picks = [(b, block.index(u - 1), u) for b, (now, block, _) in work.items() for u in now]
+    rr, cc = to_device([[b for b, _, _ in picks], [c for _, c, _ in picks]], dev, torch.long)
+    probs = runner.probs(out.map(lambda t: t[rr, cc][None]))[0]
+    engine.redraw(x, [(b, t) for b, _, t in picks], probs)
+
+
+def resample_step(engine: Engine, runner: ModelRunner, x: torch.Tensor, plans: Dict[int, ResamplePlan],
+                  end: int) -> List[Tuple[List[int], int]]:
+    """The next pass of every plan (batch row -> plan, not done) into x [B, H*W]; returns each
+    pass made as (its rows, its width).
+
+    A pass needs one width for all rows and one attention path: rows whose block is all resolved
+    take the in-place path (attention over the cache alone, whatever the width), rows with
+    another island's unresolved token need a tree mask, whose attention also reads the block, so
+    those share a pass only with rows of the same block width (a wider block would change the
+    length of that reduction, and so the logits' last bit). A row not in a pass rides along at
+    slot end - 1 (the block's last slot): only a query at that position sees it, whose output
+    predicts a position past the block, which nothing reads."""
+    work = {b: plans[b].block() for b in sorted(plans)}
+    groups: Dict[Optional[int], List[int]] = {}
+    for b, (_, block, trusted) in work.items():
+        groups.setdefault(None if all(trusted) else len(block), []).append(b)
+    made = []
+    for key in sorted(groups, key=lambda k: -1 if k is None else k):
+        rows = groups[key]
+        _resample_pass(engine, runner, x, {b: work[b] for b in rows}, tree=key is not None, end=end)
+        made.append((rows, max(len(work[b][1]) for b in rows)))
+    for b in work:
+        plans[b].advance()
+    return made
+
+
+def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list,
+                     islands: list, end: int, most: Optional[int] = None) -> list:
+    """v2 over a whole batch at once: R_X of image b (resample[b], bools; None or all False:
+    nothing) resampled with its islands (islands[b]), its first position drawn from `ver` (the
+    verification outputs of positions 0, 1, ...). Returns the positions each image resolved last
+    (host lists, keys not written)."""
+    plans = [None if R is None else island_plan(R, isl, most) for R, isl in zip(resample, islands)]
+    draw_first(engine, runner, x, ver, list(range(x.shape[0])), plans)
+    live = {b: plan for b, plan in enumerate(plans) if plan is not None and not plan.done}
+    while live:
+        resample_step(engine, runner, x, live, end)
+        live = {b: plan for b, plan in live.items() if not plan.done}
+    return [plan.last if plan is not None else [] for plan in plans]
+
+
+__all__ = ["ResamplePlan", "draw_first", "island_plan", "island_schedule", "raster_plan", "resample_islands",
+           "resample_step"]
