@@ -24,7 +24,7 @@ Everything else of a round is here, written once:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -73,6 +73,18 @@ class Judgement:
     def kept(self, b: int) -> int:
         """How many of image b's drafts were kept (in raster mode: its kept prefix)."""
         return sum(self.accept[b])
+
+
+class Verdict(NamedTuple):
+    """A verdict on the device, not read yet (`Engine.verdict`)."""
+
+    verdict: object            #: verify_grid's output
+    host: torch.Tensor         #: int64 [B, K]: what the read brings back
+    width: int                 #: L, the drafts per row
+    islands: bool
+    starts: List[int]
+    judged: List[int]
+    rows: Optional[Sequence[int]]
 
 
 class Engine:
@@ -178,6 +190,14 @@ class Engine:
         recorded); `how`: the rule's and mode's arguments (mode, tau, radius). `islands=True`
         reads the island labels too (MuLo-SD's resampling schedule). `rows`: the batch's rows that
         score's B rows are (None: all of them, in order)."""
+        return self.read_verdicts([self.verdict(score, q, starts=starts, judged=judged, rule=rule, uniforms=uniforms,
+                                                valid=valid, islands=islands, rows=rows, **how)])[0]
+
+    def verdict(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
+                judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
+                valid: Optional[torch.Tensor] = None, islands: bool = False, rows: Optional[Sequence[int]] = None,
+                **how) -> "Verdict":
+        """`judge`'s device half: the verdict, not read yet (`read_verdicts` reads several at once)."""
         B = score.shape[0]
         shape = (B, 1, score.shape[-1]) if score.dim() == 2 else tuple(score.shape)
         view = (lambda t: None if t is None else t.reshape(shape))
@@ -186,25 +206,33 @@ class Engine:
         parts = [verdict.accept.view(B, -1), verdict.resample.view(B, -1)]
         if islands:
             parts += [verdict.islands.view(B, -1), verdict.num_islands.view(B, 1)]
-        # The one host read of the pass: which drafts were kept and which are drawn again (and
-        # where the islands are). How many uniforms each image draws next depends on it, and so
-        # do the next pass's shape and the loop's control.
-        host = self.read(torch.cat([t.long() for t in parts], 1))
-        L = parts[0].shape[1]
-        accept = [[bool(v) for v in row[:L]] for row in host]
-        resample = [[bool(v) for v in row[L:2 * L]] for row in host]
-        out = Judgement(accept, resample, verdict=verdict)
-        if islands:
-            out.islands = [row[2 * L:3 * L] for row in host]
-            out.num_islands = [row[3 * L] for row in host]
-        self.record(accept, starts, judged, rows)
+        return Verdict(verdict, torch.cat([t.long() for t in parts], 1), parts[0].shape[1], islands, list(starts),
+                       list(judged), rows)
+
+    def read_verdicts(self, verdicts: Sequence["Verdict"]) -> List[Judgement]:
+        """The host side of `verdicts` in one host read: which drafts were kept and which are
+        drawn again (and where the islands are). How many uniforms each image draws next depends
+        on it, and so do the next pass's shape and the loop's control."""
+        flat = self.read(torch.cat([v.host.reshape(-1) for v in verdicts]))
+        out, at = [], 0
+        for v in verdicts:
+            B, K = v.host.shape
+            host = [flat[at + b * K:at + (b + 1) * K] for b in range(B)]
+            at += B * K
+            L = v.width
+            judgement = Judgement([[bool(x) for x in row[:L]] for row in host],
+                                  [[bool(x) for x in row[L:2 * L]] for row in host], verdict=v.verdict)
+            if v.islands:
+                judgement.islands = [row[2 * L:3 * L] for row in host]
+                judgement.num_islands = [row[3 * L] for row in host]
+            self.record(judgement.accept, v.starts, v.judged, v.rows)
+            out.append(judgement)
         return out
 
     def read(self, t: torch.Tensor) -> list:
-        """The host values of a [B, K] tensor (a host read; under continuous batching one read
-        serves every image that waits on one)."""
+        """The host values of a tensor (a host read)."""
         self.reads += 1
-        return t.tolist() if self.slot is None else self.slot.read(t)
+        return t.tolist()
 
     def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int],
                rows: Optional[Sequence[int]] = None) -> None:
@@ -217,9 +245,10 @@ class Engine:
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
         amap = amap.view(B, self.H, self.W)
-        if self.rows is not None:     # each row's part to the image it holds
+        if self.rows is not None:     # each row's part to the image it holds (rows riding along: none)
             for i, b in enumerate(range(B) if rows is None else rows):
-                self.rows.record(b, amap[i:i + 1], int(judged[i]), sum(accept[i]))
+                if judged[i]:
+                    self.rows.record(b, amap[i:i + 1], int(judged[i]), sum(accept[i]))
             return
         self.stats.acceptance_maps.append(amap)
         self.stats.drafted.append(int(sum(judged)))

@@ -20,7 +20,7 @@ import torch
 from specdec.decoding.blocks import gather_rows, padded_block
 from specdec.decoding.drafters import Drafter
 from specdec.decoding.draws import draw
-from specdec.decoding.engine import Engine, Lengths
+from specdec.decoding.engine import Engine, Judgement, Lengths, Verdict
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
@@ -50,9 +50,9 @@ class RasterSpeculation(RowPolicy):
     over its rows (`specdec.decoding.scheduler`): each row's committed length `c` and the hidden
     state that gave its last token; a step is one round of every row (draft, one target pass,
     judge, commit), a row at `end` riding along on re-feeds. `relax`: LANTERN's pooled acceptance
-    (None: plain `sd`). SSD decodes its first row with it in lockstep (`run`), with `hidden_out`
-    [rows, end, dim]: the exact target hidden state that gave each token's distribution is stored
-    there (its vertical heads need row 0's)."""
+    (None: plain `sd`). SSD decodes its first row with it (end = W) and sets `hidden_out` [rows,
+    end, dim]: the exact target hidden state that gave each token's distribution of a round is
+    stored there (its vertical heads need row 0's; token 0's is SSD's to store)."""
 
     def __init__(self, engine: Engine, target: ModelRunner, drafter: Drafter, *, end: int, chunk: int,
                  relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None):
@@ -67,18 +67,6 @@ class RasterSpeculation(RowPolicy):
         self.c = Lengths([end] * B, target.device)     # (a row without an image: done)
         self.hid_prev: Optional[torch.Tensor] = None    # [rows, dim], made at the first start
         drafter.start(engine, target)
-
-    @torch.no_grad()
-    def run(self, first: Outputs, x: torch.Tensor) -> torch.Tensor:
-        """Lockstep, every row at once (SSD's first row): x int64 [B, H*W] filled in place, `first`
-        the prefill's outputs (the distribution of token 0) already made on the target and the
-        drafter started on the same conditions. Returns the target hidden state [rows, dim] that
-        gave each image's last committed token."""
-        self.tokens = x
-        self._begin(list(range(x.shape[0])), self.target.probs(first)[:, 0], first.hidden[:, 0])
-        while self.chunk >= 1 and not all(self.done()):
-            self.step()
-        return self.hid_prev
 
     def start(self, rows, conditions):
         out, p0 = self.engine.prefill_rows(self.target, rows, conditions)
@@ -97,21 +85,27 @@ class RasterSpeculation(RowPolicy):
             self.hid_prev = hidden.new_zeros((hidden.shape[0] // len(rows)) * B, hidden.shape[-1])
         halves = hidden.shape[0] // len(rows)            # (CFG: rows b and b + B)
         self.hid_prev.index_copy_(0, torch.cat([index + k * B for k in range(halves)]), hidden)
-        if self.hidden_out is not None:
-            self.hidden_out[:, 0] = self.hid_prev
         self.c.reset_rows(rows, 1)
 
     def done(self):
         return [c >= self.end for c in self.c.host]
 
     def step(self):
-        self._round(self.tokens, self.c)
+        self.end_round(self.engine.read_verdicts([self.begin_round()])[0])
 
-    def _round(self, x: torch.Tensor, c: Lengths) -> None:
+    def begin_round(self) -> Verdict:
+        """A round's device half: draft, one target pass, the verdict (not read yet: SSD reads it
+        with its later rows' verdict, `Engine.read_verdicts`)."""
+        c = self.c
         going = [cb < self.end for cb in c.host]
-        nb_host = [min(max(self.end - cb, 0), self.chunk) for cb in c.host]
-        rnd = self._feed(x, c, going)
-        judgement = self._judge(rnd, c, going, nb_host)
+        self._nb_host = [min(max(self.end - cb, 0), self.chunk) for cb in c.host]
+        self._rnd = self._feed(self.tokens, c, going)
+        return self._judge(self._rnd, c, going, self._nb_host)
+
+    def end_round(self, judgement: Judgement) -> None:
+        """A round's host half, once its verdict is read: commit the kept drafts and the
+        correction or bonus token, advance the committed lengths."""
+        x, c, rnd, nb_host = self.tokens, self.c, self._rnd, self._nb_host
         a = torch.minimum(judgement.verdict.first_reject.long(), rnd.nb)
         a_host = [judgement.kept(b) for b in range(x.shape[0])]
         new_host = [nbb > 0 and cb + ab < self.end for cb, ab, nbb in zip(c.host, a_host, nb_host)]
@@ -146,8 +140,8 @@ class RasterSpeculation(RowPolicy):
         # An image that is done draws no uniforms: its stream goes on after `end` (SSD's later rows).
         u = to_device(self.engine.streams.rand_padded([rnd.n if g else 0 for g in going], rnd.n), score.device)
         valid = torch.arange(rnd.n, device=score.device)[None] < rnd.nb[:, None]
-        return self.engine.judge(score, q_tok, starts=c.host, judged=nb_host, uniforms=u, valid=valid,
-                                 mode="raster")
+        return self.engine.verdict(score, q_tok, starts=c.host, judged=nb_host, uniforms=u, valid=valid,
+                                   mode="raster")
 
     def _commit(self, x, c: Lengths, rnd: Round, a, a_host, nb_host, new_host) -> None:
         """Write the kept drafts, forget the rejected ones' keys, draw each correction or bonus

@@ -42,18 +42,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
 from specdec.decoding import heads as _heads
-from specdec.decoding.ar import plain_ar
-from specdec.decoding.batching import check_grid_model, run_batches
+from specdec.decoding.ar import ARRows
+from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.drafters import HeadsDrafter
 from specdec.decoding.draws import draw
-from specdec.decoding.engine import Engine
-from specdec.decoding.runner import ModelRunner
+from specdec.decoding.engine import Engine, Judgement, Verdict
+from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
@@ -106,189 +106,309 @@ class SSDStats:
     kept_as_judged: List[int] = field(default_factory=list)   #: tokens kept under a context that changed
 
 
-class Span:
-    """commit="verify": the open part of each image's span [start, hi) of raster positions, and
-    the q each open token follows, right-aligned at hi (column k of a width-w q: hi - w + k)."""
+#: a row's phase in `SSDRows` ("idle": no image, or its image is done)
+IDLE, FIRST, ROWS = "idle", "first", "rows"
 
-    def __init__(self, starts: List[Optional[int]], hi: int, q: torch.Tensor):
-        self.starts, self.hi, self.q = starts, hi, q
+
+@dataclass
+class RowState:
+    """Where one row is in its rows after row 0 (the groups of `SSDRows.groups`)."""
+
+    group: int = 0                #: its group
+    drafted: bool = False         #: the group's rows are drafted (the vertical heads ran for it)
+    passes: int = 0               #: passes made in the group (or, `final`, closing the tail)
+    start: Optional[int] = None   #: commit="verify": the open span's first position (None: settled)
+    keep: int = 0                 #: commit="verify": tokens at the span's start its next pass feeds, unjudged
+    final: bool = False           #: commit="verify": closing the last group's open tail
+    stats: SSDStats = field(default_factory=lambda: SSDStats([0], [0], [0], [0], [0]))
+
+
+class SSDRows(RowPolicy):
+    """SSD over the scheduler's rows, each row in its own phase (`phase[b]`):
+
+    - "first": row 0 by raster speculation with the horizontal heads (`RasterSpeculation`, up to
+      `end`), one round per step; under a token budget too narrow for rows of drafts, the whole
+      grid that way (end = H*W), or by plain AR steps (`ARRows`) at a share of one token;
+    - "rows": the later rows, group by group (`RowState`): the step a group begins, the vertical
+      heads draft it (one call for every row that begins one); every step, one target pass over
+      the rows in this phase, each feeding its own span (`_span_pass`).
+
+    A step makes at most one raster round and one pass of the later rows; each row's passes are
+    credited to it alone (`Scheduler.credit`), so its counts and figures are those of its decode
+    alone."""
+
+    def __init__(self, engine: Engine, target, heads, options: SSDOptions):
+        super().__init__(engine)
+        self.runner = runner = engine.runner(target)
+        self.heads = heads
+        H, W = self.H, self.W = runner.H, runner.W
+        B, self.HW = engine.batch, H * W
+        # Under a token budget: fewer horizontal drafts per pass, and fewer rows drafted at once
+        # (a group of rows is fed whole); with room for less than a row, the horizontal heads draft
+        # the whole grid in raster order (sd with SSD's heads), and with room for one token, AR.
+        chunk = engine.narrowed(options.chunk + 1) - 1
+        share = self.share = engine.token_share
+        # The exact variant cannot bound its open tails without keeping tokens as judged: under a
+        # share below its widest possible span (rows 1 to H - 1) it drafts with its horizontal heads
+        # alone, which stays exact.
+        exact = options.commit == "verify" and options.max_tail is None and options.final_passes is None
+        raster_only = share is not None and (share < W or (exact and share < (H - 1) * W))
+        if share is not None and not raster_only and share < W * options.vertical_heads:
+            options = dataclasses.replace(options, vertical_heads=share // W)
+        self.o = options
+        if chunk == 0:
+            self.first = ARRows(engine, runner)
+        else:
+            end = self.HW if raster_only else W
+            self.first = RasterSpeculation(engine, runner, HeadsDrafter(heads), end=end, chunk=chunk)
+        self.later = chunk > 0 and not raster_only and H > 1
+        self.x = self.first.tokens
+        self.hid: Optional[torch.Tensor] = None   #: [rows, H*W, dim] the target state that gave each token
+        self.q: Optional[torch.Tensor] = None     #: [B, w, V] each row's open tokens' q, right-aligned at its hi
+        self.phase = [IDLE] * B
+        self.state: List[Optional[RowState]] = [None] * B
 
     @property
-    def settled(self) -> bool:
-        return all(s is None for s in self.starts)
+    def tokens(self) -> torch.Tensor:
+        return self.first.tokens
 
-
-class RowDecoder:
-    """SSD's rows after row 0 on the batch's target runner: vertical drafts, then the judgements
-    of `options.commit`. x [B, H*W] the grid, hid [rows, H*W, dim] the target hidden state that
-    gave each token (row 0's filled by the raster round)."""
-
-    def __init__(self, engine: Engine, runner: ModelRunner, heads, options: SSDOptions, x, hid):
-        self.engine, self.runner, self.heads, self.o = engine, runner, heads, options
-        self.share = engine.token_share   #: the most tokens an image may feed one pass (None: no limit)
-        self.x, self.hid = x, hid
-        self.B = x.shape[0]
-        self.H, self.W = runner.H, runner.W
-        self.stats = SSDStats(row0_passes=[runner.forwards - 1] * self.B)
-
-    def groups(self):
+    def groups(self) -> List[Tuple[int, int]]:
         """(lo, hi) of each group of rows drafted together, in raster positions."""
         H, W, k = self.H, self.W, self.o.vertical_heads
         return [(i * W, min(i + k, H) * W) for i in range(1, H, k)]
 
-    def draft(self, lo: int, hi: int) -> torch.Tensor:
-        """Head k drafts row (lo / W) + k - 1 from the row above: writes the drafts into x and
-        returns their q [B, hi - lo, V] (the rows in raster order)."""
-        rows, W = self.hid.shape[0], self.W
-        above = slice(lo - W, lo)
-        _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, (hi - lo) // W + 1), self.hid[:, above],
-                            self.x[:, above].repeat(rows // self.B, 1))
-        self.engine.head_passes += 1
-        self.x[:, lo:hi] = draw(q.reshape(-1, q.shape[-1]), self.engine.streams, self.runner.backend).view(self.B, -1)
-        return q
+    def _in(self, phase: str) -> List[int]:
+        return [b for b, p in enumerate(self.phase) if p == phase]
 
-    # ---- commit="write": the published rule ----
-    def write_groups(self) -> None:
-        for lo, hi in self.groups():
-            q = self.draft(lo, hi)
-            for _ in range(self.o.rounds):
-                # The window is contiguous, so writing its keys in place changes nothing a query
-                # of this pass sees (each sees the window up to itself, as with write=False), and
-                # the next round or the commit pass overwrites them: the cheaper in-place path.
-                p = self.runner.probs(self._feed(lo, hi))                               # [B, nW, V]
-                q = self._verify_and_correct(lo, hi, p, q)
-            self.hid[:, lo:hi] = self._feed(lo, hi).hidden                              # the commit pass
+    def start(self, rows, conditions):
+        self.first.start(rows, conditions)
+        for b in rows:
+            self.phase[b], self.state[b] = FIRST, RowState()
+        if not self.later:
+            return
+        hidden = self.first.hid_prev            # [rows, dim]: the state that gave token 0
+        if self.hid is None:
+            self.hid = hidden.new_zeros(hidden.shape[0], self.HW, hidden.shape[-1])
+            self.first.hidden_out = self.hid[:, :self.W]
+        index = self._hidden_rows(rows)
+        self.hid[:, 0].index_copy_(0, index, hidden.index_select(0, index))
 
-    def _feed(self, lo: int, hi: int):
-        """Feed the tokens at raster positions [lo - 1, hi - 1): the outputs give positions [lo, hi)."""
-        return self.runner.forward(self.x[:, lo - 1:hi - 1], torch.arange(lo - 1, hi - 1, device=self.x.device))
+    def _hidden_rows(self, rows: List[int]) -> torch.Tensor:
+        """The rows of `hid` of batch rows `rows` (both guidance halves under CFG)."""
+        B, halves = self.engine.batch, self.hid.shape[0] // self.engine.batch
+        return to_device([b + k * B for k in range(halves) for b in rows], self.hid.device, torch.long)
 
-    def _verify_and_correct(self, lo: int, hi: int, p, q):
-        """One independent verify-and-correct of the tokens at [lo, hi) against p; returns the q
-        each token is judged against in the next round (a resampled token's own residual
-        distribution, a kept one's head q)."""
-        B, L, _ = p.shape
-        xw = self.x[:, lo:hi]
-        u = to_device(self.engine.streams.rand_padded([L] * B, L), p.device)
-        verdict = self.engine.judge(p.gather(2, xw[..., None])[..., 0], q.gather(2, xw[..., None])[..., 0],
-                                    starts=[lo] * B, judged=[L] * B, uniforms=u, mode="independent")
-        picks = [(b, lo + j) for b in range(B) for j in range(L) if verdict.resample[b][j]]
-        if not picks:
-            return q
-        rr, jj = to_device([[b for b, _ in picks], [t - lo for _, t in picks]], p.device, torch.long)
-        _, residual = self.engine.redraw(self.x, picks, p[rr, jj], q[rr, jj], with_distribution=True)
-        q = q.clone()
-        q[rr, jj] = residual
-        return q
+    def done(self):
+        return [p == IDLE for p in self.phase]
 
-    # ---- commit="verify": every judgement under its final left context ----
-    def verify_groups(self) -> None:
-        B, o = self.B, self.o
-        span: Optional[Span] = None
-        group_passes, kept = 0, [0] * B
-        for lo, hi in self.groups():
-            q = self.draft(lo, hi)
-            passes = self.runner.forwards
-            # The span each image judges this group: its open tail from the previous group (those
-            # tokens follow the p they were last judged against, their q here), then the rows.
-            keep = [0] * B
-            starts = [lo] * B
-            if span is not None:
-                starts = [lo if s is None else s for s in span.starts]
-                # Under a token budget a pass feeds at most `share` tokens per image: open tokens
-                # further back are kept as last judged and not fed again (their keys and values
-                # stay as their last pass wrote them).
-                if self.share is not None:
-                    cut = [max(sb, hi - self.share) for sb in starts]
-                    kept = [k + c - sb for k, c, sb in zip(kept, cut, starts)]
-                    starts = cut
-                # max_tail: open tokens further behind this group's rows are fed once more (their
-                # keys and values then follow the final tokens before them) but kept as last judged.
-                keep = [0 if o.max_tail is None else max(0, lo - sb - o.max_tail) for sb in starts]
-                q = torch.cat([span.q, q], 1)
-            kept = [k + kb for k, kb in zip(kept, keep)]
-            span = self.settle(Span(starts, hi, q), o.rounds + 1, keep)
-            span = None if span.settled else span
-            group_passes += self.runner.forwards - passes
-        # The last group has no next group to carry its open tail into: close it with passes of
-        # its own (at most `final_passes`; None: until settled). What is still open is kept as
-        # last judged.
-        final = self.runner.forwards
-        if span is not None:
-            span = self.settle(span, o.final_passes, [0] * B)
-        open_at_end = [0 if s is None else self.H * self.W - s for s in (span.starts if span else [None] * B)]
-        self.stats.group_passes = [group_passes] * B
-        self.stats.final_passes = [self.runner.forwards - final] * B
-        self.stats.open_at_end = open_at_end
-        self.stats.kept_as_judged = [k + e for k, e in zip(kept, open_at_end)]
+    def step(self):
+        """A raster round of the rows in their first phase and a pass of the rows after row 0,
+        both verdicts read at once (a row whose row 0 completes begins its groups next step)."""
+        credit = self.engine.rows.credit
+        first, rows = self._in(FIRST), self._in(ROWS)
+        verdicts, ends = [], []
+        if first:
+            forwards, fed = self.runner.forwards, self.runner.fed
+            if isinstance(self.first, ARRows):
+                self.first.step()
+            else:
+                verdicts.append(self.first.begin_round())
+                ends.append(self.first.end_round)
+            fed = self.runner.fed - fed
+            credit(first, "target", self.runner.forwards - forwards, fed, fed)
+        drafting = [b for b in rows if not self.state[b].drafted]
+        if drafting:
+            self._draft(drafting)
+        heads = [b for b in first if not isinstance(self.first, ARRows)] + drafting
+        credit(sorted(heads), "drafter", 1, 0, 0)           # (a row drafts once a step)
+        if rows:
+            width, verdict = self._span_pass(rows)
+            credit(rows, "target", 1, width, width)
+            if verdict is not None:
+                verdicts.append(verdict)
+                ends.append(self._correct)
+        credit([], "target", 0, 0, 0)      # (every target pass above is credited to its rows)
+        for end, judgement in zip(ends, self.engine.read_verdicts(verdicts) if verdicts else []):
+            end(judgement)
+        complete = self.first.done()
+        for b in first:
+            self.state[b].stats.row0_passes[0] += 1
+            if complete[b]:
+                self.phase[b] = ROWS if self.later else IDLE
+        for b in rows:
+            self._advance(b)
 
-    def settle(self, span: Span, max_passes: Optional[int], keep: List[int]) -> Span:
-        """Passes over the open part of each image's span, each judging it with SJD's rule and
-        writing its keys, values and hidden states, until a pass changes nothing in it or
-        `max_passes` (None: no limit) are made. The first pass also feeds the first keep[b] tokens
-        of image b's span without judging them (max_tail).
+    # ---- the later rows ----
+    def _draft(self, rows: List[int]) -> None:
+        """The vertical heads draft the next group of each of `rows` from the row above it (one
+        call for all; head k drafts row lo / W + k - 1): the drafts into x, their q joined to
+        each row's open tokens' q, each row's span opened (`RowState.start`)."""
+        e, x, W, B = self.engine, self.x, self.W, self.engine.batch
+        groups, o = self.groups(), self.o
+        lo = [groups[self.state[b].group][0] if b in rows else W for b in range(B)]
+        heights = {groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
+        for n in sorted(heights):      # (a last group of fewer rows: a call of its own)
+            some = [b for b in rows if groups[self.state[b].group][1] - groups[self.state[b].group][0] == n]
+            above = to_device([[lb - W + j for j in range(W)] for lb in lo], x.device, torch.long)
+            rows_b = torch.arange(self.hid.shape[0], device=x.device) % B
+            h = self.hid.gather(1, above[rows_b][..., None].expand(-1, -1, self.hid.shape[-1]))
+            _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h,
+                                x.gather(1, above)[rows_b])
+            e.head_passes += 1
+            going = [n if b in some else 0 for b in range(B)]
+            d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
+            mine = to_device([b in some for b in range(B)], x.device, torch.bool)
+            pos = (to_device(lo, x.device, torch.long)[:, None] + torch.arange(n, device=x.device)).clamp(
+                max=self.HW - 1)
+            x.scatter_(1, pos, torch.where(mine[:, None], d, x.gather(1, pos)))
+            # each row's q right-aligned at its new group's end: the open tokens' q, then the drafts'
+            old = q.new_zeros(B, 0, q.shape[-1]) if self.q is None else self.q
+            self.q = torch.where(mine[:, None, None], torch.cat([old, q], 1), _fit(old, old.shape[1] + n))
+        for b in rows:
+            st = self.state[b]
+            g_lo, g_hi = groups[st.group]
+            st.drafted, st.passes, st.keep = True, 0, 0
+            if o.commit == "write" or st.start is None:
+                st.start = g_lo
+                continue
+            # The span goes on from the previous group's open tail (those tokens follow the p
+            # they were last judged against). Under a token budget a pass feeds at most `share`
+            # tokens per image: open tokens further back are kept as last judged and not fed
+            # again (their keys and values stay as their last pass wrote them).
+            if self.share is not None:
+                cut = max(st.start, g_hi - self.share)
+                st.stats.kept_as_judged[0] += cut - st.start
+                st.start = cut
+            # max_tail: open tokens further behind this group's rows are fed once more (their keys
+            # and values then follow the final tokens before them) but kept as last judged.
+            st.keep = 0 if o.max_tail is None else max(0, g_lo - st.start - o.max_tail)
+            st.stats.kept_as_judged[0] += st.keep
 
-        After a pass whose first correction in image b is at f, every token of b up to f is
-        settled: its left context did not change, so it was judged against its final p (and a
-        correction is drawn from that p's residual). Image b's next pass starts right after f: it
-        re-feeds x_f, whose key was written from its old value, and judges only tokens whose
-        context changed. The images share their passes (padded with re-feeds of settled tokens
-        before each span; an image with nothing open rides along on re-feeds); padding is never
-        judged, draws nothing and writes no hidden state."""
-        passes = 0
-        while not span.settled and (max_passes is None or passes < max_passes):
-            span = self._settle_pass(span, keep)
-            passes += 1
-            keep = [0] * self.B
-        return span
-
-    def _settle_pass(self, span: Span, keep: List[int]) -> Span:
-        x, hi, B = self.x, span.hi, self.B
-        active = [s is not None for s in span.starts]
-        lo = [hi if s is None else s for s in span.starts]
-        widths = [hi - lb if a else 0 for lb, a in zip(lo, active)]
-        N = max(widths)
-        count, start = to_device([widths, [lb - 1 if a else hi - 1 for lb, a in zip(lo, active)]], x.device, torch.long)
-        p = self._feed_span(count, start, N)
-        judged_n = [w - kb if a else 0 for w, kb, a in zip(widths, keep, active)]
-        j = torch.arange(N, device=x.device)[None]
-        qf = _fit(span.q, N)
-        xw = x[:, hi - N:hi]
-        u = to_device(self.engine.streams.rand_padded(judged_n, N, right=True), x.device)
-        verdict = self.engine.judge(p.gather(2, xw[..., None])[..., 0], qf.gather(2, xw[..., None])[..., 0],
-                                    starts=[hi - N] * B, judged=judged_n, uniforms=u, mode="independent",
-                                    valid=j >= (N - to_device(judged_n, x.device, torch.long))[:, None])
-        redo = verdict.resample
-        picks = [(b, hi - N + k) for b in range(B) for k in range(N) if redo[b][k]]    # each image's in order
-        if picks:
-            rr, kk = to_device([[b for b, _ in picks], [t - hi + N for _, t in picks]], x.device, torch.long)
-            self.engine.redraw(x, picks, p[rr, kk], qf[rr, kk])
-        # After verify-and-correct every token follows this pass's p (kept ones by acceptance,
-        # replaced ones by the residual), so the next pass judges it against p. An image whose
-        # pass changed nothing is settled; another is settled up to its first correction.
-        starts = []
-        for b in range(B):
-            first = redo[b].index(True) if active[b] and True in redo[b] else None
-            nxt = None if first is None else hi - N + first + 1
-            starts.append(nxt if nxt is not None and nxt < hi else None)
-        return Span(starts, hi, p)
-
-    def _feed_span(self, count, start, N: int) -> torch.Tensor:
-        """One pass over every image's open span (real: the span's feeds; then re-feeds), its
-        hidden states written for the real entries; returns p [B, N] aligned at the spans' end
-        (column k: position hi - N + k)."""
-        pos = padded_block(start, count, N)
-        out = self.runner.forward(self.x.gather(1, pos), pos)
-        rows_b = torch.arange(self.hid.shape[0], device=pos.device) % self.B
-        j = torch.arange(N, device=pos.device)[None]
-        # Out j gives position pos + 1 (re-feeds write back what is there; their targets are
-        # distinct and below the span).
-        real = (j < count[:, None])[rows_b]
-        tpos = (pos + 1)[rows_b][..., None].expand(-1, -1, self.hid.shape[-1])
-        self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
+    def _span_pass(self, rows: List[int]) -> Tuple[int, Optional[Verdict]]:
+        """One target pass in which each of `rows` feeds its span [start - 1, hi - 1) (outputs:
+        the distributions of [start, hi)), the others re-feed committed tokens. commit="verify":
+        every fed token's hidden state is written, the open tokens judged with SJD's rule
+        (against the q they follow) and corrected; a row is settled up to its first correction.
+        commit="write": `rounds` passes judge the group's rows against the heads' q (a resampled
+        token then follows its residual distribution), the last one writes their hidden states.
+        Returns the pass's width and the verdict of the rows it judges (`_correct` once read)."""
+        x, o, B, HW = self.x, self.o, self.engine.batch, self.HW
+        dev = x.device
+        groups = self.groups()
+        hi = [groups[self.state[b].group][1] if b in rows else 0 for b in range(B)]
+        count = [hi[b] - self.state[b].start if b in rows else 0 for b in range(B)]
+        N = max(count)
+        # rows in their first phase re-feed committed tokens before their committed length;
+        # rows without an image re-feed slot 0
+        committed = self.first.c.host if isinstance(self.first, RasterSpeculation) else [1] * B
+        start = [self.state[b].start - 1 if b in rows else (committed[b] if self.phase[b] == FIRST else 1)
+                 for b in range(B)]
+        start_t, count_t, hi_t = (to_device(v, dev, torch.long) for v in (start, count, hi))
+        pos = padded_block(start_t, count_t, N)
+        out = self.runner.forward(x.gather(1, pos), pos)
+        j = torch.arange(N, device=dev)[None]
+        writing = [b in rows and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
+        if any(writing):
+            rows_b = torch.arange(self.hid.shape[0], device=dev) % B
+            real = ((j < count_t[:, None]) & to_device(writing, dev, torch.bool)[:, None])[rows_b]
+            tpos = (pos + 1).clamp(max=HW - 1)[rows_b][..., None].expand(-1, -1, self.hid.shape[-1])
+            self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
+        judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
+        if not judging:
+            return N, None
         p_all = self.runner.probs(out)                                                  # [B, N, V]
-        offset = N - count
-        return p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
+        offset = N - count_t
+        p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
+        return N, self._verdict(judging, p, hi, N)
+
+    def _verdict(self, rows: List[int], p: torch.Tensor, hi: List[int], N: int) -> Verdict:
+        """The open tokens of `rows` judged against p [B, N, V] (column k of row b: the
+        distribution of position hi[b] - N + k) and the q they follow (not read yet)."""
+        e, x, HW = self.engine, self.x, self.HW
+        dev = x.device
+        index = to_device(rows, dev, torch.long)
+        ends = to_device([hi[b] for b in rows], dev, torch.long)
+        cols = (ends[:, None] - N + torch.arange(N, device=dev)[None]).clamp(0, HW - 1)
+        p, qf = p.index_select(0, index), _fit(self.q, N).index_select(0, index)
+        xw = x.index_select(0, index).gather(1, cols)[..., None]
+        judged = [hi[b] - self.state[b].start - self.state[b].keep for b in rows]
+        u = to_device(e.streams.rows(rows).rand_padded(judged, N, right=True), dev)
+        valid = torch.arange(N, device=dev)[None] >= (N - to_device(judged, dev, torch.long))[:, None]
+        self._judged = (rows, p, qf, hi, N, index)
+        return e.verdict(p.gather(2, xw)[..., 0], qf.gather(2, xw)[..., 0], starts=[hi[b] - N for b in rows],
+                         judged=judged, uniforms=u, mode="independent", valid=valid, rows=rows)
+
+    def _correct(self, judgement: Judgement) -> None:
+        """The judged tokens' corrections drawn, then each row's q and (commit="verify") its
+        span: settled up to its first correction."""
+        e, x, o = self.engine, self.x, self.o
+        rows, p, qf, hi, N, index = self._judged
+        dev = x.device
+        redo = judgement.resample
+        picks = [(i, k) for i in range(len(rows)) for k in range(N) if redo[i][k]]    # each row's in order
+        if picks:
+            ii, kk = to_device([[i for i, _ in picks], [k for _, k in picks]], dev, torch.long)
+            at = [(rows[i], hi[rows[i]] - N + k) for i, k in picks]
+            if o.commit == "verify":
+                e.redraw(x, at, p[ii, kk], qf[ii, kk])
+            else:   # (a resampled token follows its residual distribution from now on)
+                _, residual = e.redraw(x, at, p[ii, kk], qf[ii, kk], with_distribution=True)
+                qf = qf.clone()
+                qf[ii, kk] = residual
+        # commit="verify": after verify-and-correct every token follows this pass's p (kept ones by
+        # acceptance, replaced ones by the residual), so the next pass judges it against p
+        self.q = _fit(self.q, N).index_copy(0, index, p if o.commit == "verify" else qf)
+        if o.commit == "verify":
+            for i, b in enumerate(rows):
+                first = redo[i].index(True) if True in redo[i] else None
+                nxt = None if first is None else hi[b] - N + first + 1
+                self.state[b].start = nxt if nxt is not None and nxt < hi[b] else None
+
+    def _advance(self, b: int) -> None:
+        """Row b after a pass: its group's next pass, the next group, closing its tail, or done."""
+        st, o = self.state[b], self.o
+        st.passes += 1
+        st.keep = 0
+        last = st.group + 1 >= len(self.groups())
+        if o.commit == "write":
+            if st.passes > o.rounds:          # (that was the commit pass)
+                if last:
+                    self.phase[b] = IDLE
+                else:
+                    st.group, st.drafted = st.group + 1, False
+            return
+        if st.final:
+            st.stats.final_passes[0] += 1
+        else:
+            st.stats.group_passes[0] += 1
+        settled = st.start is None
+        if st.final:
+            if settled or (o.final_passes is not None and st.passes >= o.final_passes):
+                self._finish(b)
+        elif settled or st.passes >= o.rounds + 1:
+            # The last group has no next group to carry its open tail into: it closes it with
+            # passes of its own (at most `final_passes`; None: until settled).
+            if not last:
+                st.group, st.drafted = st.group + 1, False
+            elif settled or o.final_passes == 0:
+                self._finish(b)
+            else:
+                st.final, st.passes = True, 0
+
+    def _finish(self, b: int) -> None:
+        """Row b is done; what is still open is kept as last judged."""
+        st = self.state[b]
+        left = 0 if st.start is None else self.HW - st.start
+        st.stats.open_at_end = [left]
+        st.stats.kept_as_judged[0] += left
+        self.phase[b] = IDLE
+
+    def method_stats(self, b):
+        st = self.state[b]
+        row0 = st.stats.row0_passes
+        if not self.later:
+            return SSDStats(list(row0), [0], [0], [0], [0])
+        return SSDStats(list(row0)) if self.o.commit == "write" else st.stats
 
 
 def _fit(q, width: int):
@@ -299,48 +419,12 @@ def _fit(q, width: int):
     return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
 
 
-@torch.no_grad()
-def decode_rows(engine: Engine, runner: ModelRunner, heads, classes, options: SSDOptions) -> torch.Tensor:
-    """SSD on `runner` for the batch `classes` -> int64 [B, H*W] (`options.chunk` already capped
-    at the heads' horizontal count)."""
-    H, W = runner.H, runner.W
-    first = runner.prefill(classes)
-    x = torch.zeros(classes.shape[0], H * W, dtype=torch.long, device=runner.device)
-    # Under a token budget: fewer horizontal drafts per pass, and fewer rows drafted at once
-    # (a group of rows is fed whole); with room for less than a row, the horizontal heads draft
-    # the whole grid in raster order (sd with SSD's heads), and with room for one token, AR.
-    chunk = engine.narrowed(options.chunk + 1) - 1
-    share = engine.token_share
-    # The exact variant cannot bound its open tails without keeping tokens as judged: under a
-    # share below its widest possible span (rows 1 to H - 1) it drafts with its horizontal heads
-    # alone, which stays exact.
-    exact = options.commit == "verify" and options.max_tail is None and options.final_passes is None
-    if chunk == 0 or (share is not None and (share < W or (exact and share < (H - 1) * W))):
-        if chunk == 0:
-            x = plain_ar(engine, runner, classes, first)
-        else:
-            RasterSpeculation(engine, runner, HeadsDrafter(heads), end=H * W, chunk=chunk).run(first, x)
-        B = classes.shape[0]
-        engine.stats.method_stats = SSDStats([runner.forwards - 1] * B, [0] * B, [0] * B, [0] * B, [0] * B)
-        return x
-    if share is not None and share < W * options.vertical_heads:
-        options = dataclasses.replace(options, vertical_heads=share // W)
-    hid = first.hidden.new_zeros(first.hidden.shape[0], H * W, first.hidden.shape[-1])   # state giving token t
-    RasterSpeculation(engine, runner, HeadsDrafter(heads), end=W, chunk=chunk, hidden_out=hid[:, :W]).run(first, x)
-    rows = RowDecoder(engine, runner, heads, options, x, hid)
-    if options.commit == "verify":
-        rows.verify_groups()
-    else:
-        rows.write_groups()
-    engine.stats.method_stats = rows.stats
-    return x
-
-
 def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),
            run: RunSettings = RunSettings()):
-    """SSD on `target` with its spatial `heads` (module docstring). With `run.compile` every target
-    pass runs through compiled graphs padded to bucket widths (specdec.decoding.compiled), and
-    each head draft (embedding, heads, LM head, sampling) as one compiled graph per shape."""
+    """SSD on `target` with its spatial `heads` (module docstring), on the scheduler. With
+    `run.compile` every target pass runs through compiled graphs padded to bucket widths
+    (specdec.decoding.compiled), and each head draft (embedding, heads, LM head, sampling) as one
+    compiled graph per shape."""
     check_grid_model(target, "target")
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
@@ -352,11 +436,7 @@ def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = S
     if cfg_w is not None and cfg_w != target.grid[1]:
         raise ValueError(f"ssd heads were trained for grid width {cfg_w}, the target's grid is {tuple(target.grid)}")
     options = dataclasses.replace(options, chunk=min(options.chunk, _heads.num_heads(heads, "horizontal")))
-
-    def decode_batch(cls, engine):
-        return decode_rows(engine, engine.runner(target), heads, cls, options)
-
-    return run_batches("ssd", target, conditions, decode_batch, run, tokenizer)
+    return run_rows("ssd", target, conditions, lambda engine: SSDRows(engine, target, heads, options), run, tokenizer)
 
 
 OPTIONS = SSDOptions

@@ -12,9 +12,6 @@ from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (
 from grid_statistics import pvalues_against
 from specdec import ops
 from specdec.decoding import sd, ssd
-from specdec.decoding.engine import Engine
-from specdec.decoding.results import DecodeResult
-from specdec.decoding.streams import ImageStreams
 from specdec.settings import RunSettings, Sampling
 
 VOCAB = 3
@@ -159,26 +156,19 @@ def test_two_sample_test_has_power(ar_4x4):
 
 
 def _ssd_4x4(commit):
-    """20,000 SSD images in one batch: under commit="verify" each image settles its own spans
-    (up to its own first correction) in passes shared by the batch, so its loop, decode_rows, is
-    exact in distribution for each image of a batch, which is what makes a 20,000-sample test
-    affordable."""
+    """20,000 SSD images in one batch: under commit="verify" each row settles its own spans (up to
+    its own first correction) in passes shared by the batch, so SSD's rows are exact in
+    distribution for each image of a batch, which is what makes a 20,000-sample test affordable."""
     target = tiny_gpt(4, 4, seed=3, dim=16, layers=1, scale=0.6)
     heads = tiny_heads(16, width=4, seed=5)
     classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
-    if commit == "write":
-        return ssd.decode(
-            target,
-            classes,
-            heads=heads,
-            options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None),
-            run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
-        )
-    run = RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES)
-    engine = Engine("ssd", run, ImageStreams(4, range(GRID_4X4_SAMPLES)), (4, 4))
-    options = ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None)
-    x = ssd.decode_rows(engine, engine.runner(target), heads, classes, options)
-    return DecodeResult(x.view(GRID_4X4_SAMPLES, 4, 4), None, engine.finish())
+    return ssd.decode(
+        target,
+        classes,
+        heads=heads,
+        options=ssd.SSDOptions(rounds=1, chunk=2, commit=commit, max_tail=None, final_passes=None),
+        run=RunSettings(seed=4, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
+    )
 
 
 def _pvalues_against_ar(ar_tokens, out):

@@ -7,9 +7,9 @@ from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fi
 from specdec import decoding
 from specdec.decoding import ssd
 from specdec.decoding.draws import draw_residual
-from specdec.decoding.engine import Engine
+from specdec.decoding.scheduler import Scheduler
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.streams import ImageStreams, image_generator
+from specdec.decoding.streams import image_generator
 from specdec.settings import RunSettings, Sampling
 
 SAMPLING = Sampling(cfg_scale=2.0)
@@ -176,11 +176,15 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     P = fam.target.prefix_len
     corrected = kept = 0
     for seed in range(3):
-        engine = Engine("ssd", RunSettings(seed=seed, sampling=SAMPLING), ImageStreams(seed, [0]), (H, W))
-        runner = engine.runner(fam.target)
         options = ssd.SSDOptions(rounds=rounds, chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
-        x = ssd.decode_rows(engine, runner, fam.ssd_heads, CLASSES[:1], options)
-        stats = engine.finish()
+        scheduler = Scheduler("ssd", lambda engine: ssd.SSDRows(engine, fam.target, fam.ssd_heads, options),
+                              RunSettings(seed=seed, sampling=SAMPLING), (H, W), 1)
+        scheduler.submit(CLASSES[0], 0)
+        finished = []
+        while not scheduler.idle:
+            finished += scheduler.step()
+        (image,) = finished
+        runner, x, stats = scheduler.policy.runner, image.tokens.view(1, -1), image.stats
         row0 = stats.method_stats.row0_passes[0]
         corrected += sum(stats.drafted[row0:]) - sum(stats.accepted[row0:])
         kept += stats.method_stats.kept_as_judged[0] - stats.method_stats.open_at_end[0]

@@ -312,10 +312,11 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
         streams = ImageStreams(seed, images)
         engine = Engine("t", RunSettings(sampling=SAMPLING, backend="reference"), streams, fam.target.grid)
         runner = engine.runner(fam.target)
-        first = runner.prefill(classes[images])
-        x = torch.zeros(len(images), fam.target.grid[0] * W, dtype=torch.long)
-        RasterSpeculation(engine, runner, HeadsDrafter(fam.ssd_heads), end=W, chunk=3).run(first, x)
-        return x[:, :W], [torch.rand(1, generator=g) for g in streams.generators]
+        row0 = RasterSpeculation(engine, runner, HeadsDrafter(fam.ssd_heads), end=W, chunk=3)
+        row0.start(list(range(len(images))), classes[images])
+        while not all(row0.done()):
+            row0.step()
+        return row0.tokens[:, :W], [torch.rand(1, generator=g) for g in streams.generators]
 
     with batch_invariant():
         for seed in range(6):

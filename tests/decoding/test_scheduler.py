@@ -17,8 +17,8 @@ from specdec.settings import Sampling
 
 SAMPLING = Sampling(cfg_scale=2.0)
 CLASSES = torch.tensor([2, 0, 1, 1, 2, 0, 2, 1, 0, 0, 1, 2])
-#: the methods that run on the scheduler (SSD still runs an image per slot)
-ROWS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo")
+#: every method runs on the scheduler
+ROWS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
 VARIANTS = [(m, {}) for m in ROWS] + [("sd", dict(heads="family"))]
 IDS = [m for m in ROWS] + ["sd-heads"]
 
@@ -74,13 +74,13 @@ def test_every_way_to_batch_gives_each_image_its_decode_alone(fam, method, optio
             assert getattr(s, field) == [v for r in ref for v in getattr(r.stats, field)], field
         fed = [v for r in ref for v in r.stats.tokens_fed]
         # (sjd, zipar: a pass is as wide as the widest row's window or queries)
-        assert all(v >= o for v, o in zip(s.tokens_fed, fed)) if method in ("sjd", "zipar") else s.tokens_fed == fed
+        assert all(v >= o for v, o in zip(s.tokens_fed, fed)) if method in ("sjd", "zipar", "ssd") else s.tokens_fed == fed
         assert s.drafted == [v for r in ref for v in r.stats.drafted]
         assert s.accepted == [v for r in ref for v in r.stats.accepted]
         assert s.passes_made < sum(s.target_passes)
 
 
-@pytest.mark.parametrize("method", ROWS + ("ssd",))
+@pytest.mark.parametrize("method", ROWS)
 @pytest.mark.parametrize("seed,concurrency", [(0, 2), (5, 3), (7, 5), (11, 7)])
 def test_a_sweep_of_seeds_and_concurrencies_gives_each_image_its_decode_alone(fam, method, seed, concurrency):
     """Held-out cases beyond the arrival tests: other seeds, class orders and concurrencies, the
@@ -296,10 +296,7 @@ def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compile
     assert torch.equal(held.cache.valid[[0, 8]], one.cache.valid)
 
 
-SLOTS = pytest.mark.xfail(strict=True, reason="SSD still decodes an image per slot, its ops per image (2.6x here)")
-
-
-@pytest.mark.parametrize("method", ROWS + (pytest.param("ssd", marks=SLOTS),))
+@pytest.mark.parametrize("method", ROWS)
 def test_aten_ops_per_target_pass_at_concurrency_16_are_those_of_a_lockstep_batch(fam, method):
     """On a GPU an op is a launch, which costs what a small pass costs: a step's ops run once over
     all rows, never once per image. Eager, cpu backend, 16 images: ATen ops per target pass made
