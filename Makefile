@@ -43,15 +43,12 @@ KERNEL_TESTS ?= tests/kernels/test_torch_versions.py tests/kernels/test_cuda_too
 	tests/kernels/test_build.py tests/kernels/test_dispatch.py tests/kernels/test_pool_probs.py \
 	tests/kernels/test_sample_residual.py tests/kernels/test_verify_grid.py \
 	tests/kernels/test_tree_attention.py tests/decoding/test_decoding_methods.py \
-	tests/decoding/test_decoding_ssd.py tests/decoding/test_continuous.py tests/decoding/test_scheduler.py \
-	tests/decoding/test_fibers.py
+	tests/decoding/test_decoding_ssd.py tests/decoding/test_scheduler.py
 # The Triton machine-code checks (no spills, 128-bit loads) hold for the pinned torch's Triton;
 # another Triton release lowers the same kernels differently, so the matrix leaves them out (and
-# the compiled continuous-batching and scheduler checks, minutes of compiling, run with the pinned
-# torch only).
+# the compiled scheduler check, minutes of compiling, runs with the pinned torch only).
 KERNEL_TESTS_DESELECT ?= tests/kernels/test_build.py::test_triton_kernels_lower_to_sm90a \
 	tests/kernels/test_build.py::test_triton_pooling_kernels_use_128bit_loads \
-	tests/decoding/test_continuous.py::test_compiled_continuous_batching_gives_the_eager_tokens \
 	tests/decoding/test_scheduler.py::test_a_compiled_scheduler_gives_the_eager_tokens
 test-kernels: $(BUILD_STAMP)
 	$(TEST_RUN) -q $(addprefix $(TESTS_AT),$(KERNEL_TESTS)) $(addprefix --deselect=,$(KERNEL_TESTS_DESELECT))

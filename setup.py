@@ -168,7 +168,7 @@ setup(
     options=options,
     # The torch releases specdec is built and tested against (README, "Install"); the extension
     # itself must be compiled against the one installed (`pip install --no-build-isolation .`).
-    install_requires=["torch>=2.13,<2.16", "numpy", "Pillow", "safetensors", "greenlet>=3.0"],
+    install_requires=["torch>=2.13,<2.16", "numpy", "Pillow", "safetensors"],
     # The embedded default model family (specdec.models.default()) ships its trained weights.
     package_data={"specdec": ["weights/*.safetensors", "weights/grid32/*.safetensors"]},
     extras_require={

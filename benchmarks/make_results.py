@@ -2,8 +2,9 @@
 
 RESULTS.md is never edited by hand: every figure in it comes from one of those files, and each
 table names the machine and the date of the run that produced it. It shows the newest run of each
-kind (KINDS, in that order) on each machine, then an index of every file (all of them stay in
-results/, with the command or machine that made them). Speed is reported as the ratio
+benchmark (a kind of KINDS, and a grid) on each machine once, newest first, then an index of every
+file (all of them stay in results/, with the command or machine that made them; runs kept to
+compare with older code are indexed only). Speed is reported as the ratio
 reference_median / backend_median within the same run (same inputs, same process).
 
 Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compare` file with the
@@ -305,7 +306,7 @@ def render_peers(data, name):
     return lines + [""]
 
 
-#: The kinds of results file, in the order RESULTS.md shows them: (kind, title in the index).
+#: The kinds of results file: (kind, title in the index).
 KINDS = [("kernel-peers", "kernels against what a user would use instead"),
          ("scaling", "gains against resolution"), ("real-size", "real model sizes, random weights"),
          ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
@@ -337,17 +338,18 @@ RENDER = {"scaling": render_scaling, "real-size": render_real_size, "compare": r
 
 
 def newest_per_kind(files) -> list:
-    """[(kind, machine, path, data)] of the newest file of each kind on each machine, in KINDS
-    order (machines in the order of their newest run, newest first)."""
+    """[(kind, machine, path, data)] of the newest file of each benchmark (kind and grid) on each
+    machine, newest first: each benchmark's current table once. Runs kept to compare with older
+    code (a variant "(before: <commit>)") are indexed, not shown: such comparisons belong in
+    docs/experiments.md."""
     newest = {}
     for path in files:                                 # oldest first: a later file replaces an earlier one
         data = _load(path)
-        # a kind's runs that measure different things (continuous batching: per grid and modes)
-        variant = data.get("variant") if isinstance(data, dict) else None
-        key = (kind_of(data, os.path.basename(path)), machine_of(data), variant)
-        newest[key] = (path, data)
-    order = [k for k, _ in KINDS]
-    items = sorted(newest.items(), key=lambda kv: (order.index(kv[0][0]), -files.index(kv[1][0])))
+        if "(before:" in str(data.get("variant") if isinstance(data, dict) else ""):
+            continue
+        grid = data.get("grid") if isinstance(data, dict) else None
+        newest[(kind_of(data, os.path.basename(path)), machine_of(data), grid)] = (path, data)
+    items = sorted(newest.items(), key=lambda kv: -files.index(kv[1][0]))
     return [(kind, machine, path, data) for (kind, machine, _), (path, data) in items]
 
 
@@ -355,7 +357,7 @@ def index_lines(files, shown) -> list:
     """The table of every results file: kind, machine, date, and whether RESULTS.md shows it."""
     titles = dict(KINDS)
     lines = ["## Index of results files", "",
-             "Every file in `benchmarks/results/`, newest first. Above: the newest of each kind per machine.", "",
+             "Every file in `benchmarks/results/`, newest first. Above: the newest of each benchmark per machine.", "",
              "| file | kind | machine | date (UTC) | shown above |", "|---|---|---|---|---|"]
     for path in reversed(files):
         data = _load(path)

@@ -37,9 +37,8 @@ SWITCHES: Tuple[Switch, ...] = (
            "the CUDA kernels of pool_probs, sampling_probs and sample_residual: v2 stages a row in shared "
            "memory, radix also selects top-k / top-p by radix select (specdec.ops.dispatch.pool_op)"),
     Switch("SPECDEC_CONTINUOUS_GRAPHS", ("0", "1"), "0", ("0", "1"),
-           "compile=True on CUDA for the scheduler's methods and the slots: 1 replays their compiled passes "
-           "as CUDA graphs, 0 runs them compiled without (neither has run on a GPU; "
-           "specdec.decoding.scheduler, specdec.decoding.slots)"),
+           "compile=True on CUDA under concurrency or a stream: 1 replays the scheduler's compiled passes "
+           "as CUDA graphs, 0 runs them compiled without (not run on a GPU yet; specdec.decoding.scheduler)"),
     Switch("SPECDEC_TRITON_POOL", ("default", "onchip"), "default", ("onchip",),
            "the Triton kernels of the same ops: onchip reads each row once and keeps it in registers "
            "(up to V = 16384), top-k / top-p by a bracket search"),

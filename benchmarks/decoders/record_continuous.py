@@ -5,7 +5,7 @@ Per cell (method, mode, concurrency, batching): images per second, target passes
 passes each image took part in), image tokens fed to the target per image, the one-off compile
 time, and (eager) the ATen ops per target pass made, counted in an untimed decode. `batching` is
 "lockstep" (batches of `concurrency` images that start together: `batch_size`) or "continuous"
-(`concurrency` rows or slots, each refilled as soon as its image is done). `ar`'s images all take
+(`concurrency` rows, each refilled as soon as its image is done). `ar`'s images all take
 the same passes, so its lockstep batches are its best and the baseline: speed-ups are against
 `ar` lockstep at the same concurrency and mode. Kept as
 benchmarks/results/continuous-<grid>-<modes>-<machine>-<stamp>.json.
@@ -74,7 +74,7 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     from specdec import decoding
-    from specdec.decoding import slots
+    from specdec.decoding import scheduler
     from specdec.models import default
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--batchings", default="lockstep,continuous")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu",
-                   help="cuda: the compiled slots replay CUDA graphs only with SPECDEC_CONTINUOUS_GRAPHS=1 (opt-in)")
+                   help="cuda: the scheduler's compiled passes replay CUDA graphs only with "
+                   "SPECDEC_CONTINUOUS_GRAPHS=1 (opt-in)")
     args = p.parse_args(argv)
     budgets = [None if b == "none" else int(b) for b in args.budgets.split(",")]
     torch.set_num_threads(args.threads)
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
                         print(rows[-1], flush=True)
     record = decode_record("specdec-continuous", "record_continuous.py", argv, started, args, rows)
     record["grid"] = args.grid
-    record["continuous_graphs"] = args.device == "cuda" and slots.slot_graphs()
+    record["continuous_graphs"] = args.device == "cuda" and scheduler.cuda_graphs()
     # (runs of a few methods are kept apart from the runs of all of them; ar runs in every run)
     subset = "" if set(methods) | {"ar"} == set(decoding.METHODS) else " " + ",".join(methods)
     record["variant"] = f"{args.grid}x{args.grid} {args.modes}{subset}" + (

@@ -4,8 +4,7 @@ A server sizes its engine for its busiest minutes (`stream(method, concurrency=N
 serves whatever arrives, often one request at a time. Per cell (method, mode, concurrency): the
 seconds from `submit` to the finished image for requests that arrive one at a time, each after the
 last is done (the median over `--requests`), its target passes, and the rows the engine's target
-passes fed on average (the scheduler's passes go over the rows that hold images; the slots pass
-over the images that need the target, and their AR steps over the running images). Every method beside `ar`
+passes fed on average (the scheduler's passes go over the rows that hold images). Every method beside `ar`
 at the same concurrency and mode, in one run; a cell at concurrency 1 is the floor. Kept as
 benchmarks/results/light-load-<grid>-<modes>-<machine>-<stamp>.json.
 
@@ -33,7 +32,7 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 class RowsFed:
     """The rows (images) of the cache each target pass fed: the runners' passes wrapped (eager and
     compiled, a pass over some images counting those; an AR step counting the rows of its runner:
-    all slots, or the running ones at light load)."""
+    all rows, or the running ones at light load)."""
 
     def __init__(self, target):
         from specdec.decoding.compiled import CompiledRunner

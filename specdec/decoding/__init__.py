@@ -16,17 +16,14 @@ streaming engine for a server; the rest is split by job: `engine` (the batch's r
 streams, runners, the read-accept-commit step, statistics), `runner` (a model with its cache),
 `compiled` (the same through torch.compile), `streams` (one random stream per image), `uploads`
 (host data to the device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of
-shared passes), `drafters` (what proposes tokens for raster speculation), `batching`, `results`.
-MuLo-SD and SSD are not row policies yet: under `concurrency` they run an image per slot,
-`continuous` (the engine step), `slots` (the batched passes) and `fibers` (each image's decode as
-a fiber).
+shared passes), `drafters` (what proposes tokens for raster speculation), `resampling`
+(MuLo-SD's resampling passes), `batching`, `results`.
 """
 from __future__ import annotations
 
 from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
-from specdec.decoding.continuous import ContinuousEngine
 from specdec.decoding.scheduler import Finished
 from specdec.decoding.streaming import RowStream, StreamingEngine
 from specdec.decoding.ar import AROptions
@@ -39,7 +36,7 @@ from specdec.decoding.ssd import SSDOptions
 from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
-__all__ = ["AROptions", "ContinuousEngine", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
+__all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
            "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RowStream", "RunSettings",
            "SDOptions", "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method",
            "concat_results", "decode", "family_options", "method_options", "options_as_kwargs", "options_for",

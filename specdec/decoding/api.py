@@ -18,8 +18,7 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
-from specdec.decoding.continuous import Requests
-from specdec.decoding.streaming import StreamingEngine
+from specdec.decoding.streaming import Requests, StreamingEngine
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling, check_int
@@ -209,9 +208,8 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
            **options) -> StreamingEngine:
     """A streaming engine of `method` on the family's target, for a server: the scheduler's
-    (`specdec.decoding.streaming.RowStream`), or for `mulo` and `ssd` an image per slot
-    (`specdec.decoding.continuous`); `submit(class_id)` requests as they arrive, `step()` and take the images it
-    returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
+    (`specdec.decoding.streaming.RowStream`); `submit(class_id)` requests as they arrive, `step()`
+    and take the images it returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
     other keyword arguments are `decode`'s (run settings, models, the method's options), and
     image i (its index: by default the order of submission, from `first_index`) is the image
     `decode` gives it. Class-conditional families only, for now."""

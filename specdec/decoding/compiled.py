@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
-from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, part_size, weights_key
+from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, weights_key
 
 
 def compile_step(fn: Callable, device: torch.device, graphs: bool = True) -> Callable:
@@ -252,9 +252,6 @@ class CompiledRunner(ModelRunner):
         tokens, positions = tokens.to(self.device), positions.to(self.device)
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
-
-    def rows_bucket(self, k: int) -> int:
-        return part_size(k, self.batch)
 
     def _new_part(self, k: int) -> "CompiledRunner":
         return CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend, compiler=self._compiler,

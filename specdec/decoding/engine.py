@@ -5,8 +5,8 @@ feeds, how the target judges the drafts (a rule and mode of `verify_grid`) and w
 Everything else of a round is here, written once:
 
 - the images' random streams (`ImageStreams`: image i draws only from its own stream);
-- the runners (`runner`): made for the batch, eager or compiled, their passes and tokens counted
-  per image as target or drafter passes when the batch ends (`finish`), compile time included;
+- the runners (`runner`): made for the batch, eager or compiled, each with its role (target,
+  drafter, preview), whose passes the scheduler counts per image;
 - committed lengths (`Lengths`: on the device for the passes, mirrored on the host for the loop's
   control, the passes' shapes and the streams' consumption);
 - the read-accept-commit step: `judge` runs `verify_grid` on the drafts, makes the pass's one host
@@ -14,12 +14,11 @@ Everything else of a round is here, written once:
   the drafted and kept counts; `redraw` draws the replacements of rejected drafts from the
   residual norm(max(0, p - q)) with each image's own uniforms and writes them into the grid.
 
-    engine = Engine("sd", run, streams, grid)      # run_batches makes one per batch
+    engine = Engine("sd", run, streams, grid)      # the scheduler makes one for its rows
     target = engine.runner(model)
     ...                                             # the method's passes
     verdict = engine.judge(p_tok, q_tok, uniforms=u, starts=c.host, judged=n_host, mode="raster")
     engine.redraw(x, picks, p_rows, q_rows)
-    engine.finish()                                 # per-image counts into engine.stats
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from specdec.decoding.compiled import CompiledRunner, runner_for
+from specdec.decoding.compiled import runner_for
 from specdec.decoding.draws import draw_residual
 from specdec.decoding.results import DecodeStats
 from specdec.decoding.runner import ModelRunner, Outputs
@@ -90,12 +89,8 @@ class Verdict(NamedTuple):
 class Engine:
     """One batch of a decode: its images' streams and statistics, its runners, its judgements."""
 
-    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int], slot=None):
-        """`slot`: under continuous batching, the image's place in the continuous engine
-        (`specdec.decoding.continuous.Slot`): its runners' passes and its host reads are then
-        made together with the other images' (a batch of one image)."""
+    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int]):
         self.run = run
-        self.slot = slot
         self.streams = streams
         self.batch = len(streams)
         self.H, self.W = grid
@@ -104,9 +99,6 @@ class Engine:
         #: drafter passes made without a runner of their own (SSD's heads on the target)
         self.head_passes = 0
         self.reads = 0      #: host reads made (`read`: one per judgement)
-        #: the grids of a preview stage a method decoded itself (MuLo-SD drafted by GLM-Image's
-        #: preview), one per image: the result's `preview`
-        self.previews: Optional[torch.Tensor] = None
         #: the scheduler whose rows this batch is (`specdec.decoding.scheduler.Scheduler`): its
         #: statistics are then kept per image, each row's part to the image it holds
         self.rows = None
@@ -142,16 +134,13 @@ class Engine:
 
     def runner(self, model, sampling=None, *, role: str = "target") -> ModelRunner:
         """The batch's runner of `model` (eager, or with `run.compile` the model's kept compiled
-        one), counted at `finish` as `role`: "target", "drafter", or "preview" (the target model
-        on its preview grid: target passes of the preview stage)."""
+        one), its passes counted as `role`: "target", "drafter", or "preview" (the target model on
+        its preview grid: target passes of the preview stage)."""
         if role not in ("target", "drafter", "preview"):
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
         sampling = sampling or self.run.sampling_or_default
-        if self.slot is not None:
-            runner = self.slot.runner(model, sampling, role)
-        else:
-            runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
-                                store=self.kept_runners, graphs=self.graphs)
+        runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
+                            store=self.kept_runners, graphs=self.graphs)
         self._runners.append((runner, role))
         return runner
 
@@ -272,26 +261,5 @@ class Engine:
         rows, cols = to_device([[b for b, _ in picks], [t for _, t in picks]], x.device, torch.long)
         x[rows, cols] = out[0] if with_distribution else out
         return out
-
-    # ---- the end of the batch ----
-    def finish(self) -> DecodeStats:
-        """The batch's per-image counts from its runners (a pass shared by the batch counts once
-        for each image) and the compile time their graphs took; returns the statistics."""
-        B, s = self.batch, self.stats
-        count = {role: sum(r.forwards for r, rr in self._runners if rr == role)
-                 for role in ("target", "drafter", "preview")}
-        fed = sum(r.fed for r, role in self._runners if role != "drafter")
-        s.target_passes = [count["target"] + count["preview"]] * B
-        if self.slot is None:   # (a continuous engine counts the passes it makes itself)
-            s.passes_made = count["target"] + count["preview"]
-        s.tokens_fed = [fed] * B
-        s.widest_feed = [max((r.widest for r, role in self._runners if role != "drafter"), default=0)] * B
-        s.draft_passes = [count["drafter"] + self.head_passes] * B
-        if count["preview"]:
-            s.preview_passes = [count["preview"]] * B
-        if self.run.compile and self.slot is None:   # a continuous engine times its shared graphs
-            s.compile_s.append(sum(r.take_compile_s() for r, _ in self._runners if isinstance(r, CompiledRunner)))
-        return s
-
 
 __all__ = ["Engine", "Judgement", "Lengths"]

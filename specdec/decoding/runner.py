@@ -16,18 +16,6 @@ from specdec.models.protocol import split_cfg
 from specdec.ops import pooling, verification
 from specdec.settings import Sampling, SamplingArgs
 
-#: The cost model that decides which rows a pass goes over (`ModelRunner.pass_cost`; continuous
-#: batching's slots also cut the waiting images' passes with it), in tokens of work (one token of
-#: one image's row). Fitted by benchmarks/decoders/pass_cost.py to compiled passes of the embedded
-#: 16x16 family on a 2-core Intel Xeon (2026-12-04): a pass over all 16 rows costs a fixed part of
-#: about 1 ms (`PASS_COST`) and 0.025 ms per token of a row (1.38 ms at 1 token, 7.8 ms at 17); a
-#: pass over k of them the same fixed part and, per image, its tokens and the copy of its cache
-#: rows in and out, about 12 tokens' worth (`PARTIAL_PASS_COST`: a fixed part beyond the pass's,
-#: and a part per image): 1.12 ms for one image at 1 token, 3.8 ms for 4 at 17.
-PASS_COST = 39
-PARTIAL_PASS_COST = (0, 12)
-
-
 def part_size(k: int, batch: int) -> int:
     """How many images a runner of some of a batch's images holds to serve k of them: k rounded up
     to a power of two, at most the batch."""
@@ -88,7 +76,7 @@ def weights_key(module):
 
 def count_pass(runner, width: int, passes: int = 1) -> None:
     """`passes` passes of `width` image tokens per row each into a runner's counters (every
-    runner kind counts its passes so: the eager and compiled ones, a continuous-batching slot's)."""
+    runner kind counts its passes so: the eager and compiled ones)."""
     runner.forwards += passes
     runner.fed += passes * width
     runner.widest = max(runner.widest, width)
@@ -161,7 +149,7 @@ class ModelRunner:
     def settle_rows(self) -> None:
         """Copy the rows held in a runner of their own (`hold`) back into this cache: anything that
         reads or writes the cache otherwise than through them and `invalidate*` calls it first (a
-        pass over all rows, a prefill, `load_row`, an AR step of this runner)."""
+        pass over all rows, a prefill, an AR step of this runner)."""
         if self._resident is not None:
             _, index, part = self._resident
             part.cache.put_images(self.cache, index)
@@ -170,7 +158,7 @@ class ModelRunner:
     def hold(self, rows: List[int]) -> Tuple["ModelRunner", torch.Tensor]:
         """The runner of len(rows) images that holds rows `rows` (sorted) of this cache, and those
         rows as int64 [k]: copied in unless held already, they stay there until `settle_rows`
-        (a rolling batch's busy rows; the slots' AR steps and passes over some images). What is
+        (the busy rows of `pass_rows`; MuLo-SD's verification of some rows). What is
         forgotten (`invalidate*`) reaches them there too."""
         if self._resident is None or self._resident[0] != rows:
             self.settle_rows()
@@ -180,55 +168,11 @@ class ModelRunner:
             self._resident = (list(rows), index, part)
         return self._resident[2], self._resident[1]
 
-    def load_row(self, source, row: int) -> None:
-        """`SlotKVCache.load_row` into this runner's cache (busy rows held apart copied back first)."""
-        self.settle_rows()
-        self.cache.load_row(source, row)
-
-    def pass_cost(self, k: int, width: int) -> float:
-        """What a pass of `width` tokens that k of the B rows need costs, in tokens of work
-        (`PASS_COST`): a fixed part, and the tokens of all rows, or of the k rows alone when the
-        cache can hold some of its images apart (`hold`: plus their rows copied in and out)."""
-        return PASS_COST + min(self.batch * width, self._partial_cost(k, width))
-
-    def _partial_cost(self, k: int, width: int) -> float:
-        if type(self.cache) is not SlotKVCache:    # (a model's own cache type may not make one)
-            return float("inf")
-        fixed, per_image = PARTIAL_PASS_COST
-        return fixed + self.rows_bucket(k) * (per_image + width)
-
-    def rows_to_pass(self, rows: Sequence[int], width: int) -> Optional[List[int]]:
-        """The rows (sorted) a pass of `width` tokens that `rows` need goes over, or None: all of
-        them, when that costs no more (`pass_cost`). A compiled runner adds other rows up to its
-        bucket (`rows_bucket`). CPU only, as `pass_rows`: the cost model is fitted there."""
-        if self.device.type != "cpu" or self.batch * width <= self._partial_cost(len(rows), width):
-            return None
-        return self._filled(rows, self.rows_bucket(len(rows)))
-
-    def rows_to_step(self, rows: Sequence[int], steps: int) -> Optional[List[int]]:
-        """The rows (sorted) that a run of at least `steps` AR steps, which `rows` need, goes over
-        in a runner of that many images (`part`), or None: all B rows. The rows stay in that
-        runner from step to step, so their copy in and out (`PARTIAL_PASS_COST`'s part per image)
-        is paid once for the run, against the rows a step over all of them feeds in vain; the
-        count is rounded up to a power of two (a few runners, and graphs, serve every count).
-        CPU only, as `pass_rows`."""
-        if type(self.cache) is not SlotKVCache or self.device.type != "cpu":
-            return None
-        k = part_size(len(rows), self.batch)
-        if (self.batch - k) * steps <= PARTIAL_PASS_COST[1] * k:
-            return None
-        return self._filled(rows, k)
-
     def _filled(self, rows: Sequence[int], k: int) -> List[int]:
         """`rows` and the first other rows up to k of them, sorted."""
         mine = set(rows)
         others = [b for b in range(self.batch) if b not in mine]
         return sorted(list(rows) + others[:k - len(rows)])
-
-    def rows_bucket(self, k: int) -> int:
-        """How many rows a pass over k of them feeds: k here (an eager pass costs what it feeds); a
-        compiled runner rounds up to a power of two, so that a few graphs serve every count."""
-        return k
 
     def part(self, k: int) -> "ModelRunner":
         """A runner of the same kind, model and sampling for k images, made once per k and kept:
@@ -443,5 +387,5 @@ class TokenStep:
         return self._step.take_compile_s() + self._grid_step.take_compile_s() if self.compiled else 0.0
 
 
-__all__ = ["PARTIAL_PASS_COST", "PASS_COST", "ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",
+__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",
            "supports_guidance", "unguided_after_interval", "weights_key"]

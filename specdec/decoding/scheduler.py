@@ -279,7 +279,7 @@ class Scheduler:
 
 
 def cuda_graphs() -> bool:
-    """Whether compiled passes of the scheduler (and of the slots) replay CUDA graphs on CUDA:
+    """Whether compiled passes of the scheduler replay CUDA graphs on CUDA:
     opt-in by the switch SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU
     (`specdec.switches`)."""
     return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"

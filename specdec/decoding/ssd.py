@@ -245,7 +245,8 @@ class SSDRows(RowPolicy):
         each row's open tokens' q, each row's span opened (`RowState.start`)."""
         e, x, W, B = self.engine, self.x, self.W, self.engine.batch
         groups, o = self.groups(), self.o
-        lo = [groups[self.state[b].group][0] if b in rows else W for b in range(B)]
+        inside = set(rows)
+        lo = [groups[self.state[b].group][0] if b in inside else W for b in range(B)]
         heights = {groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
         for n in sorted(heights):      # (a last group of fewer rows: a call of its own)
             some = [b for b in rows if groups[self.state[b].group][1] - groups[self.state[b].group][0] == n]
@@ -255,9 +256,10 @@ class SSDRows(RowPolicy):
             _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h,
                                 x.gather(1, above)[rows_b])
             e.head_passes += 1
-            going = [n if b in some else 0 for b in range(B)]
+            some_set = set(some)
+            going = [n if b in some_set else 0 for b in range(B)]
             d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
-            mine = to_device([b in some for b in range(B)], x.device, torch.bool)
+            mine = to_device([b in some_set for b in range(B)], x.device, torch.bool)
             pos = (to_device(lo, x.device, torch.long)[:, None] + torch.arange(n, device=x.device)).clamp(
                 max=self.HW - 1)
             x.scatter_(1, pos, torch.where(mine[:, None], d, x.gather(1, pos)))
@@ -295,19 +297,20 @@ class SSDRows(RowPolicy):
         x, o, B, HW = self.x, self.o, self.engine.batch, self.HW
         dev = x.device
         groups = self.groups()
-        hi = [groups[self.state[b].group][1] if b in rows else 0 for b in range(B)]
-        count = [hi[b] - self.state[b].start if b in rows else 0 for b in range(B)]
+        inside = set(rows)
+        hi = [groups[self.state[b].group][1] if b in inside else 0 for b in range(B)]
+        count = [hi[b] - self.state[b].start if b in inside else 0 for b in range(B)]
         N = max(count)
         # rows in their first phase re-feed committed tokens before their committed length;
         # rows without an image re-feed slot 0
         committed = self.first.c.host if isinstance(self.first, RasterSpeculation) else [1] * B
-        start = [self.state[b].start - 1 if b in rows else (committed[b] if self.phase[b] == FIRST else 1)
+        start = [self.state[b].start - 1 if b in inside else (committed[b] if self.phase[b] == FIRST else 1)
                  for b in range(B)]
         start_t, count_t, hi_t = (to_device(v, dev, torch.long) for v in (start, count, hi))
         pos = padded_block(start_t, count_t, N)
         out = self.runner.forward(x.gather(1, pos), pos)
         j = torch.arange(N, device=dev)[None]
-        writing = [b in rows and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
+        writing = [b in inside and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
         if any(writing):
             rows_b = torch.arange(self.hid.shape[0], device=dev) % B
             real = ((j < count_t[:, None]) & to_device(writing, dev, torch.bool)[:, None])[rows_b]

@@ -9,8 +9,7 @@ finish.
         # submit more as they arrive
 
 `StreamingEngine` is what every one has (the queue, `submit`, `results`, pixels); `RowStream` is
-the scheduler's (`specdec.decoding.scheduler`): a step is one scheduler step. (MuLo-SD and SSD
-still stream through `specdec.decoding.continuous`, an image per slot.)
+the scheduler's (`specdec.decoding.scheduler`): a step is one scheduler step.
 """
 from __future__ import annotations
 
@@ -23,6 +22,12 @@ import torch
 from specdec.decoding.results import decode_images
 from specdec.decoding.scheduler import Finished, Scheduler
 from specdec.settings import RunSettings, check_int
+
+
+class Requests:
+    """Conditions still to come: a method's `decode` given `Requests()` as its conditions returns
+    its streaming engine (requests submitted to it as they arrive) instead of decoding
+    (`specdec.decoding.stream` is how callers get one)."""
 
 
 class StreamingEngine(ABC):

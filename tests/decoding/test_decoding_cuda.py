@@ -121,28 +121,17 @@ def test_host_data_reaches_the_gpu_without_waiting_for_it(monkeypatch):
 
 
 class _LoopWaits:
-    """The host's waits for the GPU inside one method's decode loop (a scheduler's steps, or a
-    lockstep batch decoder from its prefills to its last pass), less the hand-back of finished
-    images to the CPU (per image, after its last pass) and the prefills' model checks (each prefill
-    records its waits in a log of its own, so the loop's log leaves them out), beside the target
-    passes (a batched pass counts once) and the batches (schedulers or lockstep batches) made."""
+    """The host's waits for the GPU inside one method's decode loop (the scheduler's steps), less
+    the hand-back of finished images to the CPU (per image, after its last pass) and the prefills'
+    model checks (each prefill records its waits in a log of its own, so the loop's log leaves them
+    out), beside the target passes (a batched pass counts once) and the schedulers made."""
 
     def __init__(self, monkeypatch, target):
-        from specdec.decoding import batching, scheduler
+        from specdec.decoding import scheduler
 
         self.passes, self.batches, self.loop_waits, self.setup_waits = 0, 0, 0, 0
-        run_batches = batching.run_batches
         prefill, forward = ModelRunner.prefill, ModelRunner.forward
         step, retire, start = scheduler.Scheduler.step, scheduler.Scheduler._retire, scheduler.Scheduler.__init__
-
-        def counted_run_batches(method, model, conditions, decode_batch, run, tokenizer=None):
-            def counted_batch(*args):
-                self.batches += 1
-                with _host_waits() as waits:
-                    out = decode_batch(*args)
-                self.loop_waits += len(waits)
-                return out
-            return run_batches(method, model, conditions, counted_batch, run, tokenizer)
 
         def counted_start(sched, *args, **kwargs):
             self.batches += 1
@@ -171,9 +160,6 @@ class _LoopWaits:
             self.passes += runner.model is target
             return forward(runner, *args, **kwargs)
 
-        for module in vars(decoding).values():      # every lockstep decoder module calls it by its own name
-            if getattr(module, "run_batches", None) is run_batches:
-                monkeypatch.setattr(module, "run_batches", counted_run_batches)
         monkeypatch.setattr(scheduler.Scheduler, "__init__", counted_start)
         monkeypatch.setattr(scheduler.Scheduler, "step", counted_step)
         monkeypatch.setattr(scheduler.Scheduler, "_retire", uncounted_retire)
@@ -204,7 +190,7 @@ def test_a_decode_on_cuda_waits_for_the_gpu_at_most_once_per_target_pass(familie
 def test_continuous_batching_runs_on_cuda_compiled(families, monkeypatch, method, graphs):
     """Continuous batching on CUDA, compiled, its batched passes with and without CUDA graphs
     (SPECDEC_CONTINUOUS_GRAPHS, opt-in until this has run): deterministic, every image in the
-    passes it takes alone, and tokens in range. Four images in three slots: one joins a running batch."""
+    passes it takes alone, and tokens in range. Four images in three rows: one joins a running batch."""
     monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", graphs)
     _, gpu = families
     classes = torch.tensor([0, 3, 5, 7])

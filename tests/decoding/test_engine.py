@@ -248,8 +248,11 @@ def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, m
     counter = LoopCounter(monkeypatch, fam.target)
     batched, _ = counter.decode(method, fam, CLASSES[:3], seed=6, sampling=SAMPLING, batch_size=3, **options)
     assert counter.passes < sum(r.stats.target_forwards for r in alone)
-    assert batched.stats.passes_made == counter.passes == max(batched.stats.target_passes)
-    assert max(r.stats.target_forwards for r in alone) <= counter.passes
+    assert batched.stats.passes_made == counter.passes
+    assert batched.stats.target_passes == [r.stats.target_forwards for r in alone]
+    # (SSD's rows in row 0 and below it make a raster round and a pass of the rows below in one step:
+    # then the batch makes more passes than its longest image takes)
+    assert max(batched.stats.target_passes) == counter.passes or method == "ssd"
 
 
 def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alone(fam, monkeypatch):
@@ -326,19 +329,19 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
                 assert torch.equal(x[i], xi[0]) and torch.equal(after[i], ai), (seed, i)
 
 
-def test_continuous_batchings_cuda_graphs_are_opt_in(monkeypatch):
-    """The engine's compiled passes replay CUDA graphs only with SPECDEC_CONTINUOUS_GRAPHS=1 (never
-    run on a GPU yet); the lockstep decoders' compiled passes keep theirs; a bad value is named."""
-    from specdec.decoding import compiled, slots
+def test_the_schedulers_cuda_graphs_are_opt_in(monkeypatch):
+    """The scheduler's compiled passes replay CUDA graphs only with SPECDEC_CONTINUOUS_GRAPHS=1
+    (never run on a GPU yet); a compiled runner outside it keeps them; a bad value is named."""
+    from specdec.decoding import compiled, scheduler
 
     cuda = torch.device("cuda")
     assert compiled.compile_options(cuda)["triton.cudagraphs"] is True
     assert "triton.cudagraphs" not in compiled.compile_options(cuda, graphs=False)
     assert "triton.cudagraphs" not in compiled.compile_options(torch.device("cpu"))
     monkeypatch.delenv("SPECDEC_CONTINUOUS_GRAPHS", raising=False)
-    assert slots.slot_graphs() is False
+    assert scheduler.cuda_graphs() is False
     monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", "1")
-    assert slots.slot_graphs() is True
+    assert scheduler.cuda_graphs() is True
     monkeypatch.setenv("SPECDEC_CONTINUOUS_GRAPHS", "on")
     with pytest.raises(ValueError, match="SPECDEC_CONTINUOUS_GRAPHS"):
-        slots.slot_graphs()
+        scheduler.cuda_graphs()
