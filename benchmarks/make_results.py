@@ -338,8 +338,9 @@ RENDER = {"scaling": render_scaling, "real-size": render_real_size, "compare": r
 
 
 def newest_per_kind(files) -> list:
-    """[(kind, machine, path, data)] of the newest file of each benchmark (kind and grid) on each
-    machine, newest first: each benchmark's current table once. Runs kept to compare with older
+    """[(kind, machine, path, data)] of the newest file of each benchmark (kind, grid, modes) on each
+    machine, newest first (of a decoder benchmark, the newest of the runs with the most methods):
+    each benchmark's current table once. Runs kept to compare with older
     code (a variant "(before: <commit>)") are indexed, not shown: such comparisons belong in
     docs/experiments.md."""
     newest = {}
@@ -348,9 +349,21 @@ def newest_per_kind(files) -> list:
         if "(before:" in str(data.get("variant") if isinstance(data, dict) else ""):
             continue
         grid = data.get("grid") if isinstance(data, dict) else None
-        newest[(kind_of(data, os.path.basename(path)), machine_of(data), grid)] = (path, data)
+        rows = data.get("rows") if isinstance(data, dict) else None
+        modes = tuple(sorted({r.get("mode") for r in rows if isinstance(r, dict) and r.get("mode")})) \
+            if isinstance(rows, list) else ()
+        key = (kind_of(data, os.path.basename(path)), machine_of(data), grid, modes)
+        # (a rerun of some of a table's methods does not replace a run of them all)
+        if key not in newest or _methods(data) >= _methods(newest[key][1]):
+            newest[key] = (path, data)
     items = sorted(newest.items(), key=lambda kv: -files.index(kv[1][0]))
-    return [(kind, machine, path, data) for (kind, machine, _), (path, data) in items]
+    return [(kind, machine, path, data) for (kind, machine, _, _), (path, data) in items]
+
+
+def _methods(data) -> int:
+    """How many methods a decoder run's rows cover (0 for other kinds)."""
+    rows = data.get("rows") if isinstance(data, dict) else None
+    return len({r.get("method") for r in rows if isinstance(r, dict)} - {None}) if isinstance(rows, list) else 0
 
 
 def index_lines(files, shown) -> list:

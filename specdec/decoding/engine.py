@@ -230,6 +230,8 @@ class Engine:
         HW, B = self.H * self.W, len(accept)
         amap = torch.zeros(B, HW, dtype=torch.bool)
         for b, (row, start) in enumerate(zip(accept, starts)):
+            if start < 0:       # (columns before the grid: padding of a row with a shorter window)
+                row, start = row[-start:], 0
             inside = row[:max(0, HW - start)]
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)

@@ -128,7 +128,12 @@ class RasterSpeculation(RowPolicy):
         work = x.clone()
         work.scatter_(1, torch.where(in_chunk, dpos, torch.zeros_like(dpos)),
                       torch.where(in_chunk, d, work[:, :1].expand(-1, n)))
-        pos = padded_block(c.device - 1, nb + 1, n + 1)
+        # A row with nothing to draft rides along at the grid's last slot, which no query of an
+        # image reads: re-feeding its committed tokens would write their keys again from passes
+        # of other shapes (a CPU kernel's query tiles then differ), so SSD's rows below row 0
+        # would not keep the keys their decode alone has.
+        last = torch.full_like(c.device, x.shape[1] - 1)
+        pos = torch.where((nb > 0)[:, None], padded_block(c.device - 1, nb + 1, n + 1), last[:, None])
         return Round(n, nb, d, q, dpos, self.target.forward(work.gather(1, pos), pos))
 
     def _judge(self, rnd: Round, c: Lengths, going, nb_host):

@@ -8,6 +8,7 @@ from specdec import decoding
 from specdec.decoding import ssd
 from specdec.decoding.draws import draw_residual
 from specdec.decoding.scheduler import Scheduler
+from specdec.decoding.ssd_rows import SSDRows
 from specdec.decoding.runner import ModelRunner
 from specdec.decoding.streams import image_generator
 from specdec.settings import RunSettings, Sampling
@@ -177,7 +178,7 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     corrected = kept = 0
     for seed in range(3):
         options = ssd.SSDOptions(rounds=rounds, chunk=2, commit="verify", max_tail=bounds[0], final_passes=bounds[1])
-        scheduler = Scheduler("ssd", lambda engine: ssd.SSDRows(engine, fam.target, fam.ssd_heads, options),
+        scheduler = Scheduler("ssd", lambda engine: SSDRows(engine, fam.target, fam.ssd_heads, options),
                               RunSettings(seed=seed, sampling=SAMPLING), (H, W), 1)
         scheduler.submit(CLASSES[0], 0)
         finished = []

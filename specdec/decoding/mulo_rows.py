@@ -1,0 +1,208 @@
+"""MuLo-SD's rows (`MuloRows`): the scheduler's policy for `mulo` (specdec.decoding.mulo), each
+row in its own phase: drafting its low-resolution image, then verified and resampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+from specdec.decoding import upsample as _up
+from specdec.decoding.ar import ARRows
+from specdec.decoding.engine import Engine
+from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, raster_plan, resample_step
+from specdec.decoding.runner import Outputs, count_pass
+from specdec.decoding.scheduler import RowPolicy, join_conditions
+from specdec.decoding.uploads import to_device
+from specdec.decoding.zipar import ZipARRows
+
+
+@dataclass
+class MuloStats:
+    """MuLo-SD's own figures, one entry per image (`DecodeStats.method_stats`)."""
+
+    num_islands: List[int]              #: islands of R_X
+    resampled: List[int]                #: positions of R_X (resampled by the target)
+    islands: List[torch.Tensor]         #: int32 [H, W] island labels (-1 outside R_X)
+    low_res: List[torch.Tensor]         #: int64 [h, w] low-resolution drafts
+
+
+#: a row's phase in `MuloRows` ("idle": no image, or its image is done)
+IDLE, DRAFT, RESAMPLE, AR = "idle", "draft", "resample", "ar"
+
+
+class MuloRows(RowPolicy):
+    """MuLo-SD over the scheduler's rows, each row in its own phase (`phase[b]`):
+
+    - "draft": its low-resolution draft, one step of the drafting policy (`ARRows` for serial
+      drafting, `ZipARRows` for v2's) on the drafter's runner per scheduler step, the drafting
+      rows in one pass;
+    - in the step its draft is complete: up-sampled, its target prefill, one verification pass
+      over the rows that completed theirs in that step (on a runner of those rows alone when
+      others are in other phases: `ModelRunner.hold`), the judgement (one host read) and the
+      first resampled token (`_verify`); then "resample", or done;
+    - "resample": the next pass of its `ResamplePlan` per step, the rows' passes shared
+      (`resampling.resample_step`);
+    - "ar": at a share of one token per pass, plain AR steps on the target (`ARRows`), after the
+      preview a two-stage model is conditioned on.
+
+    Each row's passes are credited to it alone (`Scheduler.credit`): an image's counts are those
+    of its decode alone, whatever its neighbours are doing."""
+
+    def __init__(self, engine: Engine, target, drafter, *, tokenizer=None, upsampler=None, neighbors=None,
+                 options):
+        """`options`: the method's `mulo.MuloOptions`."""
+        super().__init__(engine)
+        self.target, self.tokenizer, self.upsampler, self.neighbors, self.o = target, tokenizer, upsampler, \
+            neighbors, options
+        self.delta = options.delta if neighbors is not None else None
+        # The preview is the target model's own output: its passes are target passes (role
+        # "preview"), its tokens committed tokens, its grids the result's `preview`.
+        self.previewing = options.draft == "preview"
+        self.draft_role = "preview" if self.previewing else "drafter"
+        self.drunner = engine.runner(drafter, options.draft_sampling, role=self.draft_role)
+        self.runner = engine.runner(target)
+        B, self.HW = engine.batch, self.runner.H * self.runner.W
+        # A share of one token per pass leaves nothing to verify a draft with: plain AR, drafting
+        # nothing (a two-stage model still writes the preview its target stage is conditioned on).
+        self.plain = engine.token_share == 1
+        self.ar = ARRows(engine, self.runner) if self.plain else None
+        self.drafting = None
+        if self.previewing or not self.plain:
+            self.drafting = (ARRows(engine, self.drunner) if options.drafting == "serial"
+                             else ZipARRows(engine, self.drunner, options.window))
+        self.x = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
+        self.phase = [IDLE] * B
+        self.conditions: List[object] = [None] * B        #: each row's condition (a batch of one)
+        self.plans: Dict[int, ResamplePlan] = {}          #: the resampling rows' plans
+        self.figures: List[Optional[tuple]] = [None] * B  #: (islands, resampled, labels, low-res draft)
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.ar.tokens if self.plain else self.x
+
+    def _in(self, phase: str) -> List[int]:
+        return [b for b, p in enumerate(self.phase) if p == phase]
+
+    def start(self, rows, conditions):
+        for i, b in enumerate(rows):
+            self.conditions[b] = conditions[i:i + 1]
+            self.phase[b] = DRAFT if self.drafting is not None else AR
+        if self.drafting is None:
+            self.ar.start(rows, conditions)
+            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
+            for b in rows:
+                self.figures[b] = (0, 0, none, torch.zeros(0, dtype=torch.long))
+        else:
+            self.drafting.start(rows, conditions)
+
+    def done(self):
+        ar_done = self.ar.done() if self.ar is not None else None
+        return [p == IDLE or (p == AR and ar_done[b]) for b, p in enumerate(self.phase)]
+
+    def step(self):
+        credit = self.engine.rows.credit
+        drafting = self._in(DRAFT)
+        forwards, fed = self.drunner.forwards, self.drunner.fed
+        if drafting:
+            self.drafting.step()
+        n, f = self.drunner.forwards - forwards, self.drunner.fed - fed
+        credit(drafting, self.draft_role, n, f, f // max(n, 1))
+        plans = {b: self.plans[b] for b in self._in(RESAMPLE)}
+        if plans:
+            for rows, width in resample_step(self.engine, self.runner, self.x, plans, self.HW):
+                credit(rows, "target", 1, width, width)
+            for b, plan in plans.items():
+                if plan.done:
+                    self.phase[b] = IDLE
+                    del self.plans[b]
+        stepping = self._in(AR)
+        if stepping:
+            self.ar.step()
+            credit(stepping, "target", 1, 1, 1)
+        done = self.drafting.done() if drafting else []
+        ready = [b for b in drafting if done[b]]
+        if ready:
+            self._draft_done(ready)
+        credit([], "target", 0, 0, 0)     # (every target pass above is credited to its rows)
+
+    def _draft_done(self, rows: List[int]) -> None:
+        """Rows whose draft is complete: plain AR from here at a share of one token, else the
+        draft up-sampled and verified."""
+        e, dev = self.engine, self.runner.device
+        h, w = self.drunner.H, self.drunner.W
+        index = to_device(rows, dev, torch.long)
+        grids = self.drafting.tokens.index_select(0, index).view(len(rows), h, w)
+        conditions = join_conditions([self.conditions[b] for b in rows])
+        if self.previewing:
+            conditions = self.target.condition_on_preview(conditions, grids)
+        low = grids.cpu().unbind(0)
+        if self.plain:
+            self.ar.start(rows, conditions)
+            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
+            for b, grid in zip(rows, low):
+                self.phase[b], self.figures[b] = AR, (0, 0, none, grid)
+            return
+        x = self.upsample(grids)
+        self.x.index_copy_(0, index, x)
+        first, _ = e.prefill_rows(self.runner, rows, conditions)
+        for b, grid, (islands, resampled, labels, plan) in zip(rows, low, self._verify(rows, first, x)):
+            self.figures[b] = (islands, resampled, labels, grid)
+            if plan is not None and not plan.done:
+                self.phase[b], self.plans[b] = RESAMPLE, plan
+            else:
+                self.phase[b] = IDLE
+
+    def upsample(self, grids: torch.Tensor) -> torch.Tensor:
+        """2. The high-resolution drafts x~ [k, H*W] of grids [k, h, w], image by image."""
+        k, H, W = grids.shape[0], self.runner.H, self.runner.W
+        up = torch.cat([_up.upsample(grids[i:i + 1], (H, W), self.o.upsample, tokenizer=self.tokenizer,
+                                     net=self.upsampler) for i in range(k)])
+        return to_device(up.reshape(k, H * W), self.runner.device).long().contiguous()
+
+    def _verify(self, rows: List[int], first: Outputs, x: torch.Tensor) -> list:
+        """3.-5. of rows `rows` (their drafts x [k, H*W], `first` their prefill's outputs): one
+        target pass over the drafts (output i: the distribution of slot i), the pooled threshold
+        and the local rejection windows (the pass's one host read, islands included), R_X's keys
+        and values dropped and its first token drawn. Returns per row (islands, resampled count,
+        island labels [H, W], its `ResamplePlan` or None)."""
+        e, runner, HW = self.engine, self.runner, self.HW
+        k, H, W = len(rows), runner.H, runner.W
+        part = runner if k == e.batch else runner.hold(rows)[0]
+        # Under a token budget the pass is cut into causal chunks of the image's share (the same
+        # outputs, more passes), as an engine chunks a long prefill.
+        step = e.narrowed(HW - 1)
+        fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
+        chunks = []
+        for a in range(0, HW - 1, step):
+            chunks.append(part.forward(fed[:, a:a + step], positions[a:a + step]))
+            if part is not runner:
+                count_pass(runner, chunks[-1].cond.shape[1])
+        e.rows.credit(rows, "target", len(chunks), HW - 1, step)
+        ver = Outputs.cat([first] + chunks)
+        pooled = part.token_probs(ver, x, self.neighbors, self.delta).pooled
+        judgement = e.judge(pooled.view(k, H, W), rule="threshold", tau=self.o.tau, mode="local",
+                            radius=self.o.radius, islands=True, starts=[0] * k, judged=[HW] * k, rows=rows)
+        if any(True in R for R in judgement.resample):
+            part.invalidate_where(torch.arange(HW, device=x.device).expand(k, -1),
+                                  torch.tensor(judgement.resample, dtype=torch.bool, device=x.device))
+        # A pass feeds up to two tokens per island it advances: under a token budget, fewer
+        # islands at a time.
+        share = e.token_share
+        most = None if share is None else max(1, share // 2)
+        plans = [raster_plan(R) if self.o.resample == "raster" else island_plan(R, isl, most)
+                 for R, isl in zip(judgement.resample, judgement.islands)]
+        draw_first(e, part, self.x, ver, rows, plans)
+        return [(n, sum(R), torch.tensor(isl, dtype=torch.int32).view(H, W), plan)
+                for n, R, isl, plan in zip(judgement.num_islands, judgement.resample, judgement.islands, plans)]
+
+    def preview(self, b):
+        return self.figures[b][3] if self.previewing else None
+
+    def method_stats(self, b):
+        islands, resampled, labels, low = self.figures[b]
+        return MuloStats([islands], [resampled], [labels], [low])
+
+
+__all__ = ["MuloRows", "MuloStats"]

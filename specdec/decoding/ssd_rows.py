@@ -1,0 +1,351 @@
+"""SSD's rows (`SSDRows`): the scheduler's policy for `ssd` (specdec.decoding.ssd), each row
+in its own phase: row 0 by raster speculation with the horizontal heads, then the rows below in
+groups drafted by the vertical heads, each row with its own open span.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+
+from specdec.decoding import heads as _heads
+from specdec.decoding.ar import ARRows
+from specdec.decoding.drafters import HeadsDrafter
+from specdec.decoding.draws import draw
+from specdec.decoding.engine import Engine, Judgement, Verdict
+from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.speculative import RasterSpeculation
+from specdec.decoding.uploads import to_device
+
+
+@dataclass
+class SSDStats:
+    """SSD's own figures, one entry per image (a pass shared by a batch counts for each image)."""
+
+    row0_passes: List[int] = field(default_factory=list)      #: row 0's raster rounds
+    group_passes: List[int] = field(default_factory=list)     #: commit="verify": the groups' passes
+    final_passes: List[int] = field(default_factory=list)     #: commit="verify": passes closing the tail
+    open_at_end: List[int] = field(default_factory=list)      #: tokens left open after the final passes
+    kept_as_judged: List[int] = field(default_factory=list)   #: tokens kept under a context that changed
+
+
+#: a row's phase in `SSDRows` ("idle": no image, or its image is done)
+IDLE, FIRST, ROWS = "idle", "first", "rows"
+
+
+@dataclass
+class RowState:
+    """Where one row is in its rows after row 0 (the groups of `SSDRows.groups`)."""
+
+    group: int = 0                #: its group
+    drafted: bool = False         #: the group's rows are drafted (the vertical heads ran for it)
+    passes: int = 0               #: passes made in the group (or, `final`, closing the tail)
+    start: Optional[int] = None   #: commit="verify": the open span's first position (None: settled)
+    keep: int = 0                 #: commit="verify": tokens at the span's start its next pass feeds, unjudged
+    final: bool = False           #: commit="verify": closing the last group's open tail
+    stats: SSDStats = field(default_factory=lambda: SSDStats([0], [0], [0], [0], [0]))
+
+
+class SSDRows(RowPolicy):
+    """SSD over the scheduler's rows, each row in its own phase (`phase[b]`):
+
+    - "first": row 0 by raster speculation with the horizontal heads (`RasterSpeculation`, up to
+      `end`), one round per step; under a token budget too narrow for rows of drafts, the whole
+      grid that way (end = H*W), or by plain AR steps (`ARRows`) at a share of one token;
+    - "rows": the later rows, group by group (`RowState`): the step a group begins, the vertical
+      heads draft it (one call for every row that begins one); every step, one target pass over
+      the rows in this phase, each feeding its own span (`_span_pass`).
+
+    A step makes at most one raster round and one pass of the later rows; each row's passes are
+    credited to it alone (`Scheduler.credit`), so its counts and figures are those of its decode
+    alone."""
+
+    def __init__(self, engine: Engine, target, heads, options):
+        """`options`: the method's `ssd.SSDOptions` (`chunk` capped at the heads' count)."""
+        super().__init__(engine)
+        self.runner = runner = engine.runner(target)
+        self.heads = heads
+        H, W = self.H, self.W = runner.H, runner.W
+        B, self.HW = engine.batch, H * W
+        # Under a token budget: fewer horizontal drafts per pass, and fewer rows drafted at once
+        # (a group of rows is fed whole); with room for less than a row, the horizontal heads draft
+        # the whole grid in raster order (sd with SSD's heads), and with room for one token, AR.
+        chunk = engine.narrowed(options.chunk + 1) - 1
+        share = self.share = engine.token_share
+        # The exact variant cannot bound its open tails without keeping tokens as judged: under a
+        # share below its widest possible span (rows 1 to H - 1) it drafts with its horizontal heads
+        # alone, which stays exact.
+        exact = options.commit == "verify" and options.max_tail is None and options.final_passes is None
+        raster_only = share is not None and (share < W or (exact and share < (H - 1) * W))
+        if share is not None and not raster_only and share < W * options.vertical_heads:
+            options = dataclasses.replace(options, vertical_heads=share // W)
+        self.o = options
+        if chunk == 0:
+            self.first = ARRows(engine, runner)
+        else:
+            end = self.HW if raster_only else W
+            self.first = RasterSpeculation(engine, runner, HeadsDrafter(heads), end=end, chunk=chunk)
+        self.later = chunk > 0 and not raster_only and H > 1
+        self.x = self.first.tokens
+        self.hid: Optional[torch.Tensor] = None   #: [rows, H*W, dim] the target state that gave each token
+        self.q: Optional[torch.Tensor] = None     #: [B, w, V] each row's open tokens' q, right-aligned at its hi
+        self.phase = [IDLE] * B
+        self.state: List[Optional[RowState]] = [None] * B
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.first.tokens
+
+    def groups(self) -> List[Tuple[int, int]]:
+        """(lo, hi) of each group of rows drafted together, in raster positions."""
+        H, W, k = self.H, self.W, self.o.vertical_heads
+        return [(i * W, min(i + k, H) * W) for i in range(1, H, k)]
+
+    def _in(self, phase: str) -> List[int]:
+        return [b for b, p in enumerate(self.phase) if p == phase]
+
+    def start(self, rows, conditions):
+        self.first.start(rows, conditions)
+        for b in rows:
+            self.phase[b], self.state[b] = FIRST, RowState()
+        if not self.later:
+            return
+        hidden = self.first.hid_prev            # [rows, dim]: the state that gave token 0
+        if self.hid is None:
+            self.hid = hidden.new_zeros(hidden.shape[0], self.HW, hidden.shape[-1])
+            self.first.hidden_out = self.hid[:, :self.W]
+        index = self._hidden_rows(rows)
+        self.hid[:, 0].index_copy_(0, index, hidden.index_select(0, index))
+
+    def _hidden_rows(self, rows: List[int]) -> torch.Tensor:
+        """The rows of `hid` of batch rows `rows` (both guidance halves under CFG)."""
+        B, halves = self.engine.batch, self.hid.shape[0] // self.engine.batch
+        return to_device([b + k * B for k in range(halves) for b in rows], self.hid.device, torch.long)
+
+    def done(self):
+        return [p == IDLE for p in self.phase]
+
+    def step(self):
+        """A raster round of the rows in their first phase and a pass of the rows after row 0,
+        both verdicts read at once (a row whose row 0 completes begins its groups next step)."""
+        credit = self.engine.rows.credit
+        first, rows = self._in(FIRST), self._in(ROWS)
+        verdicts, ends = [], []
+        if first:
+            forwards, fed = self.runner.forwards, self.runner.fed
+            if isinstance(self.first, ARRows):
+                self.first.step()
+            else:
+                verdicts.append(self.first.begin_round())
+                ends.append(self.first.end_round)
+            fed = self.runner.fed - fed
+            credit(first, "target", self.runner.forwards - forwards, fed, fed)
+        drafting = [b for b in rows if not self.state[b].drafted]
+        if drafting:
+            self._draft(drafting)
+        heads = [b for b in first if not isinstance(self.first, ARRows)] + drafting
+        credit(sorted(heads), "drafter", 1, 0, 0)           # (a row drafts once a step)
+        if rows:
+            width, verdict = self._span_pass(rows)
+            credit(rows, "target", 1, width, width)
+            if verdict is not None:
+                verdicts.append(verdict)
+                ends.append(self._correct)
+        credit([], "target", 0, 0, 0)      # (every target pass above is credited to its rows)
+        for end, judgement in zip(ends, self.engine.read_verdicts(verdicts) if verdicts else []):
+            end(judgement)
+        complete = self.first.done()
+        for b in first:
+            self.state[b].stats.row0_passes[0] += 1
+            if complete[b]:
+                self.phase[b] = ROWS if self.later else IDLE
+        for b in rows:
+            self._advance(b)
+
+    # ---- the later rows ----
+    def _draft(self, rows: List[int]) -> None:
+        """The vertical heads draft the next group of each of `rows` from the row above it (one
+        call for all; head k drafts row lo / W + k - 1): the drafts into x, their q joined to
+        each row's open tokens' q, each row's span opened (`RowState.start`)."""
+        e, x, W, B = self.engine, self.x, self.W, self.engine.batch
+        groups, o = self.groups(), self.o
+        inside = set(rows)
+        lo = [groups[self.state[b].group][0] if b in inside else W for b in range(B)]
+        heights = {groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
+        for n in sorted(heights):      # (a last group of fewer rows: a call of its own)
+            some = [b for b in rows if groups[self.state[b].group][1] - groups[self.state[b].group][0] == n]
+            above = to_device([[lb - W + j for j in range(W)] for lb in lo], x.device, torch.long)
+            rows_b = torch.arange(self.hid.shape[0], device=x.device) % B
+            h = self.hid.gather(1, above[rows_b][..., None].expand(-1, -1, self.hid.shape[-1]))
+            _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h,
+                                x.gather(1, above)[rows_b])
+            e.head_passes += 1
+            some_set = set(some)
+            going = [n if b in some_set else 0 for b in range(B)]
+            d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
+            mine = to_device([b in some_set for b in range(B)], x.device, torch.bool)
+            pos = (to_device(lo, x.device, torch.long)[:, None] + torch.arange(n, device=x.device)).clamp(
+                max=self.HW - 1)
+            x.scatter_(1, pos, torch.where(mine[:, None], d, x.gather(1, pos)))
+            # each row's q right-aligned at its new group's end: the open tokens' q, then the drafts'
+            old = q.new_zeros(B, 0, q.shape[-1]) if self.q is None else self.q
+            self.q = torch.where(mine[:, None, None], torch.cat([old, q], 1), _fit(old, old.shape[1] + n))
+        for b in rows:
+            st = self.state[b]
+            g_lo, g_hi = groups[st.group]
+            st.drafted, st.passes, st.keep = True, 0, 0
+            if o.commit == "write" or st.start is None:
+                st.start = g_lo
+                continue
+            # The span goes on from the previous group's open tail (those tokens follow the p
+            # they were last judged against). Under a token budget a pass feeds at most `share`
+            # tokens per image: open tokens further back are kept as last judged and not fed
+            # again (their keys and values stay as their last pass wrote them).
+            if self.share is not None:
+                cut = max(st.start, g_hi - self.share)
+                st.stats.kept_as_judged[0] += cut - st.start
+                st.start = cut
+            # max_tail: open tokens further behind this group's rows are fed once more (their keys
+            # and values then follow the final tokens before them) but kept as last judged.
+            st.keep = 0 if o.max_tail is None else max(0, g_lo - st.start - o.max_tail)
+            st.stats.kept_as_judged[0] += st.keep
+
+    def _span_pass(self, rows: List[int]) -> Tuple[int, Optional[Verdict]]:
+        """One target pass in which each of `rows` feeds its span [start - 1, hi - 1) (outputs:
+        the distributions of [start, hi)), the others ride along. commit="verify":
+        every fed token's hidden state is written, the open tokens judged with SJD's rule
+        (against the q they follow) and corrected; a row is settled up to its first correction.
+        commit="write": `rounds` passes judge the group's rows against the heads' q (a resampled
+        token then follows its residual distribution), the last one writes their hidden states.
+        Returns the pass's width and the verdict of the rows it judges (`_correct` once read)."""
+        x, o, B, HW = self.x, self.o, self.engine.batch, self.HW
+        dev = x.device
+        groups = self.groups()
+        inside = set(rows)
+        hi = [groups[self.state[b].group][1] if b in inside else 0 for b in range(B)]
+        count = [hi[b] - self.state[b].start if b in inside else 0 for b in range(B)]
+        N = max(count)
+        start = [self.state[b].start - 1 if b in inside else 0 for b in range(B)]
+        start_t, count_t = (to_device(v, dev, torch.long) for v in (start, count))
+        # Padding and rows riding along feed the grid's last slot, which no query of a span reads
+        # (spans feed up to H*W - 2): a re-feed of earlier tokens would write their keys again
+        # from a pass of another shape, and a row's query tiles (CPU kernel) would differ from
+        # its decode alone, where the pass is as wide as its own span.
+        j = torch.arange(N, device=dev)[None]
+        pos = torch.where(j < count_t[:, None], start_t[:, None] + j, HW - 1)
+        out = self.runner.forward(x.gather(1, pos), pos)
+        writing = [b in inside and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
+        if any(writing):
+            rows_b = torch.arange(self.hid.shape[0], device=dev) % B
+            real = ((j < count_t[:, None]) & to_device(writing, dev, torch.bool)[:, None])[rows_b]
+            tpos = (pos + 1).clamp(max=HW - 1)[rows_b][..., None].expand(-1, -1, self.hid.shape[-1])
+            self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
+        judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
+        if not judging:
+            return N, None
+        p_all = self.runner.probs(out)                                                  # [B, N, V]
+        offset = N - count_t
+        p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
+        return N, self._verdict(judging, p, hi, N)
+
+    def _verdict(self, rows: List[int], p: torch.Tensor, hi: List[int], N: int) -> Verdict:
+        """The open tokens of `rows` judged against p [B, N, V] (column k of row b: the
+        distribution of position hi[b] - N + k) and the q they follow (not read yet)."""
+        e, x, HW = self.engine, self.x, self.HW
+        dev = x.device
+        index = to_device(rows, dev, torch.long)
+        ends = to_device([hi[b] for b in rows], dev, torch.long)
+        cols = (ends[:, None] - N + torch.arange(N, device=dev)[None]).clamp(0, HW - 1)
+        p, qf = p.index_select(0, index), _fit(self.q, N).index_select(0, index)
+        xw = x.index_select(0, index).gather(1, cols)[..., None]
+        judged = [hi[b] - self.state[b].start - self.state[b].keep for b in rows]
+        u = to_device(e.streams.rows(rows).rand_padded(judged, N, right=True), dev)
+        valid = torch.arange(N, device=dev)[None] >= (N - to_device(judged, dev, torch.long))[:, None]
+        self._judged = (rows, p, qf, hi, N, index)
+        return e.verdict(p.gather(2, xw)[..., 0], qf.gather(2, xw)[..., 0], starts=[hi[b] - N for b in rows],
+                         judged=judged, uniforms=u, mode="independent", valid=valid, rows=rows)
+
+    def _correct(self, judgement: Judgement) -> None:
+        """The judged tokens' corrections drawn, then each row's q and (commit="verify") its
+        span: settled up to its first correction."""
+        e, x, o = self.engine, self.x, self.o
+        rows, p, qf, hi, N, index = self._judged
+        dev = x.device
+        redo = judgement.resample
+        picks = [(i, k) for i in range(len(rows)) for k in range(N) if redo[i][k]]    # each row's in order
+        if picks:
+            ii, kk = to_device([[i for i, _ in picks], [k for _, k in picks]], dev, torch.long)
+            at = [(rows[i], hi[rows[i]] - N + k) for i, k in picks]
+            if o.commit == "verify":
+                e.redraw(x, at, p[ii, kk], qf[ii, kk])
+            else:   # (a resampled token follows its residual distribution from now on)
+                _, residual = e.redraw(x, at, p[ii, kk], qf[ii, kk], with_distribution=True)
+                qf = qf.clone()
+                qf[ii, kk] = residual
+        # commit="verify": after verify-and-correct every token follows this pass's p (kept ones by
+        # acceptance, replaced ones by the residual), so the next pass judges it against p
+        self.q = _fit(self.q, N).index_copy(0, index, p if o.commit == "verify" else qf)
+        if o.commit == "verify":
+            for i, b in enumerate(rows):
+                first = redo[i].index(True) if True in redo[i] else None
+                nxt = None if first is None else hi[b] - N + first + 1
+                self.state[b].start = nxt if nxt is not None and nxt < hi[b] else None
+
+    def _advance(self, b: int) -> None:
+        """Row b after a pass: its group's next pass, the next group, closing its tail, or done."""
+        st, o = self.state[b], self.o
+        st.passes += 1
+        st.keep = 0
+        last = st.group + 1 >= len(self.groups())
+        if o.commit == "write":
+            if st.passes > o.rounds:          # (that was the commit pass)
+                if last:
+                    self.phase[b] = IDLE
+                else:
+                    st.group, st.drafted = st.group + 1, False
+            return
+        if st.final:
+            st.stats.final_passes[0] += 1
+        else:
+            st.stats.group_passes[0] += 1
+        settled = st.start is None
+        if st.final:
+            if settled or (o.final_passes is not None and st.passes >= o.final_passes):
+                self._finish(b)
+        elif settled or st.passes >= o.rounds + 1:
+            # The last group has no next group to carry its open tail into: it closes it with
+            # passes of its own (at most `final_passes`; None: until settled).
+            if not last:
+                st.group, st.drafted = st.group + 1, False
+            elif settled or o.final_passes == 0:
+                self._finish(b)
+            else:
+                st.final, st.passes = True, 0
+
+    def _finish(self, b: int) -> None:
+        """Row b is done; what is still open is kept as last judged."""
+        st = self.state[b]
+        left = 0 if st.start is None else self.HW - st.start
+        st.stats.open_at_end = [left]
+        st.stats.kept_as_judged[0] += left
+        self.phase[b] = IDLE
+
+    def method_stats(self, b):
+        st = self.state[b]
+        row0 = st.stats.row0_passes
+        if not self.later:
+            return SSDStats(list(row0), [0], [0], [0], [0])
+        return SSDStats(list(row0)) if self.o.commit == "write" else st.stats
+
+
+def _fit(q, width: int):
+    """q [B, w, V], right-aligned at a span's end, as `width` columns (cut or zero-padded on the left)."""
+    w = q.shape[1]
+    if w >= width:
+        return q[:, w - width:]
+    return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
+
+
+__all__ = ["RowState", "SSDRows", "SSDStats"]
