@@ -54,8 +54,8 @@ class MuloRows(RowPolicy):
                  options):
         """`options`: the method's `mulo.MuloOptions`."""
         super().__init__(engine)
-        self.target, self.tokenizer, self.upsampler, self.neighbors, self.o = target, tokenizer, upsampler, \
-            neighbors, options
+        self.target, self.tokenizer, self.upsampler = target, tokenizer, upsampler
+        self.neighbors, self.o = neighbors, options
         self.delta = options.delta if neighbors is not None else None
         # The preview is the target model's own output: its passes are target passes (role
         # "preview"), its tokens committed tokens, its grids the result's `preview`.

@@ -173,16 +173,16 @@ class SSDRows(RowPolicy):
         groups, o = self.groups(), self.o
         inside = set(rows)
         lo = [groups[self.state[b].group][0] if b in inside else W for b in range(B)]
-        heights = {groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
-        for n in sorted(heights):      # (a last group of fewer rows: a call of its own)
-            some = [b for b in rows if groups[self.state[b].group][1] - groups[self.state[b].group][0] == n]
-            above = to_device([[lb - W + j for j in range(W)] for lb in lo], x.device, torch.long)
-            rows_b = torch.arange(self.hid.shape[0], device=x.device) % B
-            h = self.hid.gather(1, above[rows_b][..., None].expand(-1, -1, self.hid.shape[-1]))
-            _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h,
-                                x.gather(1, above)[rows_b])
+        height = {b: groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
+        # the row above each row's group (rows not drafting: row 0, drawing nothing)
+        above = to_device([[lb - W + j for j in range(W)] for lb in lo], x.device, torch.long)
+        rows_b = torch.arange(self.hid.shape[0], device=x.device) % B
+        h = self.hid.gather(1, above[rows_b][..., None].expand(-1, -1, self.hid.shape[-1]))
+        tokens = x.gather(1, above)[rows_b]
+        for n in sorted(set(height.values())):      # (a last group of fewer rows: a call of its own)
+            _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens)
             e.head_passes += 1
-            some_set = set(some)
+            some_set = {b for b in rows if height[b] == n}
             going = [n if b in some_set else 0 for b in range(B)]
             d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
             mine = to_device([b in some_set for b in range(B)], x.device, torch.bool)
