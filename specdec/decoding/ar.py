@@ -109,6 +109,9 @@ class ARRows(RowPolicy):
     def done(self):
         return [a >= self.HW - 1 for a in self.at]
 
+    def final(self, b):
+        return self.at[b] + 1
+
     def step(self):
         runner, reach = self.runner, max(self.at)
         held = runner.busy_rows()

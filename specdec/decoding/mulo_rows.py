@@ -197,6 +197,16 @@ class MuloRows(RowPolicy):
         return [(n, sum(R), torch.tensor(isl, dtype=torch.int32).view(H, W), plan)
                 for n, R, isl, plan in zip(judgement.num_islands, judgement.resample, judgement.islands, plans)]
 
+    def final(self, b):
+        # (a verified draft's tokens may still be resampled anywhere until its plan is done)
+        return self.ar.final(b) if self.phase[b] == AR else 0
+
+    def draft(self, b):
+        if self.phase[b] != DRAFT:
+            return None
+        h, w = self.drunner.H, self.drunner.W
+        return self.drafting.tokens[b].view(h, w), self.drafting.final(b)
+
     def preview(self, b):
         return self.figures[b][3] if self.previewing else None
 

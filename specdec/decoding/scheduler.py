@@ -30,7 +30,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -43,6 +43,26 @@ from specdec.models.conditions import Prompts, is_prompts
 from specdec.settings import RunSettings
 
 
+class Request(NamedTuple):
+    """A queued image: its condition, and the stream it draws from."""
+
+    condition: object              #: one class id (a 0-d tensor) or a `Prompts` of one prompt
+    index: int                     #: its image index
+    seed: Optional[int] = None     #: its seed (None: the run's)
+    tag: Hashable = None           #: the caller's name for it (`cancel`; None: its index)
+
+
+@dataclass
+class Partial:
+    """An image still forming (`Scheduler.partials`): its tokens so far and which are final."""
+
+    index: int                     #: its image index
+    tag: Hashable                  #: the tag it was submitted with (its index by default)
+    tokens: torch.Tensor           #: int64 [H, W] on the CPU: final where raster position < `final`
+    final: int                     #: how many raster positions are final (a prefix of raster order)
+    draft: Optional[Tuple[torch.Tensor, int]] = None   #: (int64 [h, w], final) a draft at another resolution
+
+
 @dataclass
 class Finished:
     """An image the engine has finished."""
@@ -52,6 +72,7 @@ class Finished:
     stats: DecodeStats                #: its own statistics (one image)
     preview: Optional[torch.Tensor]   #: int64 [h, w]: the preview grid a method decoded itself, or None
     image: Optional[torch.Tensor] = None   #: [C, h, w] pixels, when the engine has a tokenizer
+    tag: Hashable = None              #: the tag it was submitted with (its index by default)
 
 
 class RowPolicy(ABC):
@@ -86,6 +107,17 @@ class RowPolicy(ABC):
 
     def method_stats(self, b: int):
         """Row b's figures of the method's own (`DecodeStats.method_stats` of one image), or None."""
+        return None
+
+    def final(self, b: int) -> int:
+        """How many of row b's raster positions are final now, a prefix of raster order known from
+        host state (no read): what a partial image of it may show. 0 where the method cannot say
+        before the end (its tokens may still change anywhere)."""
+        return 0
+
+    def draft(self, b: int) -> Optional[Tuple[torch.Tensor, int]]:
+        """Row b's draft at another resolution while it forms (MuLo-SD's drafter grid, int64 [h, w]
+        on the device, and how many of its positions are final), or None."""
         return None
 
 
@@ -135,9 +167,9 @@ class Scheduler:
         self.engine.graphs = cuda_graphs()
         self.engine.rows = self
         self.policy = make_policy(self.engine)
-        self.queue: Deque[Tuple[object, int]] = deque()
+        self.queue: Deque[Request] = deque()
         self.rows: List[Optional[RowCounts]] = [None] * capacity
-        self.index: List[Optional[int]] = [None] * capacity
+        self.requests: List[Optional[Request]] = [None] * capacity   #: the request each row holds
         self.steps = 0      #: steps made
         # Each runner's counts at the last tick (a step's passes are the differences), and the
         # rows that took part in passes of a role this step, when the policy says (`credit`).
@@ -161,14 +193,46 @@ class Scheduler:
     def reads(self) -> int:
         return self.engine.reads
 
-    def submit(self, condition, index: int) -> None:
+    def submit(self, condition, index: int, seed: Optional[int] = None, tag: Hashable = None) -> None:
         """Queue a request: `condition` one class id (a 0-d tensor) or a `Prompts` of one prompt."""
-        self.queue.append((condition, index))
+        self.queue.append(Request(condition, index, seed, index if tag is None else tag))
+
+    def cancel(self, tag: Hashable) -> int:
+        """Withdraw the images submitted with `tag` (by default an image's index): out of the
+        queue, or their rows freed at once (the policy's work on a row rides along until the row
+        takes another image, which restarts it). Returns how many were withdrawn."""
+        queued = len(self.queue)
+        kept = [r for r in self.queue if r.tag != tag]
+        self.queue.clear()
+        self.queue.extend(kept)
+        running = [b for b, r in enumerate(self.requests) if r is not None and r.tag == tag]
+        for b in running:
+            self.rows[b] = self.requests[b] = None
+        if running:
+            self._cover()
+        return queued - len(kept) + len(running)
+
+    def partials(self) -> List[Partial]:
+        """The images decoding now, as far as they have formed (one host read for all of them)."""
+        rows = [b for b in range(self.capacity) if self.rows[b] is not None]
+        if not rows:
+            return []
+        H, W = self.grid
+        index = torch.tensor(rows, device=self.policy.tokens.device)
+        grids = self.policy.tokens.index_select(0, index).cpu().view(len(rows), H, W)
+        out = []
+        for b, grid in zip(rows, grids):
+            draft = self.policy.draft(b)
+            if draft is not None:
+                draft = (draft[0].cpu(), draft[1])
+            request = self.requests[b]
+            out.append(Partial(request.index, request.tag, grid, self.policy.final(b), draft))
+        return out
 
     def drop(self) -> None:
         """Abandon the images decoding: their rows are free (a later request restarts them)."""
         self.rows = [None] * self.capacity
-        self.index = [None] * self.capacity
+        self.requests = [None] * self.capacity
         self._cover()
 
     # ---- the loop ----
@@ -189,11 +253,10 @@ class Scheduler:
         rows = free[:len(self.queue)]
         conditions = []
         for b in rows:
-            condition, index = self.queue.popleft()
-            self.engine.streams.restart(b, index)
-            self.index[b] = index
+            request = self.requests[b] = self.queue.popleft()
+            self.engine.streams.restart(b, request.index, request.seed)
             self.rows[b] = RowCounts()
-            conditions.append(condition)
+            conditions.append(request.condition)
         self.policy.start(rows, join_conditions(conditions))
         self._tick(count=False)     # (the prefills were counted per row by prefill_rows)
         self._cover()
@@ -208,8 +271,9 @@ class Scheduler:
                 preview = self.policy.preview(b)
                 stats = self.rows[b].result(self.method, H * W + (0 if preview is None else preview.numel()),
                                             self.policy.method_stats(b))
-                done.append(Finished(self.index[b], tokens, stats, preview))
-                self.rows[b] = self.index[b] = None
+                request = self.requests[b]
+                done.append(Finished(request.index, tokens, stats, preview, tag=request.tag))
+                self.rows[b] = self.requests[b] = None
         if done:
             self._cover()
         return done
@@ -293,4 +357,4 @@ def join_conditions(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs", "join_conditions"]
+__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs", "join_conditions"]

@@ -91,6 +91,9 @@ class JacobiRows(RowPolicy):
     def done(self):
         return [n == 0 for n in self.n_host]
 
+    def final(self, b):
+        return self.c.host[b]
+
     def _draw_rows(self, probs, counts):
         """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its
         own stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""

@@ -90,6 +90,9 @@ class RasterSpeculation(RowPolicy):
     def done(self):
         return [c >= self.end for c in self.c.host]
 
+    def final(self, b):
+        return self.c.host[b]
+
     def step(self):
         self.end_round(self.engine.read_verdicts([self.begin_round()])[0])
 

@@ -127,6 +127,17 @@ class SSDRows(RowPolicy):
     def done(self):
         return [p == IDLE for p in self.phase]
 
+    def final(self, b):
+        """Row 0's committed tokens, then the groups settled before the row's current one (a span
+        still open in it counts from its start)."""
+        if self.phase[b] == FIRST:
+            return self.first.final(b)
+        if self.phase[b] != ROWS:
+            return self.HW
+        state = self.state[b]
+        lo = self.groups()[state.group][0] if state.group < len(self.groups()) else self.HW
+        return lo if state.start is None else min(lo, state.start)
+
     def step(self):
         """A raster round of the rows in their first phase and a pass of the rows after row 0,
         both verdicts read at once (a row whose row 0 completes begins its groups next step)."""

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from typing import Callable, Deque, Iterator, List, Optional, Tuple
+from typing import Callable, Deque, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 
 from specdec.decoding.results import decode_images
-from specdec.decoding.scheduler import Finished, Scheduler
+from specdec.decoding.scheduler import Finished, Partial, Request, Scheduler
 from specdec.settings import RunSettings, check_int
 
 
@@ -45,24 +45,30 @@ class StreamingEngine(ABC):
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
-        self.queue: Deque[Tuple[torch.Tensor, int]] = deque()
+        self.queue: Deque[Request] = deque()
         self._next_index = run.first_index
         #: where its compiled runners are kept: its own (its caches live across steps, while other
         #: decodes of the same models may run between them), or None: the models' (a decode
         #: that runs to its end keeps them there for the next decode's graphs)
         self.kept_runners: Optional[dict] = {}
 
-    def submit(self, condition, index: Optional[int] = None) -> int:
+    def submit(self, condition, index: Optional[int] = None, *, seed: Optional[int] = None,
+               tag: Hashable = None) -> int:
         """Queue a request: `condition` a class id (an int or a 0-d tensor), `index` its image index
-        (default: one past the last submitted). Returns the index."""
+        (default: one past the last submitted), `seed` the seed of its stream (default: the
+        run's; image `index` of seed s is the image `decode(..., seed=s)` gives at that index),
+        `tag` what `cancel` and the results know it by (default: its index; a server gives each
+        request's images its own). Returns the index."""
         condition = torch.as_tensor(condition)
         if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
         if self._check is not None:
             condition = self._check(condition.reshape(1))[0]
         index = self._next_index if index is None else check_int(index, "index")
+        if seed is not None:
+            check_int(seed, "seed")
         self._next_index = index + 1
-        self.queue.append((condition.reshape(()).long(), index))
+        self.queue.append(Request(condition.reshape(()).long(), index, seed, index if tag is None else tag))
         return index
 
     @property
@@ -132,6 +138,17 @@ class RowStream(StreamingEngine):
             self.close()
             raise
         return [self._with_pixels(image) for image in finished]
+
+    def cancel(self, tag: Hashable) -> int:
+        """Withdraw the images submitted with `tag` (by default an image's index), queued or
+        decoding (a client gone): their rows are free for the next requests. Returns how many."""
+        return self.scheduler.cancel(tag)
+
+    def partials(self) -> List[Partial]:
+        """The images decoding now as far as they have formed: each one's tokens, how many of
+        them (a raster prefix) are final, and a draft at another resolution where the method makes
+        one (MuLo-SD). One host read; a server asks for them when a client wants partial images."""
+        return self.scheduler.partials()
 
     def close(self) -> None:
         """Abandon the queue and the images decoding (their rows are free for later requests)."""

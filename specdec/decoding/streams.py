@@ -9,7 +9,7 @@ of one.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -38,11 +38,12 @@ class ImageStreams:
         self.indices = list(indices)
         self.generators = [image_generator(seed, i) for i in self.indices]
 
-    def restart(self, b: int, index: int) -> None:
-        """Row b now draws for image `index`, from the start of its stream (a row of the
-        scheduler's batch that takes the next request: `specdec.decoding.scheduler`)."""
+    def restart(self, b: int, index: int, seed: Optional[int] = None) -> None:
+        """Row b now draws for image `index` (of a run seeded `seed`, by default these streams'),
+        from the start of its stream (a row of the scheduler's batch that takes the next request:
+        `specdec.decoding.scheduler`)."""
         self.indices[b] = index
-        self.generators[b] = image_generator(self.seed, index)
+        self.generators[b] = image_generator(self.seed if seed is None else seed, index)
 
     def rows(self, rows: Sequence[int]) -> "ImageStreams":
         """The streams of rows `rows` alone, as the streams of a batch of those images (their

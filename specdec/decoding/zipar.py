@@ -128,7 +128,7 @@ class ZipARRows(RowPolicy):
         super().__init__(engine)
         self.runner = runner
         H, W = runner.H, runner.W
-        self.plan, self.HW = plan(H, W, window), H * W
+        self.plan, self.HW, self.window = plan(H, W, window), H * W, window
         B = engine.batch
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
         self.t = [len(self.plan) + 1] * B      #: each row's next step (past the plan: done)
@@ -145,6 +145,18 @@ class ZipARRows(RowPolicy):
 
     def done(self):
         return [t > len(self.plan) for t in self.t]
+
+    def final(self, b):
+        """Before step t, grid row i holds its first t - i * window tokens (row 0 its token 0
+        and one a step): the full rows and the first unfinished row's drawn tokens."""
+        W = self.runner.W
+        final = 0
+        for i in range(self.runner.H):
+            drawn = min(max(self.t[b] - i * self.window, 0), W)
+            final += drawn
+            if drawn < W:
+                break
+        return final
 
     def step(self):
         runner = self.runner

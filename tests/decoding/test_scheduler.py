@@ -173,6 +173,66 @@ def test_a_stream_serves_requests_after_idle_and_close_frees_its_rows(fam):
         assert image.stats.target_passes == ref[image.index].stats.target_passes
 
 
+def test_requests_with_their_own_seeds_and_tags_get_their_decodes_and_cancel_by_tag(fam):
+    """A stream serves requests of other seeds than its run's: image i of seed s is the image
+    `decode(seed=s)` gives at index i, beside images of the run's seed; `cancel(tag)` withdraws
+    every image submitted with that tag, queued or decoding."""
+    kw = dict(sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        want = decoding.decode("sd", fam, CLASSES[1:3], seed=9, first_index=4, **kw)
+        plain = decoding.decode("sd", fam, CLASSES[:1], seed=2, **kw)
+        engine = decoding.stream("sd", fam, concurrency=2, seed=2, **kw)
+        engine.submit(CLASSES[0])
+        for i in range(2):
+            engine.submit(CLASSES[1 + i], index=4 + i, seed=9, tag=("request", 7))
+        for i in range(3):
+            engine.submit(CLASSES[i], index=20 + i, tag=("request", 8))
+        engine.step()
+        assert engine.cancel(("request", 8)) == 3 and engine.cancel(("request", 8)) == 0
+        got = {(image.tag, image.index): image.tokens for image in engine.results()}
+    assert sorted(got, key=str) == sorted([(0, 0), (("request", 7), 4), (("request", 7), 5)], key=str)
+    assert torch.equal(got[(0, 0)], plain.tokens[0])
+    for i in range(2):
+        assert torch.equal(got[(("request", 7), 4 + i)], want.tokens[i])
+    with pytest.raises(ValueError, match="seed"):
+        engine.submit(CLASSES[0], seed=-1)
+
+
+@pytest.mark.parametrize("method", ROWS)
+def test_partial_images_show_final_tokens_and_a_cancelled_image_frees_its_row(fam, method):
+    """What a server streams: at every step, each forming image's final prefix is the prefix of
+    the image it becomes, growing to the whole grid (MuLo-SD shows its draft meanwhile); an image
+    cancelled mid-way leaves no result, its row takes the next request, and every image that
+    completes is its decode alone."""
+    kw = dict(seed=4, sampling=SAMPLING, backend="reference")
+    H, W = fam.target.grid
+    with batch_invariant():
+        ref = decode_alone(fam, method, CLASSES[:4], {}, **kw)
+        engine = decoding.stream(method, fam, concurrency=2, **kw)
+        for c in CLASSES[:3]:
+            engine.submit(c)
+        seen, drafts, got, cancelled = {}, 0, {}, False
+        while not engine.idle:
+            for part in engine.partials():
+                final = seen.setdefault(part.index, [])
+                final.append(part.final)
+                assert tuple(part.tokens.shape) == (H, W) and 0 <= part.final <= H * W
+                assert torch.equal(part.tokens.flatten()[:part.final], ref[part.index].tokens[0].flatten()[:part.final])
+                drafts += part.draft is not None
+            for image in engine.step():
+                got[image.index] = image
+            if not cancelled and engine.running == 2 and all(seen.get(i) for i in (0, 1)):
+                assert engine.cancel(1) == 1 and engine.cancel(1) == 0 and engine.running == 1
+                engine.submit(CLASSES[3], index=3)
+                cancelled = True
+    assert cancelled and sorted(got) == [0, 2, 3]
+    for i, image in got.items():
+        assert torch.equal(image.tokens, ref[i].tokens[0]), i
+    grows = seen[0] if method != "mulo" else [f for f in seen[0] if f]
+    assert grows == sorted(grows) and (method == "mulo" or max(seen[0]) > 1)
+    assert (drafts > 0) == (method == "mulo")
+
+
 @pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8)), ("ar", {})],
                          ids=["sd", "sjd", "ar"])
 def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, method, options):
