@@ -13,7 +13,7 @@ more (SSD goes on from its stream after row 0).
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
@@ -96,13 +96,15 @@ class RasterSpeculation(RowPolicy):
     def step(self):
         self.end_round(self.engine.read_verdicts([self.begin_round()])[0])
 
-    def begin_round(self) -> Verdict:
+    def begin_round(self, forward: Optional[Callable] = None) -> Verdict:
         """A round's device half: draft, one target pass, the verdict (not read yet: SSD reads it
-        with its later rows' verdict, `Engine.read_verdicts`)."""
+        with its later rows' verdict, `Engine.read_verdicts`). `forward(tokens [B, n + 1],
+        positions [B, n + 1]) -> Outputs`: the pass (default: the target's; SSD's joins its later
+        rows' spans to it)."""
         c = self.c
         going = [cb < self.end for cb in c.host]
         self._nb_host = [min(max(self.end - cb, 0), self.chunk) for cb in c.host]
-        self._rnd = self._feed(self.tokens, c, going)
+        self._rnd = self._feed(self.tokens, c, going, forward or self.target.forward)
         return self._judge(self._rnd, c, going, self._nb_host)
 
     def end_round(self, judgement: Judgement) -> None:
@@ -119,7 +121,7 @@ class RasterSpeculation(RowPolicy):
         c.advance(torch.where(active, a + new.long(), torch.zeros_like(a)),
                   [ab + nw if nbb > 0 else 0 for ab, nw, nbb in zip(a_host, new_host, nb_host)])
 
-    def _feed(self, x: torch.Tensor, c: Lengths, going) -> Round:
+    def _feed(self, x: torch.Tensor, c: Lengths, going, forward: Callable) -> Round:
         """Draft n tokens per image and feed [last committed ; drafts] to the target."""
         n = self.chunk
         nb = (self.end - c.device).clamp(min=0, max=n)
@@ -137,7 +139,7 @@ class RasterSpeculation(RowPolicy):
         # would not keep the keys their decode alone has.
         last = torch.full_like(c.device, x.shape[1] - 1)
         pos = torch.where((nb > 0)[:, None], padded_block(c.device - 1, nb + 1, n + 1), last[:, None])
-        return Round(n, nb, d, q, dpos, self.target.forward(work.gather(1, pos), pos))
+        return Round(n, nb, d, q, dpos, forward(work.gather(1, pos), pos))
 
     def _judge(self, rnd: Round, c: Lengths, going, nb_host):
         """The ratio test on each image's real drafts (LANTERN: with the pooled p)."""

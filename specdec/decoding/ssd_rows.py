@@ -36,6 +36,17 @@ IDLE, FIRST, ROWS = "idle", "first", "rows"
 
 
 @dataclass
+class Span:
+    """The later rows' feed of one step (`SSDRows._span_feed`) and, once made, its pass's outputs."""
+
+    pos: torch.Tensor           #: [B, N] each row's fed positions (its span, then the last slot)
+    hi: List[int]               #: each row's group end (0: a row not in the pass)
+    count: torch.Tensor         #: [B] each row's span length
+    rows: torch.Tensor          #: [B] bool: the rows whose span it is
+    out: Optional[object] = None   #: the pass's `Outputs` over the N span columns
+
+
+@dataclass
 class RowState:
     """Where one row is in its rows after row 0 (the groups of `SSDRows.groups`)."""
 
@@ -55,12 +66,12 @@ class SSDRows(RowPolicy):
       `end`), one round per step; under a token budget too narrow for rows of drafts, the whole
       grid that way (end = H*W), or by plain AR steps (`ARRows`) at a share of one token;
     - "rows": the later rows, group by group (`RowState`): the step a group begins, the vertical
-      heads draft it (one call for every row that begins one); every step, one target pass over
-      the rows in this phase, each feeding its own span (`_span_pass`).
+      heads draft it (one call for every row that begins one); every step, each row in this
+      phase feeds its own span (`_span_feed`).
 
-    A step makes at most one raster round and one pass of the later rows; each row's passes are
-    credited to it alone (`Scheduler.credit`), so its counts and figures are those of its decode
-    alone."""
+    A step makes one target pass over the rows of both phases (`_joint_forward`) and reads both
+    verdicts at once; each row's passes are credited to it alone (`Scheduler.credit`), so its
+    counts and figures are those of its decode alone."""
 
     def __init__(self, engine: Engine, target, heads, options):
         """`options`: the method's `ssd.SSDOptions` (`chunk` capped at the heads' count)."""
@@ -139,32 +150,33 @@ class SSDRows(RowPolicy):
         return lo if state.start is None else min(lo, state.start)
 
     def step(self):
-        """A raster round of the rows in their first phase and a pass of the rows after row 0,
-        both verdicts read at once (a row whose row 0 completes begins its groups next step)."""
+        """One target pass: the raster round of the rows in their first phase and the spans of
+        the rows after row 0, each row feeding its own positions; both verdicts read at once (a
+        row whose row 0 completes begins its groups next step)."""
         credit = self.engine.rows.credit
         first, rows = self._in(FIRST), self._in(ROWS)
-        verdicts, ends = [], []
-        if first:
-            forwards, fed = self.runner.forwards, self.runner.fed
-            if isinstance(self.first, ARRows):
-                self.first.step()
-            else:
-                verdicts.append(self.first.begin_round())
-                ends.append(self.first.end_round)
-            fed = self.runner.fed - fed
-            credit(first, "target", self.runner.forwards - forwards, fed, fed)
         drafting = [b for b in rows if not self.state[b].drafted]
-        if drafting:
+        if drafting:     # (before the pass: the spans it feeds hold the new drafts)
             self._draft(drafting)
         heads = [b for b in first if not isinstance(self.first, ARRows)] + drafting
         credit(sorted(heads), "drafter", 1, 0, 0)           # (a row drafts once a step)
-        if rows:
-            width, verdict = self._span_pass(rows)
-            credit(rows, "target", 1, width, width)
+        span = self._span_feed(rows) if rows else None
+        verdicts, ends = [], []
+        forwards, fed = self.runner.forwards, self.runner.fed
+        if first and isinstance(self.first, ARRows):
+            self.first.step()          # (a share of one token: no rows after row 0 to join)
+        elif first:
+            verdicts.append(self.first.begin_round(self._joint_forward(span)))
+            ends.append(self.first.end_round)
+        if span is not None:
+            if span.out is None:
+                span.out = self.runner.forward(self.x.gather(1, span.pos), span.pos)
+            verdict = self._span_outputs(rows, span)
             if verdict is not None:
                 verdicts.append(verdict)
                 ends.append(self._correct)
-        credit([], "target", 0, 0, 0)      # (every target pass above is credited to its rows)
+        width = self.runner.fed - fed
+        credit(first + rows, "target", self.runner.forwards - forwards, width, width)
         for end, judgement in zip(ends, self.engine.read_verdicts(verdicts) if verdicts else []):
             end(judgement)
         complete = self.first.done()
@@ -223,30 +235,56 @@ class SSDRows(RowPolicy):
             st.keep = 0 if o.max_tail is None else max(0, g_lo - st.start - o.max_tail)
             st.stats.kept_as_judged[0] += st.keep
 
-    def _span_pass(self, rows: List[int]) -> Tuple[int, Optional[Verdict]]:
-        """One target pass in which each of `rows` feeds its span [start - 1, hi - 1) (outputs:
-        the distributions of [start, hi)), the others ride along. commit="verify":
-        every fed token's hidden state is written, the open tokens judged with SJD's rule
-        (against the q they follow) and corrected; a row is settled up to its first correction.
-        commit="write": `rounds` passes judge the group's rows against the heads' q (a resampled
-        token then follows its residual distribution), the last one writes their hidden states.
-        Returns the pass's width and the verdict of the rows it judges (`_correct` once read)."""
-        x, o, B, HW = self.x, self.o, self.engine.batch, self.HW
-        dev = x.device
+    def _span_feed(self, rows: List[int]) -> "Span":
+        """What each of `rows` feeds this step: its span [start - 1, hi - 1) (outputs: the
+        distributions of [start, hi)). Padding and the other rows feed the grid's last slot, which
+        no query of a span reads (spans feed up to H*W - 2): a re-feed of earlier tokens would
+        write their keys again from a pass of another shape, and a row's query tiles (CPU kernel)
+        would differ from its decode alone, where the pass is as wide as its own span."""
+        dev, B = self.x.device, self.engine.batch
         groups = self.groups()
         inside = set(rows)
         hi = [groups[self.state[b].group][1] if b in inside else 0 for b in range(B)]
         count = [hi[b] - self.state[b].start if b in inside else 0 for b in range(B)]
-        N = max(count)
         start = [self.state[b].start - 1 if b in inside else 0 for b in range(B)]
         start_t, count_t = (to_device(v, dev, torch.long) for v in (start, count))
-        # Padding and rows riding along feed the grid's last slot, which no query of a span reads
-        # (spans feed up to H*W - 2): a re-feed of earlier tokens would write their keys again
-        # from a pass of another shape, and a row's query tiles (CPU kernel) would differ from
-        # its decode alone, where the pass is as wide as its own span.
+        j = torch.arange(max(count), device=dev)[None]
+        pos = torch.where(j < count_t[:, None], start_t[:, None] + j, self.HW - 1)
+        return Span(pos, hi, count_t, to_device([b in inside for b in range(B)], dev, torch.bool))
+
+    def _joint_forward(self, span: Optional["Span"]):
+        """The target pass of a raster round (`RasterSpeculation.begin_round`) with the later rows'
+        spans joined to it: one pass, each row feeding its own positions (the raster round's rows
+        theirs, the span's rows theirs), both padded at the grid's last slot to the wider."""
+        if span is None:
+            return self.runner.forward
+        x, last = self.x, self.HW - 1
+
+        def forward(tokens: torch.Tensor, pos: torch.Tensor):
+            N = max(pos.shape[1], span.pos.shape[1])
+
+            def wide(t, fill):
+                return torch.cat([t, t.new_full((t.shape[0], N - t.shape[1]), fill)], 1) if t.shape[1] < N else t
+            joint = torch.where(span.rows[:, None], wide(span.pos, last), wide(pos, last))
+            fed = torch.where(span.rows[:, None], x.gather(1, joint), wide(tokens, 0).where(joint != last,
+                                                                                           x.gather(1, joint)))
+            out = self.runner.forward(fed, joint)
+            span.out = out.select(slice(0, span.pos.shape[1]))
+            return out.select(slice(0, pos.shape[1]))
+        return forward
+
+    def _span_outputs(self, rows: List[int], span: "Span") -> Optional[Verdict]:
+        """The spans' outputs of `rows`. commit="verify": every fed token's hidden state is
+        written, the open tokens judged with SJD's rule (against the q they follow) and corrected;
+        a row is settled up to its first correction. commit="write": `rounds` passes judge the
+        group's rows against the heads' q (a resampled token then follows its residual
+        distribution), the last one writes their hidden states. Returns the verdict of the rows
+        it judges (`_correct` once read), or None."""
+        o, B, HW, dev = self.o, self.engine.batch, self.HW, self.x.device
+        pos, hi, count_t, out = span.pos, span.hi, span.count, span.out
+        inside = set(rows)
+        N = pos.shape[1]
         j = torch.arange(N, device=dev)[None]
-        pos = torch.where(j < count_t[:, None], start_t[:, None] + j, HW - 1)
-        out = self.runner.forward(x.gather(1, pos), pos)
         writing = [b in inside and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
         if any(writing):
             rows_b = torch.arange(self.hid.shape[0], device=dev) % B
@@ -255,11 +293,11 @@ class SSDRows(RowPolicy):
             self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
         judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
         if not judging:
-            return N, None
+            return None
         p_all = self.runner.probs(out)                                                  # [B, N, V]
         offset = N - count_t
         p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
-        return N, self._verdict(judging, p, hi, N)
+        return self._verdict(judging, p, hi, N)
 
     def _verdict(self, rows: List[int], p: torch.Tensor, hi: List[int], N: int) -> Verdict:
         """The open tokens of `rows` judged against p [B, N, V] (column k of row b: the

@@ -371,6 +371,27 @@ def test_aten_ops_per_target_pass_at_concurrency_16_are_those_of_a_lockstep_batc
     assert per_pass[("concurrency",)] <= 1.3 * per_pass[("batch_size",)], per_pass
 
 
+@pytest.mark.parametrize("method", ROWS)
+def test_a_step_makes_one_target_pass_over_rows_in_every_phase(fam, method):
+    """Rows in different phases share the step's target pass (SSD: row 0's raster rounds and the
+    later rows' spans in one pass). Prefills of rows that start are passes of their own, and
+    MuLo-SD's verification of the rows whose draft completed in a step runs beside the other
+    rows' resampling pass (at most two then)."""
+    engine = decoding.stream(method, fam, concurrency=4, seed=5, sampling=SAMPLING, backend="cpu")
+    for c in CLASSES[:7]:
+        engine.submit(c)
+    scheduler, most = engine.scheduler, []
+    policy_step = scheduler.policy.step
+
+    def counted():
+        before = scheduler.passes_made
+        policy_step()
+        most.append(scheduler.passes_made - before)
+    scheduler.policy.step = counted
+    list(engine.results())
+    assert max(most) == (2 if method == "mulo" else 1), most
+
+
 def test_a_failing_step_reaches_the_caller_ends_the_images_and_the_stream_serves_on(fam, monkeypatch):
     """An error inside a step (here the third target pass) reaches `step()`'s caller; the images
     that shared the step and the queue are dropped, and the stream serves the next request with
