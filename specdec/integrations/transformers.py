@@ -9,7 +9,7 @@
 The visibility rule travels through the forward's keyword arguments (transformers 5 passes
 `**kwargs` from the model's forward down to the attention function), not through a dense mask:
 
-    model.model(inputs_embeds=h, position_ids=p, past_key_values=cache,
+    model.model(inputs_embeds=h, position_ids=p, cache=cache,   # past_key_values= before transformers 5.25
                 q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask)
 
 with `tree_attention`'s rule: key j is visible to query i iff `kv_valid[b, j]` and

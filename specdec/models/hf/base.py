@@ -47,7 +47,7 @@ import torch.nn as nn
 
 from specdec import masks
 from specdec.models.conditions import Prompts, is_prompts
-from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache
+from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache, cache_keyword
 from specdec.models.protocol import ForwardOutput
 from specdec.numerics import batch_invariant_enabled
 
@@ -388,7 +388,7 @@ class HFImageModel(nn.Module, abc.ABC):
         cache.begin_step(slots, write=write, in_place=in_place, limit=limit)
         try:
             for layer in self.decoder_layers():
-                h = self.run_layer(layer, h, position_ids=position_ids, past_key_values=cache,
+                h = self.run_layer(layer, h, position_ids=position_ids, **{cache_keyword(layer.forward): cache},
                                    position_embeddings=position_embeddings, **visibility)
         finally:
             cache.end_step()

@@ -2,7 +2,8 @@
 
 `HFSlotCache` is a `specdec.models.kv_cache.SlotKVCache` (keys and values written at given slots,
 a validity vector, `prefix_len`, `position_slots`) that transformers' attention layers can take
-as `past_key_values`: each layer calls `update(key, value, layer_idx)`, and the cache answers
+as their cache (`cache_keyword`: `cache=` from transformers 5.25, `past_key_values=` before):
+each layer calls `update(key, value, layer_idx)`, and the cache answers
 with the keys the `specdec` attention reads, in one of two modes:
 
 - a slot step (what `HFImageModel` runs): before the layers run, `begin_step(slots, ...)` says
@@ -10,7 +11,7 @@ with the keys the `specdec` attention reads, in one of two modes:
   returns the whole cache prefix [0, limit) (in-place step: the new keys are found at their
   slots) or that prefix followed by the new block (`write=False` scoring and tree steps, the
   block last as `tree_attention`'s tree_mask expects), as specdec.models.gpt does;
-- append (no step begun: a plain `model(..., past_key_values=cache, use_cache=True)`): the new
+- append (no step begun: a plain `model(..., cache=cache, use_cache=True)`): the new
   tokens go after the last appended one, as in transformers' static cache.
 
 Capacity: the longest prompt plus the grid's slots (plus one row-end slot per row and a scratch
@@ -19,6 +20,8 @@ the RoPE position of a slot: `slot - pad[row]`.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
@@ -29,6 +32,19 @@ try:  # transformers is an optional dependency of specdec; the adapters need it
     from transformers.cache_utils import Cache as _HFCache
 except ImportError:  # pragma: no cover - exercised only without transformers
     _HFCache = object
+
+
+def cache_keyword(forward) -> str:
+    """The keyword a transformers forward (a model's or a decoder layer's) takes its KV cache by:
+    `cache` from transformers 5.25 on, where `past_key_values` is deprecated (a warning on every
+    call; removed in 5.40), `past_key_values` before."""
+    return _cache_keyword(getattr(forward, "__func__", forward))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(function) -> str:
+    # (the signature of the function itself: transformers' decorators keep it as __wrapped__)
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
 
 
 class HFSlotCache(SlotKVCache, _HFCache):

@@ -11,7 +11,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from specdec import masks  # noqa: E402
 from specdec.integrations.transformers import register  # noqa: E402
-from specdec.models.hf.cache import HFSlotCache  # noqa: E402
+from specdec.models.hf.cache import HFSlotCache, cache_keyword  # noqa: E402
 
 ATOL = 2e-5
 VOCAB = 64
@@ -79,14 +79,14 @@ def test_chunked_verification(arch):
     out = {}
     for impl in ("specdec", "sdpa"):
         cache = DynamicCache(config=text_config(m))
-        logits(m, impl, input_ids=ids[:, :7], past_key_values=cache, use_cache=True)
-        out[impl] = logits(m, impl, input_ids=ids[:, 7:], past_key_values=cache, use_cache=True)
+        logits(m, impl, input_ids=ids[:, :7], **{cache_keyword(m.forward): cache}, use_cache=True)
+        out[impl] = logits(m, impl, input_ids=ids[:, 7:], **{cache_keyword(m.forward): cache}, use_cache=True)
     torch.testing.assert_close(out["specdec"], out["sdpa"], atol=ATOL, rtol=0)
     # specdec's slot cache as past_key_values of a plain call (append mode): the same
     c = text_config(m)
     cache = HFSlotCache(c.num_hidden_layers, 2, c.num_key_value_heads, 16, c.hidden_size // c.num_attention_heads)
-    logits(m, "specdec", input_ids=ids[:, :7], past_key_values=cache, use_cache=True)
-    chunk = logits(m, "specdec", input_ids=ids[:, 7:], past_key_values=cache, use_cache=True)
+    logits(m, "specdec", input_ids=ids[:, :7], **{cache_keyword(m.forward): cache}, use_cache=True)
+    chunk = logits(m, "specdec", input_ids=ids[:, 7:], **{cache_keyword(m.forward): cache}, use_cache=True)
     torch.testing.assert_close(chunk, out["sdpa"], atol=ATOL, rtol=0)
 
 

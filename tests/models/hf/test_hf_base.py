@@ -3,6 +3,8 @@ tokens are a contiguous range of its text vocabulary (the Emu3 / Chameleon layou
 without a row-end token: prompts of different lengths, one-token decoding against transformers'
 own full forward (sdpa), multi-token forwards with holes and tree masks against one-token feeding,
 write=False, the unchecked path and invalidation (row ends included)."""
+import warnings
+
 import pytest
 import torch
 
@@ -98,6 +100,27 @@ def test_one_token_decoding_equals_transformers_forward(row_end):
         for u in range(H * W - 1):
             idx.append(len(prompts[b]) + u + (0 if row_end is None else u // W + int(u % W == W - 1)))
         torch.testing.assert_close(got[b], ref[idx], atol=ATOL, rtol=0)
+
+
+def test_layers_take_the_cache_by_the_keyword_of_the_installed_transformers():
+    """transformers 5.25 renamed the layers' `past_key_values` to `cache` (the old name warns on
+    every call, and goes in 5.40): the adapters pass whichever the installed release's layers
+    take, so a decode warns nothing (CI runs this on the pinned and on the newest transformers)."""
+    from specdec.models.hf.cache import cache_keyword
+
+    def new(h, cache=None):
+        return h
+
+    def old(h, past_key_values=None):
+        return h
+    assert cache_keyword(new) == "cache" and cache_keyword(old) == "past_key_values"
+    m = model()
+    cache = m.new_cache(1)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        m.prefill(cache, Prompts([torch.tensor([1, 7, 3])]))
+        m.forward_tokens(cache, torch.tensor([[2, 5]]), torch.tensor([0, 1]))
+    assert not [w for w in caught if "past_key_values" in str(w.message)]
 
 
 def _one_by_one(m, cache, tokens, positions):
