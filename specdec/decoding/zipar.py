@@ -169,9 +169,12 @@ class ZipARRows(RowPolicy):
                 return None if t is None else t.gather(1, src[..., None].expand(-1, -1, t.shape[-1]))
             p = runner.probs(Outputs(pick(out.cond), pick(out.uncond), out.hidden, pick(out.probs)))
             drawn = draw(p.reshape(-1, p.shape[-1]), self.engine.streams, runner.backend, counts=counts)
-            real = torch.arange(src.shape[1], device=drawn.device)[None] < to_device(counts, drawn.device,
-                                                                                    torch.long)[:, None]
-            self.tokens.scatter_(1, targets, torch.where(real, drawn.view(src.shape), self.tokens.gather(1, targets)))
+            # A row's padding repeats its last target: it writes the token drawn there (a scatter's
+            # duplicate indices must carry one value); a row drawing nothing keeps its tokens.
+            n = to_device(counts, drawn.device, torch.long)[:, None]
+            last = torch.minimum(torch.arange(src.shape[1], device=drawn.device)[None], (n - 1).clamp(min=0))
+            values = torch.where(n > 0, drawn.view(src.shape).gather(1, last), self.tokens.gather(1, targets))
+            self.tokens.scatter_(1, targets, values)
         self._advance()
 
     def _pass(self) -> tuple:
@@ -193,9 +196,9 @@ class ZipARRows(RowPolicy):
         steps = [self.plan[t - 1] if t <= len(self.plan) else ([last], [last], [], [], []) for t in self.t]
         m = max(len(s[4]) for s in steps)
 
-        def padded(lists, fill=None):   # each row's list to the widest, its last entry (or fill) repeated
+        def padded(lists, fill=None):   # each row's list to the widest: its last entry repeated (fill if none)
             width = max(map(len, lists))
-            return [v + (v[-1:] if fill is None else [fill]) * (width - len(v)) for v in lists]
+            return [v + (v[-1:] if v else [fill]) * (width - len(v)) for v in lists]
 
         positions = padded([s[0] for s in steps])
         fakes = [[p in s[2] for p in row] for s, row in zip(steps, positions)]
