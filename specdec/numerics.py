@@ -17,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 _state = threading.local()
 
@@ -51,6 +54,16 @@ def row_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.unsqueeze(-1) * b.unsqueeze(-3)).sum(-2)
 
 
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) as one vector-matrix product per row of x (its leading dims
+    flattened): row i is the same whatever rows are beside it."""
+    flat = x.reshape(-1, 1, x.shape[-1])
+    out = torch.bmm(flat, weight.t().expand(flat.shape[0], -1, -1))[:, 0]
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 class RowLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) that computes row by row inside
     `batch_invariant()`."""
@@ -58,11 +71,20 @@ class RowLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not batch_invariant_enabled():
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, 1, x.shape[-1])
-        out = torch.bmm(flat, self.weight.t().expand(flat.shape[0], -1, -1))[:, 0]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.weight.shape[0])
+        return row_linear(x, self.weight, self.bias)
 
 
-__all__ = ["batch_invariant", "batch_invariant_enabled", "row_matmul", "RowLinear"]
+class RowWiseLinears(TorchFunctionMode):
+    """Every `F.linear` called inside it (the `nn.Linear` layers of a model that is not ours: a
+    transformers model's projections and heads) computed row by row (`row_linear`). The
+    transformers adapters enter it inside `batch_invariant()`: a token re-fed in a pass of another
+    width (ZipAR's padding, SSD's spans) then writes the keys it wrote before, bit for bit."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            return row_linear(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+__all__ = ["RowLinear", "RowWiseLinears", "batch_invariant", "batch_invariant_enabled", "row_linear", "row_matmul"]

@@ -18,7 +18,8 @@ from typing import Dict, NamedTuple, Optional
 import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
-from specdec.decoding.streaming import Requests, StreamingEngine
+from specdec.decoding.batching import check_classes
+from specdec.decoding.streaming import Requests, StreamingEngine, one_class
 from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling, check_int
@@ -208,18 +209,42 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
            **options) -> StreamingEngine:
     """A streaming engine of `method` on the family's target, for a server: the scheduler's
-    (`specdec.decoding.streaming.RowStream`); `submit(class_id)` requests as they arrive, `step()`
-    and take the images it returns as they finish (or iterate `results()`). `concurrency` images decode at once; the
-    other keyword arguments are `decode`'s (run settings, models, the method's options), and
-    image i (its index: by default the order of submission, from `first_index`) is the image
-    `decode` gives it. Class-conditional families only, for now."""
+    (`specdec.decoding.streaming.RowStream`); `submit(class_id)` or `submit(prompt=...)` requests
+    as they arrive, `step()` and take the images it returns as they finish (or iterate
+    `results()`). `concurrency` images decode at once; the other keyword arguments are `decode`'s
+    (run settings, models, the method's options), and image i (its index: by default the order
+    of submission, from `first_index`) is the image `decode` gives it. A family with a preview
+    stage (GLM-Image) streams with a method that decodes the preview itself (`mulo`'s
+    draft="preview"); its two-stage decodes run through `decode`."""
     module = _MODULES[check_method(method)]
-    if _field(family, "preview") is not None or getattr(_field(family, "target"), "text_conditional", False):
-        raise ValueError("stream takes class-conditional families for now; decode prompts with decode(...)")
+    target, preview = _field(family, "target"), _field(family, "preview")
     run, given, opts = resolve(method, family, run=run, preset=preset, **options)
+    decodes_preview = getattr(module, "decodes_preview", None)
+    if preview is not None and not (decodes_preview is not None and decodes_preview(opts)):
+        raise ValueError(f"{method} decodes a family with a preview stage in two stages, which decode(...) runs; "
+                         "stream it with mulo (draft='preview')")
     run = dataclasses.replace(run, batch_size=1, concurrency=check_int(concurrency, "concurrency", 1))
-    return module.decode(_field(family, "target"), Requests(), **_resources(module, family, given, opts), options=opts,
-                         run=run)
+    requests = Requests(_request_condition(preview or target, run.sampling_or_default.guided))
+    return module.decode(target, requests, **_resources(module, family, given, opts), options=opts, run=run)
+
+
+def _request_condition(model, guided: bool):
+    """How a stream makes one request's condition: a class id checked against the model's range,
+    or a prompt encoded as `decode` encodes it and checked by the model's `check_prompts`."""
+    prompted = getattr(model, "num_classes", None) is None
+
+    def condition(class_id, prompt, negative):
+        if (prompt is not None) != prompted:
+            raise ValueError("this family is text-conditional: submit a prompt, not a class id" if prompted else
+                             "this family is class-conditional: submit a class id, not a prompt")
+        if not prompted:
+            return check_classes(model, one_class(class_id).reshape(1))[0]
+        made = _conditions(model, None, [prompt], None if negative is None else [negative])
+        check = getattr(model, "check_prompts", None)
+        if check is not None:
+            check(made, cfg=guided)
+        return made
+    return condition
 
 
 def _conditions(target, classes, prompts, negative_prompts):

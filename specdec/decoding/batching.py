@@ -11,7 +11,7 @@ import torch
 
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.scheduler import Scheduler
-from specdec.decoding.streaming import Requests, RowStream
+from specdec.decoding.streaming import Requests, RowStream, one_class
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
 
@@ -37,40 +37,36 @@ def check_classes(model, classes):
 
 
 def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSettings, tokenizer=None):
-    """Decode `conditions` on the scheduler, `make_policy(engine)` the method's policy over its
-    rows: `run.concurrency` rows, each refilled as soon as its image is done; else lockstep
-    batches of `run.batch_size` (rows refilled once all are free). Image i depends only on (seed,
-    first_index + i). Prompts start together in groups of that many (a cache holds one prefix
-    length for all its rows). Given `Requests()` it returns the streaming engine (`RowStream`)
-    instead. The grids are decoded to images with `tokenizer` (not timed)."""
+    """Decode `conditions` (class ids, or a `Prompts` batch) on the scheduler, `make_policy(engine)`
+    the method's policy over its rows: `run.concurrency` rows, each refilled as soon as its image
+    is done; else lockstep batches of `run.batch_size` (rows refilled once all are free). Image i
+    depends only on (seed, first_index + i). Given `Requests(...)` it returns the streaming engine
+    (`RowStream`) instead. The grids are decoded to images with `tokenizer` (not timed)."""
     check_grid_model(model, "target")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
-        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer,
-                         check=lambda c: check_classes(model, c))
+        condition = conditions.condition or (lambda c, p, n: check_classes(model, one_class(c).reshape(1))[0])
+        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer, condition)
     conditions = check_classes(model, conditions)
     n, rows = conditions.shape[0], run.concurrency or run.batch_size
     prompts = is_prompts(conditions)
-    groups = [(i, min(i + rows, n)) for i in range(0, n, rows)] if prompts else [(0, n)]
     finished, total = {}, DecodeStats(method)
     start = time.perf_counter()
-    for lo, hi in groups:
-        scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, hi - lo),
-                              refill=run.concurrency is not None)
-        for i in range(lo, hi):
-            scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
-        # Decoding is inference: without no_grad a model whose parameters require grad (a
-        # transformers checkpoint, say) would record autograd graphs in eager passes, and
-        # torch.compile would trace a training graph (a backward beside every compiled pass).
-        with torch.no_grad():
-            while not scheduler.idle:
-                for image in scheduler.step():
-                    finished[image.index] = image
-                    if run.progress is not None:
-                        run.progress(len(finished))
-        total.passes_made += scheduler.passes_made
-        if run.compile:
-            total.compile_s.append(scheduler.take_compile_s())
+    scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, n), refill=run.concurrency is not None)
+    for i in range(n):
+        scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
+    # Decoding is inference: without no_grad a model whose parameters require grad (a
+    # transformers checkpoint, say) would record autograd graphs in eager passes, and
+    # torch.compile would trace a training graph (a backward beside every compiled pass).
+    with torch.no_grad():
+        while not scheduler.idle:
+            for image in scheduler.step():
+                finished[image.index] = image
+                if run.progress is not None:
+                    run.progress(len(finished))
+    total.passes_made += scheduler.passes_made
+    if run.compile:
+        total.compile_s.append(scheduler.take_compile_s())
     wall_s = time.perf_counter() - start
     total.extend([finished[i].stats for i in sorted(finished)])
     total.wall_s = wall_s

@@ -25,9 +25,24 @@ from specdec.settings import RunSettings, check_int
 
 
 class Requests:
-    """Conditions still to come: a method's `decode` given `Requests()` as its conditions returns
-    its streaming engine (requests submitted to it as they arrive) instead of decoding
-    (`specdec.decoding.stream` is how callers get one)."""
+    """Conditions still to come: a method's `decode` given `Requests(...)` as its conditions
+    returns its streaming engine (requests submitted to it as they arrive) instead of decoding
+    (`specdec.decoding.stream` is how callers get one). `condition(class_id, prompt,
+    negative_prompt)`: a request's condition as the scheduler queues it (a 0-d class id, or a
+    `Prompts` of one prompt), checked against the model, or a ValueError naming what is wrong."""
+
+    def __init__(self, condition: Optional[Callable] = None):
+        self.condition = condition
+
+
+def one_class(condition) -> torch.Tensor:
+    """A request's class id as a 0-d int64 tensor."""
+    if condition is None:
+        raise ValueError("this family is class-conditional: submit a class id, not a prompt")
+    condition = torch.as_tensor(condition)
+    if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
+    return condition.reshape(()).long()
 
 
 class StreamingEngine(ABC):
@@ -35,13 +50,13 @@ class StreamingEngine(ABC):
     `submit`, `results`, and the images' pixels when it has a tokenizer."""
 
     def __init__(self, method: str, run: RunSettings, grid: Tuple[int, int], concurrency: int, tokenizer=None,
-                 check: Optional[Callable] = None):
-        """`run`: the run settings (seed, sampling, backend, compile); `check(conditions [1]) ->
-        conditions`: the model's check of a request's condition (its class range), run at
-        `submit` so that a bad request is refused there, not in a step that other images share."""
+                 condition: Optional[Callable] = None):
+        """`run`: the run settings (seed, sampling, backend, compile); `condition`: `Requests`'
+        (None: class ids, unchecked), run at `submit` so that a bad request is refused there, not
+        in a step that other images share."""
         check_int(concurrency, "concurrency", 1)
         self.method, self.run = method, run
-        self._check = check
+        self._condition = condition
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
@@ -52,23 +67,26 @@ class StreamingEngine(ABC):
         #: that runs to its end keeps them there for the next decode's graphs)
         self.kept_runners: Optional[dict] = {}
 
-    def submit(self, condition, index: Optional[int] = None, *, seed: Optional[int] = None,
-               tag: Hashable = None) -> int:
-        """Queue a request: `condition` a class id (an int or a 0-d tensor), `index` its image index
-        (default: one past the last submitted), `seed` the seed of its stream (default: the
-        run's; image `index` of seed s is the image `decode(..., seed=s)` gives at that index),
-        `tag` what `cancel` and the results know it by (default: its index; a server gives each
-        request's images its own). Returns the index."""
-        condition = torch.as_tensor(condition)
-        if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
-        if self._check is not None:
-            condition = self._check(condition.reshape(1))[0]
+    def submit(self, condition=None, index: Optional[int] = None, *, prompt=None, negative_prompt=None,
+               seed: Optional[int] = None, tag: Hashable = None) -> int:
+        """Queue a request: `condition` a class id (an int or a 0-d tensor) of a class-conditional
+        family, or `prompt` of a text-conditional one (a string when the target has a processor,
+        else 1-D token ids; `negative_prompt`: CFG's unconditional prompt, None: the model's own).
+        `index` its image index (default: one past the last submitted), `seed` the seed of its
+        stream (default: the run's; image `index` of seed s is the image `decode(..., seed=s)`
+        gives at that index), `tag` what `cancel` and the results know it by (default: its
+        index; a server gives each request's images its own). Returns the index."""
+        if (condition is None) == (prompt is None):
+            raise ValueError("submit takes a class id (condition) or a prompt, one of them")
+        if self._condition is not None:
+            condition = self._condition(condition, prompt, negative_prompt)
+        else:
+            condition = one_class(condition)
         index = self._next_index if index is None else check_int(index, "index")
         if seed is not None:
             check_int(seed, "seed")
         self._next_index = index + 1
-        self.queue.append(Request(condition.reshape(()).long(), index, seed, index if tag is None else tag))
+        self.queue.append(Request(condition, index, seed, index if tag is None else tag))
         return index
 
     @property
@@ -102,8 +120,8 @@ class RowStream(StreamingEngine):
     request at once; a step is one scheduler step (admit -> step -> retire)."""
 
     def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
-                 tokenizer=None, check: Optional[Callable] = None):
-        super().__init__(method, run, grid, concurrency, tokenizer, check)
+                 tokenizer=None, condition: Optional[Callable] = None):
+        super().__init__(method, run, grid, concurrency, tokenizer, condition)
         self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
         self.scheduler.queue = self.queue
 
@@ -156,4 +174,4 @@ class RowStream(StreamingEngine):
         self.scheduler.drop()
 
 
-__all__ = ["RowStream", "StreamingEngine"]
+__all__ = ["Requests", "RowStream", "StreamingEngine", "one_class"]

@@ -134,7 +134,13 @@ class SlotKVCache:
         rows = self.image_rows(torch.tensor([row]))
         for mine, theirs in zip(self.k + self.v, source.k + source.v):
             mine[rows] = theirs.to(mine.dtype)
-        self.valid[rows] = source.valid
+        for mine, theirs in zip(self.row_state(), source.row_state()):
+            mine[rows] = theirs
+
+    def row_state(self) -> List[torch.Tensor]:
+        """The cache's tensors of one entry per row besides keys and values (the valid slots; a
+        subclass adds its own, e.g. each row's left padding): what moves with a row."""
+        return [self.valid]
 
     def image_rows(self, index: torch.Tensor) -> torch.Tensor:
         """The rows of images `index` (int64 [k]): theirs, then with CFG their unconditional ones."""
@@ -147,16 +153,19 @@ class SlotKVCache:
         addresses kept: a compiled pass over this cache runs over some images of `source`, and
         `put_images` copies what it wrote back)."""
         rows = source.image_rows(index)
-        for mine, theirs in zip(self.k + self.v, source.k + source.v):
+        for mine, theirs in zip(self.k + self.v + self.row_state(), source.k + source.v + source.row_state()):
             torch.index_select(theirs, 0, rows, out=mine)
-        torch.index_select(source.valid, 0, rows, out=self.valid)
+        if source.prefix_len != self.prefix_len:
+            self.prefix_len = source.prefix_len
 
     def put_images(self, target: "SlotKVCache", index: torch.Tensor) -> None:
         """Copy this cache of k images into images `index` of `target` (`take_images`' inverse)."""
+        if target.prefix_len != self.prefix_len:
+            raise ValueError(f"rows of one cache share their prefix length: these hold {self.prefix_len} slots "
+                             f"before raster token 0, the cache they join {target.prefix_len}")
         rows = target.image_rows(index)
-        for mine, theirs in zip(self.k + self.v, target.k + target.v):
+        for mine, theirs in zip(self.k + self.v + self.row_state(), target.k + target.v + target.row_state()):
             theirs.index_copy_(0, rows, mine)
-        target.valid.index_copy_(0, rows, self.valid)
 
     def clone(self) -> "SlotKVCache":
         other = object.__new__(SlotKVCache)

@@ -32,10 +32,13 @@ Subclass hooks (override in an adapter; the first four are required):
   invalidates its row end too. Row-end tokens never enter a grid.
 
 Prompt ids are everything before raster token 0 (image-start or grid-size tokens included).
-Slots: a batch's prompts are left-padded to the longest of the cache's rows (conditional and
-unconditional), padding slots invalid; `cache.prefix_len` is that length and the RoPE position of
-slot s in row r is `s - cache.pad[r]` (the token's index among the row's real tokens), which is
-what the model itself uses for an unpadded prompt.
+Slots: every row's prompt (conditional and unconditional) ends at slot `max_prompt_len`, left-padded
+with invalid slots: `prefix_len` is `max_prompt_len` for every cache of the model, so rows prefilled
+at different times (a request joining the scheduler's running batch) share one map from raster
+positions to slots, and an image's keys sit at the same slots whatever prompts it is decoded
+beside. The RoPE position of slot s in row r is `s - cache.pad[r]` (the token's index among the
+row's real tokens), which is what the model itself uses for an unpadded prompt. `max_prompt_len`
+is then what each row's attention reads before the grid: set it to the longest prompt served.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from specdec import masks
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache, cache_keyword
 from specdec.models.protocol import ForwardOutput
-from specdec.numerics import batch_invariant_enabled
+from specdec.numerics import RowWiseLinears, batch_invariant_enabled
 
 
 class HFImageModel(nn.Module, abc.ABC):
@@ -68,7 +71,6 @@ class HFImageModel(nn.Module, abc.ABC):
 
     supports_cfg = True     #: CFG through an unconditional prompt (specdec.decoding.runner.supports_guidance)
     null_class = None       #: text-conditional: no null class
-    prefix_len = None       #: varies per batch: the cache's `prefix_len` (set by the prefill)
 
     def __init__(self, hf_model: nn.Module, *, grid: Tuple[int, int], vocab_size: int, processor=None,
                  max_prompt_len: int = 512, row_end_token: Optional[int] = None):
@@ -85,8 +87,11 @@ class HFImageModel(nn.Module, abc.ABC):
         self._grid = (H, W)
         self._vocab_size = int(vocab_size)
         self.max_prompt_len = max_prompt_len
+        self.prefix_len = max_prompt_len    #: slots before raster token 0, every row's prompt right-aligned there
         self.row_end_token = None if row_end_token is None else int(row_end_token)
         self.use_specdec_attention()
+        # (found once here: a compiled pass must not trace the signature's inspection)
+        self._cache_keyword = cache_keyword(next(iter(self.decoder_layers())).forward)
 
     # ---- hooks a subclass provides ------------------------------------------------------------
     @property
@@ -178,7 +183,7 @@ class HFImageModel(nn.Module, abc.ABC):
         n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         p = self._param()
         args = (len(list(self.decoder_layers())), batch, n_kv, self.n_slots, head_dim)
-        kw = dict(cfg=cfg, dtype=dtype or p.dtype, device=device or p.device, prefix_len=0)
+        kw = dict(cfg=cfg, dtype=dtype or p.dtype, device=device or p.device, prefix_len=self.prefix_len)
         if self.row_end_token is not None:
             return RowEndSlotCache(*args, width=self._grid[1], **kw)
         return HFSlotCache(*args, **kw)
@@ -213,7 +218,24 @@ class HFImageModel(nn.Module, abc.ABC):
             neg = [None if n is None else self._ids(n, f"negative_prompts[{i}]") for i, n in enumerate(negatives)]
         return Prompts(cond, neg)
 
-    def _prompt_rows(self, cache: HFSlotCache, cond, uncond) -> List[torch.Tensor]:
+    def prepare_prompts(self, cond, uncond=None):
+        """The prompts as the prefill writes them, (cond, uncond): a subclass adds what its model
+        expects at the end of a prompt (an image header, a generation suffix)."""
+        return cond, uncond
+
+    def check_prompts(self, cond, cfg: bool = False) -> None:
+        """Raise what a prefill of the prompts `cond` would raise about the prompts themselves
+        (token ids out of range, a row longer than `max_prompt_len`), without a pass: the
+        scheduler refuses a request when it is submitted, not in a step that other images share."""
+        self._check_lengths(self._prompt_rows(len(cond.cond), cfg, *self.prepare_prompts(cond)))
+
+    def _check_lengths(self, rows: List[torch.Tensor]) -> None:
+        L = max(int(r.shape[0]) for r in rows)
+        if L > self.max_prompt_len:
+            raise ValueError(f"a prompt has {L} tokens; the model was wrapped with max_prompt_len="
+                             f"{self.max_prompt_len} (wrap(..., max_prompt_len=...))")
+
+    def _prompt_rows(self, batch: int, cfg: bool, cond, uncond) -> List[torch.Tensor]:
         if isinstance(cond, torch.Tensor) and cond.dim() == 2:
             cond = Prompts(list(cond))
         if not is_prompts(cond):
@@ -223,9 +245,9 @@ class HFImageModel(nn.Module, abc.ABC):
                 raise ValueError("cond must be a Prompts batch (or a list of 1-D token ids) for a text-conditional "
                                  "model")
         rows = [self._ids(c, f"prompts[{i}]") for i, c in enumerate(cond.cond)]
-        if len(rows) != cache.batch:
-            raise ValueError(f"{len(rows)} prompts for a cache of batch {cache.batch}")
-        if cache.cfg:
+        if len(rows) != batch:
+            raise ValueError(f"{len(rows)} prompts for a cache of batch {batch}")
+        if cfg:
             negatives = uncond if uncond is not None else cond.negative
             if negatives is not None and len(negatives) != len(rows):
                 raise ValueError(f"{len(negatives)} negative prompts for {len(rows)} prompts")
@@ -241,27 +263,33 @@ class HFImageModel(nn.Module, abc.ABC):
 
     def prefill(self, cache: HFSlotCache, cond, uncond=None, backend: Optional[str] = None) -> ForwardOutput:
         """Write the prompts (a `Prompts` batch; with a CFG cache the negatives, or the model's
-        `unconditional_prompt`, fill the second half of the rows), left-padded to the longest row.
-        Sets `cache.prefix_len` and `cache.pad`. Returns the output at the last prompt slot: the
-        distribution of raster token 0, [rows, 1, V]."""
-        rows = self._prompt_rows(cache, cond, uncond)
+        `unconditional_prompt`, fill the second half of the rows), each ending at slot
+        `prefix_len` (left-padded; one pass over the longest row's slots). Sets `cache.pad`.
+        Returns the output at the last prompt slot: the distribution of raster token 0,
+        [rows, 1, V]."""
+        if batch_invariant_enabled():     # (transformers' linear layers too, row by row)
+            with RowWiseLinears():
+                return self._prefill(cache, cond, uncond, backend)
+        return self._prefill(cache, cond, uncond, backend)
+
+    def _prefill(self, cache: HFSlotCache, cond, uncond, backend: Optional[str]) -> ForwardOutput:
+        rows = self._prompt_rows(cache.batch, cache.cfg, *self.prepare_prompts(cond, uncond))
+        self._check_lengths(rows)
         lengths = [int(r.shape[0]) for r in rows]
         L = max(lengths)
-        if L > self.max_prompt_len:
-            raise ValueError(f"a prompt has {L} tokens; the model was wrapped with max_prompt_len="
-                             f"{self.max_prompt_len} (wrap(..., max_prompt_len=...))")
         device = cache.device
         ids = torch.zeros(cache.rows, L, dtype=torch.long)
         for i, r in enumerate(rows):
             ids[i, L - lengths[i]:] = r
-        pad = torch.tensor([L - n for n in lengths], dtype=torch.long)
+        P = self.prefix_len
+        pad = torch.tensor([P - n for n in lengths], dtype=torch.long)
         ids, pad = ids.to(device), pad.to(device)
-        cache.prefix_len = L
+        cache.prefix_len = P
         cache.pad.copy_(pad)
-        slots = torch.arange(L, device=device).expand(cache.rows, L)
+        slots = torch.arange(P - L, P, device=device).expand(cache.rows, L)
         real = slots >= pad[:, None]
         h = self.embed_text(ids).to(self._param().dtype)
-        hidden = self._run(cache, h, slots, real, None, True, backend, limit=L)
+        hidden = self._run(cache, h, slots, real, None, True, backend, limit=P)
         last = hidden[:, -1:]
         return ForwardOutput(self.head(last), last)
 
@@ -278,6 +306,13 @@ class HFImageModel(nn.Module, abc.ABC):
         the slots up to raster position `reach` when given. Returns float32 logits [rows, N, V]
         and pre-norm hidden states [rows, N, dim]; output n is the distribution of the raster
         token after the one fed at n (with row ends: after the row end that follows it)."""
+        if batch_invariant_enabled():     # (transformers' linear layers too, row by row)
+            with RowWiseLinears():
+                return self._forward_tokens(cache, tokens, positions, tree_mask, write, backend, checked, reach)
+        return self._forward_tokens(cache, tokens, positions, tree_mask, write, backend, checked, reach)
+
+    def _forward_tokens(self, cache: HFSlotCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask, write: bool,
+                        backend: Optional[str], checked: bool, reach: Optional[int]) -> ForwardOutput:
         H, W = self._grid
         tokens = cache.check_tokens(tokens)
         if positions.dtype not in (torch.int32, torch.int64):
@@ -388,7 +423,7 @@ class HFImageModel(nn.Module, abc.ABC):
         cache.begin_step(slots, write=write, in_place=in_place, limit=limit)
         try:
             for layer in self.decoder_layers():
-                h = self.run_layer(layer, h, position_ids=position_ids, **{cache_keyword(layer.forward): cache},
+                h = self.run_layer(layer, h, position_ids=position_ids, **{self._cache_keyword: cache},
                                    position_embeddings=position_embeddings, **visibility)
         finally:
             cache.end_step()

@@ -20,7 +20,6 @@ the RoPE position of a slot: `slot - pad[row]`.
 """
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Optional
 
@@ -37,14 +36,9 @@ except ImportError:  # pragma: no cover - exercised only without transformers
 def cache_keyword(forward) -> str:
     """The keyword a transformers forward (a model's or a decoder layer's) takes its KV cache by:
     `cache` from transformers 5.25 on, where `past_key_values` is deprecated (a warning on every
-    call; removed in 5.40), `past_key_values` before."""
-    return _cache_keyword(getattr(forward, "__func__", forward))
-
-
-@functools.lru_cache(maxsize=None)
-def _cache_keyword(function) -> str:
-    # (the signature of the function itself: transformers' decorators keep it as __wrapped__)
-    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+    call; removed in 5.40), `past_key_values` before. (The signature of the function itself:
+    transformers' decorators keep it as `__wrapped__`.)"""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 class HFSlotCache(SlotKVCache, _HFCache):
@@ -124,9 +118,8 @@ class HFSlotCache(SlotKVCache, _HFCache):
         self._appended = 0
         self._step = None
 
-    def load_row(self, source: "HFSlotCache", row: int) -> None:
-        super().load_row(source, row)
-        self.pad[[row, row + self.batch] if self.cfg else [row]] = source.pad
+    def row_state(self):
+        return super().row_state() + [self.pad]
 
     def clone(self) -> "HFSlotCache":
         other = object.__new__(type(self))

@@ -90,9 +90,9 @@ class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
             return ids
         return torch.cat([ids, head])
 
-    def prefill(self, cache, cond, uncond=None, backend: Optional[str] = None):
-        """The base's prefill with every prompt, conditional and negative, ending in the image
-        header (an omitted negative is the header alone, Lumina-mGPT's unconditional context)."""
+    def prepare_prompts(self, cond, uncond=None):
+        """Every prompt, conditional and negative, ending in the image header (an omitted negative
+        is the header alone, Lumina-mGPT's unconditional context)."""
         if isinstance(cond, torch.Tensor) and cond.dim() == 2:
             cond = Prompts(list(cond))
         elif isinstance(cond, (list, tuple)):
@@ -104,7 +104,7 @@ class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
                        for i, n in enumerate(neg)]
             cond = Prompts([self.with_header(self._ids(c, f"prompts[{i}]")) for i, c in enumerate(cond.cond)], neg)
             uncond = None
-        return super().prefill(cache, cond, uncond, backend)
+        return cond, uncond
 
 
 def _target(model, name: str):

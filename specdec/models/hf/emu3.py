@@ -225,12 +225,12 @@ class Emu3ImageModel(TextVocabularyImageTokens, HFImageModel):
                                  f"{self.grid[0]}x{self.grid[1]} (wrap(..., grid=...))")
         return batch
 
-    def prefill(self, cache, cond, uncond=None, backend: Optional[str] = None):
-        """The base's prefill with each conditional prompt ending in this model's own generation
-        suffix (added, or rewritten to this grid); negative prompts are written as given."""
+    def prepare_prompts(self, cond, uncond=None):
+        """Each conditional prompt ending in this model's own generation suffix (added, or
+        rewritten to this grid); negative prompts are written as given."""
         if is_prompts(cond):
             cond = Prompts([self.with_suffix(c) for c in cond.cond], cond.negative)
-        return super().prefill(cache, cond, uncond, backend)
+        return cond, uncond
 
 
 def wrap_emu3(hf_model: nn.Module, processor=None, **options):

@@ -101,6 +101,9 @@ class GlmImageCache(HFSlotCache):
         super().reset()
         self.text_len.zero_()
 
+    def row_state(self):
+        return super().row_state() + [self.text_len]
+
     def clone(self) -> "GlmImageCache":
         other = super().clone()
         other.text_len = self.text_len.clone()
@@ -161,7 +164,8 @@ class GlmImageStage(HFImageModel):
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         p = self._param()
         return GlmImageCache(len(list(self.decoder_layers())), batch, c.num_key_value_heads, self.n_slots, head_dim,
-                             cfg=False, dtype=dtype or p.dtype, device=device or p.device, prefix_len=0)
+                             cfg=False, dtype=dtype or p.dtype, device=device or p.device,
+                             prefix_len=self.prefix_len)
 
     def position_ids(self, cache: GlmImageCache, slots: torch.Tensor) -> torch.Tensor:
         """M-RoPE (t, h, w) positions [3, rows, n] of slots [rows, n] (see the module docstring)."""

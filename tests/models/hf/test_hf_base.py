@@ -91,7 +91,7 @@ def test_one_token_decoding_equals_transformers_forward(row_end):
         for u in range(H * W - 1):
             outs.append(m.forward_tokens(cache, tokens[:, u:u + 1], torch.tensor([u])).logits)
     got = torch.cat(outs, 1)                                             # [2, HW, V]
-    assert cache.prefix_len == 5
+    assert cache.prefix_len == m.max_prompt_len == 8
     for b in range(2):
         seq = sequence(prompts[b], tokens[b], row_end)
         ref = hf_image_logits(m.hf_model, seq)
