@@ -174,6 +174,10 @@ setup(
     extras_require={
         "triton": ["triton"],
         "test": ["pytest", "hypothesis", "pytest-benchmark"],
+        # `specdec serve`: the OpenAI-compatible endpoint (docs/serving.md)
+        "serve": ["fastapi>=0.115", "uvicorn>=0.30", "prometheus-client>=0.20"],
+        # `specdec serve --ray` and `serve run specdec.serve:app`: replicas on a Ray cluster
+        "ray": ["ray[serve]>=2.60", "fastapi>=0.115", "uvicorn>=0.30", "prometheus-client>=0.20"],
     },
     entry_points={"console_scripts": ["specdec=specdec.cli:main"]},
     zip_safe=False,

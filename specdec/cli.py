@@ -6,6 +6,7 @@
     specdec generate --model t2i_XL_stage1_256.pt --vq vq_ds16_t2i.pt --caption-embeddings caps.pt \
         --method ar --out t2i.png
     specdec generate --model ./janus-pro-saved --prompt "a red fox" --method ar --out fox.png
+    specdec serve --method mulo --concurrency 16      # an OpenAI-compatible endpoint (docs/serving.md)
 
 Both run on the embedded default family (`specdec.models.default()`), on CPU unless --device says
 otherwise; `generate --model PATH` runs on a LlamaGen checkpoint (class-conditional or
@@ -16,76 +17,21 @@ option (see `specdec.decoding.OPTIONS`: one options dataclass per method, its de
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict
 
 import torch
 
+from specdec.cli_flags import common_flags, embedded_family, load_model, model_file_flags, parse_sets, run_settings
 from specdec.progress import ProgressLine
 
 
 # ---------------------------------------------------------------------------------------------
 # arguments
 # ---------------------------------------------------------------------------------------------
-
-def _value(text: str):
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def parse_sets(items: List[str], per_method: bool) -> Dict:
-    out: Dict = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        if per_method:
-            if "." not in key:
-                raise ValueError(f"compare --set expects METHOD.KEY=VALUE, got {item!r}")
-            method, key = key.split(".", 1)
-            out.setdefault(method, {})[key] = _value(value)
-        else:
-            out[key] = _value(value)
-    return out
-
-
-#: The Sampling fields that flags of the same name set (unset: the family's own value).
-_SAMPLING_FIELDS = ("cfg_scale", "temperature", "top_k", "top_p", "cfg_interval", "cfg_rule")
-
-
-def _sampling(args, family=None):
-    """The family's sampling (GLM-Image's own; else DEFAULT_SAMPLING) with the flags given."""
-    import dataclasses
-
-    from specdec.decoding import DEFAULT_SAMPLING
-
-    base = getattr(family, "sampling", None) or DEFAULT_SAMPLING
-    given = {name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name) is not None}
-    return dataclasses.replace(base, **given)
-
-
-def run_settings(args, family=None, progress=None):
-    """The run's settings from the common flags, built once per command (a bad value is one line)."""
-    from specdec.settings import RunSettings
-
-    if isinstance(args.batch_size, bool) or args.batch_size < 1:
-        raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise ValueError(f"--concurrency must be an int >= 1, got {args.concurrency}")
-    if args.concurrency is not None and args.batch_size != 1:
-        raise ValueError("pass --batch-size (lockstep batches) or --concurrency (continuous batching), not both")
-    if args.max_tokens_per_pass is not None and args.max_tokens_per_pass < 1:
-        raise ValueError(f"--max-tokens-per-pass must be an int >= 1, got {args.max_tokens_per_pass}")
-    return RunSettings(seed=args.seed, sampling=_sampling(args, family), batch_size=args.batch_size,
-                       concurrency=args.concurrency, max_tokens_per_pass=args.max_tokens_per_pass,
-                       compile=args.compile, progress=progress)
-
 
 def batching_label(run) -> str:
     """How a run shares its passes, in words."""
@@ -96,37 +42,6 @@ def batching_label(run) -> str:
     if run.max_tokens_per_pass is not None:
         label += f", at most {run.max_tokens_per_pass} tokens per pass ({run.token_share} per image)"
     return label
-
-
-def check_device(device: str) -> torch.device:
-    """--device as a torch device that exists here (a one-line error otherwise)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return dev
-
-
-def _family(args):
-    from specdec.models.default import default
-
-    check_device(args.device)
-    torch.set_num_threads(args.threads) if args.threads else None
-    return default(device=args.device, grid=args.grid)
-
-
-#: The flag of each parameter of specdec.models.loading that a LoadError may name.
-_LOAD_FLAGS = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size",
-               "drafter": "--drafter", "heads": "--heads", "upsampler": "--upsampler"}
-
-
-def _flagged(error, flag: str = None) -> ValueError:
-    """A LoadError as the one-line error of the flag it concerns."""
-    return ValueError(f"{flag or _LOAD_FLAGS.get(error.argument, error.argument)} {error.message}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +58,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"{', '.join(used)} need(s) --model (without it generate runs the embedded default family)")
     decoding.check_method(args.method)
     options = parse_sets(args.set, per_method=False)
-    fam = _family(args)
+    fam = embedded_family(args)
     n_classes = fam.target.num_classes
     if not 0 <= args.class_id < n_classes:
         raise ValueError(f"--class must lie in [0, {n_classes}), got {args.class_id}")
@@ -172,33 +87,6 @@ def _model_flags(args) -> Dict[str, object]:
             "--drafter-grid": args.drafter_grid, "--heads": args.heads, "--upsampler": args.upsampler}
 
 
-def _model_files(args):
-    """The typed model settings of the --model flags (specdec.user_inputs)."""
-    from specdec.user_inputs import ModelFiles
-
-    return ModelFiles(args.model, device=check_device(args.device), vq=args.vq, gpt_size=args.gpt_size,
-                      vq_size=args.vq_size, grid_size=args.grid_size, dtype=args.dtype, height=args.height,
-                      width=args.width, trust_pickle=args.trust_pickle, quiet=getattr(args, "quiet", False))
-
-
-def _load_model(args):
-    """--model's family and the extra models of --drafter, --heads and --upsampler."""
-    from specdec.models.loading import LoadError
-    from specdec.user_inputs import load_model_family, method_resources
-
-    files = _model_files(args)
-    try:
-        fam = load_model_family(files)
-    except LoadError as e:
-        raise _flagged(e, "--model" if e.argument == "path" else None) from None
-    try:
-        resources = method_resources(args.method, fam, files, drafter=args.drafter, drafter_grid=args.drafter_grid,
-                                     heads=args.heads, upsampler=args.upsampler)
-    except LoadError as e:
-        raise _flagged(e) from None
-    return fam, resources
-
-
 def cmd_generate_model(args) -> int:
     from specdec import decoding, images
     from specdec.user_inputs import model_conditions
@@ -212,7 +100,7 @@ def cmd_generate_model(args) -> int:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     tokens_only = args.out.endswith(".pt")
     torch.set_num_threads(args.threads) if args.threads else None
-    fam, resources = _load_model(args)
+    fam, resources = load_model(args)
     options = {**resources, **options}
     classes, prompts, negative, what = model_conditions(fam.target, args.num, class_id=args.class_id,
                                                         prompts=args.prompt or (),
@@ -247,7 +135,7 @@ def cmd_compare(args) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
-    fam = _family(args)
+    fam = embedded_family(args)
     run = run_settings(args, fam)
     sampling = run.sampling
     t0 = time.perf_counter()
@@ -293,7 +181,7 @@ def cmd_sample(args) -> int:
     try:
         world, device = sample.join(args.device)
         args.device = str(device)
-        fam = _family(args)
+        fam = embedded_family(args)
         req = sample.Request(method=args.method, out_dir=args.out, num=args.num, run=run_settings(args, fam),
                              options=options, classes=args.classes, prompts=args.prompts,
                              show_progress=not args.quiet)
@@ -325,39 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    def common(sp):
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--device", default="cpu")
-        sp.add_argument("--grid", type=int, choices=(16, 32), default=16,
-                        help="the embedded family: 16x16 tokens (32 px, the default) or 32x32 tokens (64 px, "
-                             "drafted by the 16x16 target in MuLo-SD)")
-        sp.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: the embedded models are latency-bound, extra threads only "
-                             "add synchronisation)")
-        sp.add_argument("--cfg-scale", type=float, default=None, help="classifier-free guidance scale")
-        sp.add_argument("--temperature", type=float, default=None, help="(unset: the family's; 1)")
-        sp.add_argument("--top-k", type=int, default=None,
-                        help="keep the k most probable tokens (unset: the family's; 0 = all)")
-        sp.add_argument("--batch-size", type=int, default=1,
-                        help="lockstep batches: images decoded in the same passes until the slowest is done "
-                             "(image i's tokens do not depend on it)")
-        sp.add_argument("--concurrency", type=int, default=None,
-                        help="continuous batching: N images decode at once, each slot taken by the next image as "
-                             "soon as its image is done (the same images as --batch-size 1; replaces --batch-size)")
-        sp.add_argument("--max-tokens-per-pass", type=int, default=None,
-                        help="a token budget per target pass over the images decoded at once: each image's "
-                             "speculation narrows to its share (down to AR steps at one token; unset: no limit)")
-        sp.add_argument("--compile", action="store_true",
-                        help="run the decoder's model passes through torch.compile (CUDA graphs on a GPU), "
-                             "padded to a few widths; the one-off compile time is reported apart")
-        sp.add_argument("--top-p", type=float, default=None,
-                        help="nucleus after top-k, in (0, 1]; 1 = off (unset: the family's; 1)")
-        sp.add_argument("--cfg-interval", type=float, default=None,
-                        help="LlamaGen's cfg_interval: guidance stops after raster token N+1 (-1: every token)")
-        sp.add_argument("--cfg-rule", choices=("always", "llamagen"), default=None,
-                        help="'llamagen': guidance only when --cfg-scale > 1, as LlamaGen samples")
-        sp.add_argument("--quiet", action="store_true", help="no progress bar")
-
     g = sub.add_parser("generate", help="generate images of one class (or prompt) with one method")
     g.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
     g.add_argument("--class", dest="class_id", type=int, default=None,
@@ -366,38 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, help="PNG file for the image grid (with --model, FILE.pt: the token grids)")
     g.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
     m = g.add_argument_group("a model of your own (docs/models.md)")
-    m.add_argument("--model", default=None, metavar="PATH",
-                   help="a LlamaGen GPT checkpoint (.pt/.safetensors) or a transformers save_pretrained folder")
-    m.add_argument("--vq", default=None, metavar="PATH", help="the LlamaGen VQ checkpoint of --model")
-    m.add_argument("--gpt-size", default="GPT-XL",
-                   help="LlamaGen GPT size of --model (GPT-B, GPT-L, GPT-XL, ...; or a dict of GPTConfig fields)")
-    m.add_argument("--vq-size", default="VQ-16", help="LlamaGen VQ size of --vq (VQ-16, VQ-8)")
-    m.add_argument("--grid-size", type=int, default=16,
-                   help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
-    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32",
-                   help="weights and activations of --model")
-    m.add_argument("--height", type=int, default=None, help="GLM-Image: the image height in pixels (a multiple of 32)")
-    m.add_argument("--width", type=int, default=None, help="GLM-Image: the image width in pixels (a multiple of 32)")
-    m.add_argument("--trust-pickle", action="store_true",
-                   help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
+    model_file_flags(m)
     m.add_argument("--prompt", action="append", metavar="TEXT",
                    help="text prompt (repeatable), text-conditional models")
     m.add_argument("--negative-prompt", action="append", metavar="TEXT",
                    help="CFG's unconditional prompt: one for all prompts or one per --prompt")
     m.add_argument("--caption-embeddings", default=None, metavar="FILE",
                    help="LlamaGen text-to-image: T5 caption features (.safetensors/.pt: caption_embs, emb_masks)")
-    m.add_argument("--drafter", default=None, metavar="PATH",
-                   help="a second model (same kinds as --model) as the drafter: mulo's low-resolution one "
-                        "(its grid divides --model's, same codebook), or sd's / lantern's same-grid one")
-    m.add_argument("--drafter-grid", type=int, default=None, metavar="N",
-                   help="tokens per side of --drafter (default: the drafter's own; mulo: --model's grid / r)")
-    m.add_argument("--heads", default=None, metavar="FILE",
-                   help="SSD heads of --model, from `python -m specdec.train ssd --model ...` (ssd; sd/lantern "
-                        "draft with them when there is no --drafter)")
-    m.add_argument("--upsampler", default=None, metavar="FILE",
-                   help="mulo's learned up-sampler for --model, from `python -m specdec.train upsampler --model ...` "
-                        "(without it mulo up-samples in pixel space)")
-    common(g)
+    common_flags(g)
     g.set_defaults(generate_parser=g)
 
     c = sub.add_parser("compare", help="run several methods on the same classes and seeds, print one table")
@@ -408,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out-dir", default="out", help="image grids and MuLo-SD maps (PNG) go here")
     c.add_argument("--set", action="append", metavar="METHOD.KEY=VALUE", help="method option, e.g. mulo.tau=0.1")
     c.add_argument("--no-warmup", action="store_true", help="skip the one-image warm-up run per method")
-    common(c)
+    common_flags(c)
 
     s = sub.add_parser("sample", help="generate an evaluation set (PNGs + samples.npz), one process or under torchrun",
                        description="Launch plainly or as `torchrun --nproc-per-node K -m specdec.cli sample ...`; "
@@ -426,10 +257,36 @@ def build_parser() -> argparse.ArgumentParser:
     cond.add_argument("--prompts", metavar="FILE",
                       help='JSONL, one {"class": id, "n": samples} per line: GenEval-style folders per prompt')
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="method option, e.g. tau=0.1")
-    common(s)
+    common_flags(s)
     # Under torchrun each rank takes the GPU of its local rank when there is one.
     s.set_defaults(device="auto")
+
+    # (argparse only: the server's libraries are imported when `serve` runs, so that `specdec`
+    # works without the [serve] extra)
+    from specdec.serve.command import serve_flags
+
+    serve_flags(sub.add_parser("serve", help="serve an OpenAI-compatible image endpoint (pip install "
+                                             "'specdec-image[serve]')",
+                               description="POST /v1/images/generations, GET /v1/models, /health, /metrics "
+                                           "(docs/serving.md)."))
     return p
+
+
+def cmd_serve(args) -> int:
+    import importlib.util
+
+    needed = ("fastapi", "uvicorn", "prometheus_client") + (("ray",) if args.ray else ())
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        extra = "serve,ray" if args.ray else "serve"
+        raise ValueError(f"serve needs {', '.join(missing)}: pip install 'specdec-image[{extra}]'")
+    if args.ray:
+        from specdec.serve.ray_app import serve_forever
+
+        return serve_forever(dict(vars(args)))
+    from specdec.serve.command import run
+
+    return run(args)
 
 
 def main(argv=None) -> int:
@@ -440,6 +297,8 @@ def main(argv=None) -> int:
     try:
         if args.command == "sample":
             return cmd_sample(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         return cmd_generate(args) if args.command == "generate" else cmd_compare(args)
     except (ValueError, FileNotFoundError) as e:
         message = " ".join(str(e).splitlines())   # one line, whatever the exception wrote

@@ -5,14 +5,14 @@ import json
 import pytest
 
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
-from specdec import cli, decoding
+from specdec import cli, cli_flags, decoding
 
 FIELDS = {"method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd"}
 
 
 def test_compare_json_and_table_from_the_command_line(tmp_path, monkeypatch, capsys):
     fam = TinyFamily()
-    monkeypatch.setattr(cli, "_family", lambda args: fam)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: fam)
     out = tmp_path / "cmp.json"
     rc = cli.main(["compare", "--methods", "ar,zipar", "--num-images", "2", "--seed", "1", "--json", str(out),
                    "--out-dir", str(tmp_path), "--quiet", "--set", "zipar.window=2"])
@@ -25,7 +25,7 @@ def test_compare_json_and_table_from_the_command_line(tmp_path, monkeypatch, cap
 
 def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     fam = TinyFamily()
-    monkeypatch.setattr(cli, "_family", lambda args: fam)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: fam)
     png = tmp_path / "g.png"
     assert cli.main(["generate", "--method", "ssd", "--class", "1", "--num", "2", "--seed", "3", "--out", str(png),
                      "--set", "rounds=2"]) == 0
@@ -53,7 +53,7 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())
     monkeypatch.chdir(tmp_path)
     assert cli.main(argv + ["--quiet"]) == 2
     assert match in capsys.readouterr().err
@@ -77,7 +77,7 @@ def test_the_shipped_default_family_decodes():
 
 
 def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())
     assert cli.main(["compare", "--methods", "ar,sd", "--num-images", "4", "--batch-size", "2", "--quiet",
                      "--out-dir", str(tmp_path), "--json", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
@@ -87,7 +87,7 @@ def test_compare_takes_a_batch_size_and_says_so(monkeypatch, capsys, tmp_path):
 
 
 def test_compare_takes_a_concurrency_and_gives_the_images_of_one_at_a_time(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())
     runs = {}
     for name, flags in (("alone", []), ("continuous", ["--concurrency", "3"])):
         assert cli.main(["compare", "--methods", "ar,mulo", "--num-images", "4", "--quiet", *flags,
@@ -100,7 +100,7 @@ def test_compare_takes_a_concurrency_and_gives_the_images_of_one_at_a_time(monke
 
 def test_compare_takes_a_token_budget_and_says_each_images_share(monkeypatch, capsys, tmp_path):
     """A budget of one token per image and pass: every method makes AR's 16 passes per image."""
-    monkeypatch.setattr(cli, "_family", lambda args: TinyFamily())
+    monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())
     assert cli.main(["compare", "--methods", "ar,sjd,mulo", "--num-images", "2", "--quiet", "--concurrency", "2",
                      "--max-tokens-per-pass", "2", "--json", str(tmp_path / "t.json")]) == 0
     assert "concurrency 2, at most 2 tokens per pass (1 per image)" in capsys.readouterr().out
@@ -111,7 +111,7 @@ def test_compare_takes_a_token_budget_and_says_each_images_share(monkeypatch, ca
 def test_compare_decodes_with_the_familys_own_options_and_names_them(monkeypatch, capsys, tmp_path):
     fam = TinyFamily()
     fam.options = {"mulo": {"tau": 0.0, "radius": 2}}
-    monkeypatch.setattr(cli, "_family", lambda args: fam)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: fam)
     assert cli.main(["compare", "--methods", "ar,mulo", "--num-images", "2", "--quiet", "--out-dir", str(tmp_path),
                      "--json", str(tmp_path / "t.json"), "--set", "mulo.radius=1"]) == 0
     assert "the family's own options: mulo tau=0.0\n" in capsys.readouterr().out    # radius: the caller's
@@ -122,9 +122,9 @@ def test_compare_decodes_with_the_familys_own_options_and_names_them(monkeypatch
 def test_top_p_flag_reaches_the_sampling_settings():
     args = cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0", "--out", "x.png",
                                           "--top-k", "50", "--top-p", "0.8"])
-    s = cli._sampling(args)
+    s = cli_flags.sampling_from(args)
     assert (s.top_k, s.top_p) == (50, 0.8)
-    assert cli._sampling(cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",
+    assert cli_flags.sampling_from(cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",
                                                          "--out", "x.png"])).top_p == 1.0
 
 
@@ -138,9 +138,9 @@ def test_unset_sampling_flags_keep_the_familys_own_sampling():
     parse = lambda *flags: cli.build_parser().parse_args(["generate", "--method", "ar", "--class", "0",  # noqa
                                                           "--out", "x.png", *flags])
     glm = types.SimpleNamespace(sampling=Sampling(temperature=0.9, top_p=0.75))
-    assert cli._sampling(parse(), glm) == Sampling(temperature=0.9, top_p=0.75)
-    assert cli._sampling(parse("--top-k", "16"), glm) == Sampling(temperature=0.9, top_p=0.75, top_k=16)
-    assert cli._sampling(parse(), None) == decoding.DEFAULT_SAMPLING
+    assert cli_flags.sampling_from(parse(), glm) == Sampling(temperature=0.9, top_p=0.75)
+    assert cli_flags.sampling_from(parse("--top-k", "16"), glm) == Sampling(temperature=0.9, top_p=0.75, top_k=16)
+    assert cli_flags.sampling_from(parse(), None) == decoding.DEFAULT_SAMPLING
 
 
 def test_generate_on_the_32x32_family(tmp_path, capsys):

@@ -1,0 +1,145 @@
+"""`specdec serve` under load against `stream()` driven directly, per method and concurrency: the
+server started as `specdec serve` on a free loopback port (one CPU thread), the load generator's
+Poisson arrivals from K = concurrency clients, then the same load through `stream()` in this
+process. Per cell: images/s, p50/p99 latency and time to first partial image, both ways. Written to
+benchmarks/serve/results/serve-<machine>-<stamp>.json, with a Markdown table on stdout.
+
+    python benchmarks/serve/record_serve.py [--methods ar,mulo,ssd] [--concurrency 1,4,16]
+        [--requests 32] [--rate 8] [--time-limit 120]
+
+Every cell is bounded: `--requests` requests at most, `--time-limit` seconds of load at most, and
+a server that does not come up within a minute fails the cell. Each engine first serves
+`--warmup` requests untimed.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
+
+from direct import run_direct  # noqa: E402
+from loadgen import LoadSpec, run_load  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process, limit_s: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the server did not come up in time")
+
+
+def served(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int) -> dict:
+    """The load against `specdec serve` in a process of its own."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "specdec.cli", "serve", "--method", method, "--concurrency", str(concurrency),
+               "--port", str(port), "--threads", "1", "--partial-every", str(partial_every),
+               "--max-queue", str(max(64, spec.requests)), "--quiet"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_healthy(url, process)
+        if warmup:
+            asyncio.run(run_load(url, replace(spec, requests=warmup, seed=spec.seed + 1)))
+        return asyncio.run(run_load(url, spec))["summary"]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def direct(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int) -> dict:
+    import torch
+
+    from specdec.models import default
+
+    torch.set_num_threads(1)
+    family = default()
+    if warmup:
+        run_direct(method, family, concurrency, replace(spec, requests=warmup, seed=spec.seed + 1), partial_every)
+    return run_direct(method, family, concurrency, spec, partial_every)["summary"]
+
+
+def _fmt(value, digits=3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows) -> str:
+    lines = ["| method | concurrency | images/s (server / stream) | p50 latency s | p99 latency s | "
+             "p50 first partial s |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s, d = r["server"], r["stream"]
+        lines.append(f"| `{r['method']}` | {r['concurrency']} | {_fmt(s['images_per_s'], 2)} / "
+                     f"{_fmt(d['images_per_s'], 2)} | {_fmt(s['latency_p50_s'])} / {_fmt(d['latency_p50_s'])} | "
+                     f"{_fmt(s['latency_p99_s'])} / {_fmt(d['latency_p99_s'])} | "
+                     f"{_fmt(s['first_partial_p50_s'])} / {_fmt(d['first_partial_p50_s'])} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--methods", default="ar,mulo,ssd")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--rate", type=float, default=8.0, help="Poisson arrivals per second")
+    p.add_argument("--partial-images", type=int, default=1)
+    p.add_argument("--partial-every", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--time-limit", type=float, default=120.0, help="seconds of load per cell, at most")
+    args = p.parse_args(argv)
+    from bench_helpers import device_description
+    from run import machine_tag
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows = []
+    for method in args.methods.split(","):
+        for concurrency in map(int, args.concurrency.split(",")):
+            spec = LoadSpec(requests=args.requests, clients=concurrency, rate=args.rate,
+                            partial_images=args.partial_images, time_limit_s=args.time_limit)
+            row = {"method": method, "concurrency": concurrency,
+                   "server": served(method, concurrency, spec, args.warmup, args.partial_every),
+                   "stream": direct(method, concurrency, spec, args.warmup, args.partial_every)}
+            rows.append(row)
+            print(table([row]).splitlines()[-1], flush=True)
+    record = {"kind": "specdec-serve", "datetime": started.isoformat(), "machine": device_description(),
+              "command": "python benchmarks/serve/record_serve.py " + " ".join(argv or sys.argv[1:]),
+              "threads": 1, "rate": args.rate, "requests": args.requests, "rows": rows}
+    out_dir = os.path.join(HERE, "results")
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, f"serve-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(out, "w") as f:
+        json.dump(record, f, indent=2)
+    print(table(rows))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

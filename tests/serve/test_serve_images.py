@@ -1,0 +1,247 @@
+"""The server's images and its engine loop, in process: each request gets bit for bit the images
+`decode` gives its seed and indices, streams send partial images then the image, requests share
+the running batch, the queue is bounded, shutdown drains, and no request (malformed, failing,
+gone) stops the loop or the others."""
+import asyncio
+import json
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+
+from decoding_models import TinyFamily, single_thread  # noqa: E402, F401  (autouse fixture)
+from serve_helpers import EXACT, library_images, run, served_pixels, serving, sse_events  # noqa: E402
+from specdec.decoding.streaming import RowStream  # noqa: E402
+from specdec.serve import create_app  # noqa: E402
+from specdec.serve.engine_loop import EngineLoop  # noqa: E402
+
+#: (method, class, n, seed, first_index, options) of requests sent at once
+REQUESTS = [("ar", 1, 2, 5, 0, {}), ("mulo", 2, 2, 7, 3, {}), ("ssd", 0, 1, 11, 0, {}),
+            ("mulo", 0, 1, 7, 0, {"tau": 0.1}), ("ar", 2, 3, 9, 1, {}), ("sd", 1, 1, 2, 0, {})]
+
+
+@pytest.fixture(scope="module")
+def fam():
+    return TinyFamily()
+
+
+def _body(method, class_id, n, seed, first, options, **more):
+    return {"prompt": str(class_id), "method": method, "n": n, "seed": seed, "first_index": first,
+            "return_tokens": True, **options, **more}
+
+
+def test_each_request_gets_the_library_images_of_its_seed(fam, monkeypatch):
+    """Requests of several methods and options at once, rows fewer than images (queued, refilled):
+    image j of a request is image first_index + j of `decode` with its seed, tokens and pixels bit for bit;
+    requests with the same settings share one engine, whose rows all run at once; the engines
+    alive stay within max_engines."""
+    busy = []
+    step = RowStream.step
+    monkeypatch.setattr(RowStream, "step", lambda engine: (busy.append(engine.running), step(engine))[1])
+    app = create_app(fam, method="ar", concurrency=2, **EXACT)
+
+    async def main():
+        async with serving(app) as client:
+            answers = await asyncio.gather(*[client.post("/v1/images/generations", json=_body(*r)) for r in REQUESTS])
+            return answers, app.state.service.loop.engines
+
+    answers, engines = run(main())
+    assert engines == 4            # (5 settings, at most max_engines at once: an idle engine made room)
+    assert max(busy) == 2          # (a step made both rows' images at once)
+    for (method, class_id, n, seed, first, options), r in zip(REQUESTS, answers):
+        assert r.status_code == 200, r.text
+        body = r.json()
+        tokens, pixels = library_images(fam, method, class_id, n, seed, first, **options)
+        assert len(body["data"]) == n and body["specdec"]["seed"] == seed
+        for j, item in enumerate(body["data"]):
+            assert torch.equal(torch.tensor(item["tokens"]), tokens[j]), (method, j)
+            assert torch.equal(served_pixels(item["b64_json"]), pixels[j]), (method, j)
+            stats = body["specdec"]["images"][j]
+            assert stats["index"] == j and stats["stream_index"] == first + j and stats["target_passes"] > 0
+        assert body["usage"]["output_tokens"] == n * 16
+
+
+@pytest.mark.parametrize("method", ["ar", "mulo"])
+def test_a_stream_sends_partial_images_then_each_image(fam, method):
+    """`stream: true`: partial images (at most partial_images per image, indices 0, 1, ... in
+    order, each showing a final part of the image), then `image_generation.completed` with the
+    image the whole response gives."""
+    app = create_app(fam, method=method, concurrency=2, partial_every=1, **EXACT)
+    body = _body(method, 1, 2, 4, 0, {}, stream=True, partial_images=3)
+
+    async def main():
+        async with serving(app) as client:
+            return await client.post("/v1/images/generations", json=body)
+
+    r = run(main())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    tokens, pixels = library_images(fam, method, 1, 2, 4)
+    for j in range(2):
+        mine = [(e, d) for e, d in events if d["index"] == j]
+        kinds = [e for e, _ in mine]
+        assert kinds[-1] == "image_generation.completed" and kinds.count("image_generation.completed") == 1
+        partials = [d for e, d in mine if e == "image_generation.partial_image"]
+        assert 1 <= len(partials) <= 3
+        assert [d["partial_image_index"] for d in partials] == list(range(len(partials)))
+        done = mine[-1][1]
+        assert torch.equal(served_pixels(done["b64_json"]), pixels[j])
+        assert torch.equal(torch.tensor(done["tokens"]), tokens[j])
+        assert done["usage"]["output_tokens"] == 16 and done["size"] == "8x8"
+        if method == "ar":   # a partial image is the image's final raster prefix, grey after it
+            top = served_pixels(partials[0]["b64_json"])
+            shown = (top != 128).flatten(0, 1).any(-1).view(8, 8)
+            assert shown.any() and torch.equal(top[shown], pixels[j][shown])
+
+
+def test_the_queue_is_bounded_with_429_and_retry_after(fam, monkeypatch):
+    """Images accepted beyond concurrency + max_queue are refused at once with 429 and
+    Retry-After; once they finish, requests are accepted again."""
+    iteration = EngineLoop._iteration
+    held = {"on": True}
+
+    def paused(loop):
+        while held["on"]:
+            loop._read_inbox(block=True)     # (takes requests, steps nothing)
+        iteration(loop)
+
+    monkeypatch.setattr(EngineLoop, "_iteration", paused)
+    app = create_app(fam, method="ar", concurrency=1, max_queue=2, max_n=3, **EXACT)
+
+    async def main():
+        async with serving(app) as client:
+            first = asyncio.ensure_future(client.post("/v1/images/generations", json=_body("ar", 0, 3, 1, 0, {})))
+            while app.state.service.loop.outstanding < 3:
+                await asyncio.sleep(0.01)
+            refused = await client.post("/v1/images/generations", json=_body("ar", 0, 1, 1, 0, {}))
+            metrics = (await client.get("/metrics")).text
+            held["on"] = False
+            accepted = await first
+            again = await client.post("/v1/images/generations", json=_body("ar", 0, 1, 1, 0, {}))
+            return refused, metrics, accepted, again
+
+    refused, metrics, accepted, again = run(main())
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert "specdec_queue_depth 3.0" in metrics and 'specdec_requests_total{outcome="rejected"} 1.0' in metrics
+    assert accepted.status_code == 200 and again.status_code == 200
+
+
+def test_shutdown_drains_every_accepted_request(fam):
+    """Leaving the lifespan while requests run: every one of them gets its images (drain)."""
+    app = create_app(fam, method="mulo", concurrency=2, **EXACT)
+    answers = []
+
+    async def main():
+        async with serving(app) as client:
+            tasks = [asyncio.ensure_future(client.post("/v1/images/generations", json=_body("mulo", c, 2, c, 0, {})))
+                     for c in range(3)]
+            while app.state.service.loop.outstanding < 6:
+                await asyncio.sleep(0.005)
+        answers.extend(await asyncio.gather(*tasks))     # (the lifespan has drained by now)
+
+    run(main())
+    assert [r.status_code for r in answers] == [200] * 3
+    assert not app.state.service.loop.alive
+
+
+def test_a_drain_that_times_out_answers_every_request_with_an_error(fam, monkeypatch):
+    """Requests still unfinished when the drain's time is up get a 503 error each, none is dropped."""
+    monkeypatch.setattr(EngineLoop, "_step", lambda loop, key, slot: None)   # (nothing ever finishes)
+    app = create_app(fam, method="ar", concurrency=1, drain_timeout_s=0.2)
+    answers = []
+
+    async def main():
+        async with serving(app) as client:
+            tasks = [asyncio.ensure_future(client.post("/v1/images/generations", json=_body("ar", 0, 2, s, 0, {})))
+                     for s in range(3)]
+            while app.state.service.loop.outstanding < 6:
+                await asyncio.sleep(0.005)
+        answers.extend(await asyncio.gather(*tasks))
+
+    run(main())
+    assert [r.status_code for r in answers] == [503] * 3
+    assert all(r.json()["error"]["code"] == "unavailable" for r in answers)
+
+
+def test_a_failing_engine_fails_its_requests_and_the_loop_goes_on(fam, monkeypatch):
+    """An engine whose step raises ends the requests it held with a 500; requests of other
+    engines, and later requests of the same settings (a new engine), get their images."""
+    step = RowStream.step
+
+    def faulty(engine):
+        if engine.method == "ssd" and not getattr(faulty, "done", False):
+            faulty.done = True
+            raise RuntimeError("a device error")
+        return step(engine)
+
+    monkeypatch.setattr(RowStream, "step", faulty)
+    app = create_app(fam, method="ar", concurrency=2, **EXACT)
+
+    async def main():
+        async with serving(app) as client:
+            post = client.post
+            first = await asyncio.gather(post("/v1/images/generations", json=_body("ssd", 0, 1, 3, 0, {})),
+                                         post("/v1/images/generations", json=_body("ar", 1, 2, 3, 0, {})))
+            later = await post("/v1/images/generations", json=_body("ssd", 0, 1, 3, 0, {}))
+            return first, later
+
+    (broken, fine), later = run(main())
+    assert broken.status_code == 500 and "a device error" in broken.json()["error"]["message"]
+    assert fine.status_code == 200 and later.status_code == 200
+    _, pixels = library_images(fam, "ssd", 0, 1, 3)
+    assert torch.equal(served_pixels(later.json()["data"][0]["b64_json"]), pixels[0])
+
+
+def _malformed(rng: random.Random) -> bytes:
+    """A body that must be refused: broken JSON, wrong types, values out of range, unknown fields."""
+    kind = rng.randrange(6)
+    if kind == 0:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+    if kind == 1:
+        return json.dumps({"prompt": "a", "n": 1})[:rng.randrange(1, 20)].encode()
+    if kind == 2:
+        return json.dumps(rng.choice([None, 3, "x", [1, 2], True, {"prompt": None}])).encode()
+    if kind == 3:   # an option of the method out of its range
+        method, field, value = rng.choice([("mulo", "tau", -1.0), ("mulo", "radius", -2), ("ssd", "rounds", -1),
+                                           ("ssd", "commit", "maybe"), ("sjd", "window", "wide")])
+        return json.dumps({"prompt": "a", "method": method, field: value}).encode()
+    field, value = rng.choice([("n", rng.choice([0, -3, 99, "2", 1.5, [1]])), ("seed", rng.choice([-1, "s", 1.5])),
+                               ("method", rng.choice(["", "AR", "beam", 3])), ("size", rng.choice(["9x9", "", 8])),
+                               ("temperature", rng.choice([0, -1, "hot"])), ("top_k", rng.choice([-1, 0.5])),
+                               ("partial_images", rng.choice([-1, 9])), ("chunk", 4), ("window", 0),
+                               ("class_id", rng.choice([-1, 3, "a"])), ("output_format", "bmp"),
+                               ("prompt", rng.choice(["zebra", "", "-1", 12, "x" * 5000]))])
+    return json.dumps({"prompt": "a", field: value}).encode()
+
+
+def test_malformed_requests_never_stop_the_loop_or_the_valid_ones(fam):
+    """200 malformed bodies interleaved with valid requests: each malformed one is a 4xx in the
+    error shape, each valid one gets the library's images."""
+    rng = random.Random(0)
+    bad = [_malformed(rng) for _ in range(200)]
+    app = create_app(fam, method="ar", concurrency=2, max_body_bytes=4096, **EXACT)
+    valid = [("ar", c % 3, 1, 100 + c, 0, {}) for c in range(6)]
+
+    async def main():
+        async with serving(app) as client:
+            post = client.post
+            good, refused = [], []
+            for i in range(0, len(bad), 20):    # (a valid request among each 20 malformed ones)
+                if i // 20 < len(valid):
+                    good.append(asyncio.ensure_future(post("/v1/images/generations", json=_body(*valid[i // 20]))))
+                refused += await asyncio.gather(*[post("/v1/images/generations", content=b) for b in bad[i:i + 20]])
+            return await asyncio.gather(*good), refused, app.state.service.loop.alive
+
+    good, refused, alive = run(main())
+    assert alive
+    for r in refused:
+        assert 400 <= r.status_code < 500, r.text
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    for (method, class_id, n, seed, first, _), r in zip(valid, good):
+        assert r.status_code == 200
+        _, pixels = library_images(fam, method, class_id, n, seed, first)
+        assert torch.equal(served_pixels(r.json()["data"][0]["b64_json"]), pixels[0])
