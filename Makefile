@@ -30,7 +30,7 @@ TEST_ENV := TORCHINDUCTOR_CACHE_DIR=$${TORCHINDUCTOR_CACHE_DIR:-$(INDUCTOR_CACHE
 
 DOCS_STAMP := $(VENV)/.specdec-docs
 
-.PHONY: demo test test-kernels matrix bench results docs build clean lint
+.PHONY: demo test test-kernels test-hf-newest matrix serve bench results docs build clean lint
 
 # The main job: every decoder on the embedded default family, one table (a few minutes on 2 CPU
 # cores); image grids and MuLo-SD's acceptance/island maps as PNGs in out/. The kernel demo that
@@ -39,8 +39,21 @@ DEMO_IMAGES ?= 30
 demo: $(BUILD_STAMP)
 	$(BIN)/python -m specdec.cli compare --num-images $(DEMO_IMAGES) --seed 0 --json out/compare.json --out-dir out
 
+# The suite on TEST_WORKERS processes (pytest-xdist; the tests of a file stay in one process, with
+# its module fixtures: most decoder tests run one thread, and two processes use both cores), then
+# the tests marked `isolated` alone (tests/serve's Ray cluster, whose start waits on processes of
+# its own).
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: $(BUILD_STAMP)
-	$(TEST_RUN) -q $(TESTS_AT)tests
+	$(TEST_RUN) -q $(PARALLEL) -m "not isolated" $(TESTS_AT)tests
+	$(TEST_RUN) -q -m isolated $(TESTS_AT)tests/serve
+
+# The embedded family behind an OpenAI-compatible image endpoint on http://127.0.0.1:8000, MuLo-SD by
+# default (docs/serving.md); more flags in SERVE_FLAGS, e.g. SERVE_FLAGS="--method ssd --concurrency 16".
+SERVE_FLAGS ?=
+serve: $(BUILD_STAMP)
+	$(BIN)/python -m specdec.cli serve $(SERVE_FLAGS)
 
 # The kernel, op and decoder tests: what CI runs for each torch of the matrix (a few minutes).
 KERNEL_TESTS ?= tests/kernels/test_torch_versions.py tests/kernels/test_cuda_toolkit.py \
@@ -57,10 +70,11 @@ KERNEL_TESTS_DESELECT ?= tests/kernels/test_build.py::test_triton_kernels_lower_
 	tests/decoding/test_scheduler.py::test_a_compiled_scheduler_gives_the_eager_tokens \
 	tests/decoding/test_scheduler.py::test_a_sweep_of_seeds_and_concurrencies_gives_each_image_its_decode_alone
 test-kernels: $(BUILD_STAMP)
-	$(TEST_RUN) -q $(addprefix $(TESTS_AT),$(KERNEL_TESTS)) $(addprefix --deselect=,$(KERNEL_TESTS_DESELECT))
+	$(TEST_RUN) -q $(PARALLEL) $(addprefix $(TESTS_AT),$(KERNEL_TESTS)) $(addprefix --deselect=,$(KERNEL_TESTS_DESELECT))
 
 matrix:
 	set -e; for v in $(TORCH_MATRIX); do $(MAKE) --no-print-directory test-kernels TORCH_VERSION=$$v; done
+	$(MAKE) --no-print-directory test-hf-newest TORCH_VERSION=$(lastword $(TORCH_MATRIX))
 
 # pyflakes and pycodestyle over the Python sources (rules in pyproject.toml, [tool.ruff]).
 lint: $(DEPS_STAMP)
@@ -90,9 +104,9 @@ ifeq ($(TORCH_VERSION),$(TORCH_PINNED))
 TEST_RUN := $(TEST_ENV) $(BIN)/python -m pytest
 TESTS_AT :=
 
-$(DEPS_STAMP): requirements-dev.txt
+$(DEPS_STAMP): requirements-dev.txt requirements-serve.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install torch==$(TORCH_VERSION) -r requirements-dev.txt
+	$(BIN)/python -m pip install torch==$(TORCH_VERSION) -r requirements-dev.txt -r requirements-serve.txt
 	touch $@
 
 # Editable install of the Python packages (specdec, and triton_kernels/ as specdec.triton_kernels).
@@ -132,6 +146,13 @@ $(DEPS_STAMP): requirements-dev.txt
 
 $(INSTALL_STAMP): $(DEPS_STAMP)
 	touch $@
+
+# The transformers adapters on the newest transformers the package index has (the suite runs them
+# on the pinned one), in the newest torch's venv of the matrix: a rename there (5.25's `cache` for
+# the layers' `past_key_values`) is caught while the old name still works.
+test-hf-newest: $(BUILD_STAMP)
+	$(VPIP) install -q -U transformers
+	$(TEST_RUN) -q $(PARALLEL) $(TESTS_AT)tests/models/hf
 
 # What a user runs; ninja reuses the objects in build/torch-<version>/ that did not change.
 $(BUILD_STAMP): $(INSTALL_STAMP) pyproject.toml $(SOURCES) $(PY_SOURCES)
