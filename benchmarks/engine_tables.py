@@ -115,3 +115,23 @@ def render_light_load(data, name):
         lines.append(f"| {r['method']} | {r['mode']} | {r['concurrency']} | {r['engine']} | {r['latency_s']:.3f} | "
                      f"{vs} | {r['target_passes']:.0f} | {r['rows_per_pass']:.1f} |")
     return lines + [""]
+
+
+def render_serve(data, name):
+    """`specdec serve` under load against `stream()` driven directly in one process
+    (benchmarks/serve/record_serve.py): per method and concurrency, each figure as server / stream()."""
+    lines = decode_section(
+        "Serving", data, name,
+        f"at most {data['requests']} requests per cell, Poisson arrivals at {data['rate']:g}/s from K = concurrency "
+        f"clients on loopback, each streaming one partial image; {data['threads']} CPU thread(s), embedded family "
+        "16x16, eager. Each cell: `specdec serve` / the same arrivals through `stream()` in one process.",
+        ["method", "concurrency", "images / s", "p50 latency s", "p99 latency s", "p50 first partial s"])
+    for r in data["rows"]:
+        a, b = r["server"], r["stream"]
+
+        def both(key, digits):
+            return f"{a[key]:.{digits}f} / {b[key]:.{digits}f}"
+        lines.append(f"| {r['method']} | {r['concurrency']} | {both('images_per_s', 2)} | {both('latency_p50_s', 2)} | "
+                     f"{both('latency_p99_s', 2)} | {both('first_partial_p50_s', 2)} |")
+    return lines + [""]
+

@@ -2,7 +2,8 @@
 server started as `specdec serve` on a free loopback port (one CPU thread), the load generator's
 Poisson arrivals from K = concurrency clients, then the same load through `stream()` in this
 process. Per cell: images/s, p50/p99 latency and time to first partial image, both ways. Written to
-benchmarks/serve/results/serve-<machine>-<stamp>.json, with a Markdown table on stdout.
+benchmarks/results/serve-<machine>-<stamp>.json (RESULTS.md's "Serving" table), with a Markdown
+table on stdout.
 
     python benchmarks/serve/record_serve.py [--methods ar,mulo,ssd] [--concurrency 1,4,16]
         [--requests 32] [--rate 8] [--time-limit 120]
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     record = {"kind": "specdec-serve", "datetime": started.isoformat(), "machine": device_description(),
               "command": "python benchmarks/serve/record_serve.py " + " ".join(argv or sys.argv[1:]),
               "threads": 1, "rate": args.rate, "requests": args.requests, "rows": rows}
-    out_dir = os.path.join(HERE, "results")
+    out_dir = os.path.join(os.path.dirname(HERE), "results")     # benchmarks/results, with every benchmark's
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, f"serve-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
     with open(out, "w") as f:

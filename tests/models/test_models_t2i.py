@@ -297,14 +297,20 @@ def test_every_method_decodes_batched_prompts_of_different_lengths(t2i_family, m
                                            sampling=sampling, backend="reference").tokens for i in range(4)])
         out = decoding.decode(method, t2i_family, prompts=prompts, seed=4, sampling=sampling, backend="reference",
                               batch_size=3)
-        # prompts under concurrency=N decode in lockstep batches of N (no prefix length per cache row yet)
         concurrent = decoding.decode(method, t2i_family, prompts=prompts, seed=4, sampling=sampling,
                                      backend="reference", concurrency=3)
+        # a stream: captions arriving while others decode (the caption's slots are the model's
+        # fixed prefix, masked past each caption's length)
+        engine = decoding.stream(method, t2i_family, concurrency=2, seed=4, sampling=sampling, backend="reference")
+        streamed = {}
+        for i in range(4):
+            engine.submit(prompt=prompts.cond[i], negative_prompt=prompts.negative[i])
+            streamed.update((image.index, image.tokens) for image in engine.step())
+        streamed.update((image.index, image.tokens) for image in engine.results())
     assert out.tokens.shape == (4, 4, 4) and out.images.shape[0] == 4
     assert torch.equal(out.tokens, alone)
     assert torch.equal(concurrent.tokens, alone)
-    with pytest.raises(ValueError, match="class-conditional"):
-        decoding.stream(method, t2i_family, concurrency=2)
+    assert torch.equal(torch.stack([streamed[i] for i in range(4)]), alone)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from helpers import ROOT  # noqa: E402
 @pytest.fixture
 def tiny(monkeypatch):
     fam = TinyFamily()
-    monkeypatch.setattr(cli, "_family", lambda args: fam)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: fam)
     return fam
 
 
@@ -168,10 +168,10 @@ def test_another_method_or_model_or_fewer_images_is_refused(tiny, tmp_path, monk
     assert sample(out, method="zipar", num=3) == 2
     assert "method: \"ar\" there, \"zipar\" now" in capsys.readouterr().err
     other = TinyFamily(seed=1)
-    monkeypatch.setattr(cli, "_family", lambda args: other)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: other)
     assert sample(out, method="ar", num=3) == 2
     assert "model_sha256" in capsys.readouterr().err
-    monkeypatch.setattr(cli, "_family", lambda args: tiny)
+    monkeypatch.setattr(cli, "embedded_family", lambda args: tiny)
     assert sample(out, method="ar", num=2) == 2
     assert "--num 2 is below the 3 images" in capsys.readouterr().err
 
