@@ -11,7 +11,7 @@ import torch
 
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.scheduler import Scheduler
-from specdec.decoding.streaming import Requests, RowStream, one_class
+from specdec.decoding.streaming import Requests, RowStream
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
 
@@ -45,8 +45,7 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     check_grid_model(model, "target")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
-        condition = conditions.condition or (lambda c, p, n: check_classes(model, one_class(c).reshape(1))[0])
-        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer, condition)
+        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
     conditions = check_classes(model, conditions)
     n, rows = conditions.shape[0], run.concurrency or run.batch_size
     prompts = is_prompts(conditions)

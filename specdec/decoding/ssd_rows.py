@@ -266,8 +266,8 @@ class SSDRows(RowPolicy):
             def wide(t, fill):
                 return torch.cat([t, t.new_full((t.shape[0], N - t.shape[1]), fill)], 1) if t.shape[1] < N else t
             joint = torch.where(span.rows[:, None], wide(span.pos, last), wide(pos, last))
-            fed = torch.where(span.rows[:, None], x.gather(1, joint), wide(tokens, 0).where(joint != last,
-                                                                                           x.gather(1, joint)))
+            # the spans and every padding slot feed the grid's tokens; the raster round its drafts
+            fed = torch.where(span.rows[:, None] | (joint == last), x.gather(1, joint), wide(tokens, 0))
             out = self.runner.forward(fed, joint)
             span.out = out.select(slice(0, span.pos.shape[1]))
             return out.select(slice(0, pos.shape[1]))

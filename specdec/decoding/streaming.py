@@ -31,7 +31,7 @@ class Requests:
     negative_prompt)`: a request's condition as the scheduler queues it (a 0-d class id, or a
     `Prompts` of one prompt), checked against the model, or a ValueError naming what is wrong."""
 
-    def __init__(self, condition: Optional[Callable] = None):
+    def __init__(self, condition: Callable):
         self.condition = condition
 
 

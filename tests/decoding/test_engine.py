@@ -13,7 +13,7 @@ from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams, image_generator, step_uniforms, uniforms
 from specdec.decoding.uploads import async_uploads, to_device
 from specdec.settings import RunSettings, Sampling
-from specdec.numerics import RowLinear, batch_invariant, batch_invariant_enabled, row_matmul
+from specdec.numerics import RowLinear, RowWiseLinears, batch_invariant, batch_invariant_enabled, row_linear, row_matmul
 from specdec.profiling import count_host_syncs
 
 SAMPLING = Sampling(cfg_scale=2.0)
@@ -97,6 +97,26 @@ def test_row_linear_and_row_matmul_compute_each_row_alone():
     assert not batch_invariant_enabled()
     torch.testing.assert_close(whole, torch.nn.functional.linear(x, lin.weight, lin.bias))
     torch.testing.assert_close(prod, a @ b)
+
+
+def test_row_wise_linears_turn_any_models_linear_layers_into_rows_computed_alone():
+    """`RowWiseLinears` (the transformers adapters inside batch_invariant()): every F.linear a
+    module calls, a plain nn.Linear included, gives row i the bits it gets beside any rows, the
+    values of F.linear; other ops pass through; outside it, nn.Linear is untouched."""
+    torch.manual_seed(1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8, bias=False))
+    x = torch.randn(2, 11, 24)
+    with RowWiseLinears():
+        assert torch.equal(mlp[0](x), row_linear(x, mlp[0].weight, mlp[0].bias))   # (routed, not BLAS's)
+        whole = mlp(x)
+        assert all(torch.equal(mlp(x[:, i:i + 3]), whole[:, i:i + 3]) for i in range(0, 8))
+        assert torch.equal(mlp(x[1:]), whole[1:])
+    torch.testing.assert_close(whole, mlp(x))
+    # the same row-by-row product as the embedded models' RowLinear
+    ours = RowLinear(24, 40)
+    ours.load_state_dict(mlp[0].state_dict())
+    with batch_invariant():
+        assert torch.equal(row_linear(x, mlp[0].weight, mlp[0].bias), ours(x))
 
 
 @pytest.mark.parametrize("keys", [17, 257, 300, 1025])
