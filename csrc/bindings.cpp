@@ -31,6 +31,16 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "sample_residual(Tensor p, Tensor? q, Tensor? uniforms, int seed, int offset, "
       "Tensor(a!)? row_errors=None) -> (Tensor tokens, Tensor fallback)");
+  // The position-keyed exact sampler (docs/kernels/exact_sampling.md): `seed` is the 64-bit seed's
+  // bit pattern; `purposes` None gives every row the purpose `purpose`.
+  // Two schemas, because inductor cannot lower an op with one returned tensor and an optional
+  // mutated argument (torch 2.14): `race_sample` (compiled graphs, the decoders) has none, and
+  // `race_sample_checked` (the public op's value checks) writes each row's check code.
+  m.def("race_sample(Tensor p, int seed, Tensor images, Tensor positions, Tensor? purposes, int purpose) -> Tensor");
+  m.def(
+      "race_sample_checked(Tensor p, int seed, Tensor images, Tensor positions, Tensor? purposes, int purpose, "
+      "Tensor(a!) row_errors) -> Tensor");
+  m.def("race_noise(int seed, Tensor images, Tensor positions, Tensor? purposes, int purpose, int vocab) -> Tensor");
   m.def(
       "tree_attention(Tensor q, Tensor k, Tensor v, Tensor q_pos, Tensor kv_pos, Tensor? kv_valid, "
       "Tensor? tree_mask, float? scale) -> (Tensor out, Tensor lse)");
@@ -59,6 +69,17 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify_grid", &specdec::verify_grid_cpu);
   m.impl("sample_residual", &specdec::sample_residual_cpu);
   m.impl("tree_attention", &specdec::tree_attention_cpu);
+  m.impl("race_sample",
+         [](const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+            const std::optional<at::Tensor>& purposes, int64_t purpose) {
+           return specdec::race_sample_cpu(p, seed, images, positions, purposes, purpose, std::nullopt);
+         });
+  m.impl("race_sample_checked",
+         [](const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+            const std::optional<at::Tensor>& purposes, int64_t purpose, at::Tensor& row_errors) {
+           return specdec::race_sample_cpu(p, seed, images, positions, purposes, purpose, row_errors);
+         });
+  m.impl("race_noise", &specdec::race_noise_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA
@@ -69,6 +90,17 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sampling_probs", &specdec::sampling_probs_cuda);
   m.impl("verify_grid", &specdec::verify_grid_cuda);
   m.impl("sample_residual", &specdec::sample_residual_cuda);
+  m.impl("race_sample",
+         [](const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+            const std::optional<at::Tensor>& purposes, int64_t purpose) {
+           return specdec::race_sample_cuda(p, seed, images, positions, purposes, purpose, std::nullopt);
+         });
+  m.impl("race_sample_checked",
+         [](const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+            const std::optional<at::Tensor>& purposes, int64_t purpose, at::Tensor& row_errors) {
+           return specdec::race_sample_cuda(p, seed, images, positions, purposes, purpose, row_errors);
+         });
+  m.impl("race_noise", &specdec::race_noise_cuda);
   m.impl("pool_probs_variant", &specdec::pool_probs_variant_cuda);
   m.impl("sampling_probs_variant", &specdec::sampling_probs_variant_cuda);
   // The variants never check values: a checked call runs the default kernel (sample_residual).

@@ -54,6 +54,21 @@ SampleOut sample_residual_cpu(const at::Tensor& p, const std::optional<at::Tenso
                               const std::optional<at::Tensor>& uniforms, int64_t seed,
                               int64_t offset, const std::optional<at::Tensor>& row_errors);
 
+// The position-keyed exact sampler (race_sample, race_noise); math in specdec/race_math.h.
+// Shape/dtype/device checks shared by the CPU and CUDA ops (no data read); `seed` is the bit
+// pattern of the 64-bit seed; purposes None: every row's purpose is `purpose`.
+void check_race_args(const at::Tensor& images, const at::Tensor& positions,
+                     const std::optional<at::Tensor>& purposes, int64_t vocab);
+void check_race_sample_args(const at::Tensor& p, const at::Tensor& images, const at::Tensor& positions,
+                            const std::optional<at::Tensor>& purposes,
+                            const std::optional<at::Tensor>& row_errors);
+// row_errors [M] int32, when given: each row's value-check code (race_math.h, race::kBadP).
+at::Tensor race_sample_cpu(const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+                           const std::optional<at::Tensor>& purposes, int64_t purpose,
+                           const std::optional<at::Tensor>& row_errors);
+at::Tensor race_noise_cpu(int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+                          const std::optional<at::Tensor>& purposes, int64_t purpose, int64_t vocab);
+
 using AttentionOut = std::tuple<at::Tensor, at::Tensor>;
 
 // Shape/dtype/device checks of kernel 3 (tree_attention), shared by the CPU and CUDA ops.
@@ -97,6 +112,11 @@ at::Tensor sampling_probs_variant_cuda(const at::Tensor& logits, const std::opti
 SampleOut sample_residual_variant_cuda(const at::Tensor& p, const std::optional<at::Tensor>& q,
                                        const std::optional<at::Tensor>& uniforms, int64_t seed, int64_t offset,
                                        int64_t variant, const std::optional<at::Tensor>& row_errors);
+at::Tensor race_sample_cuda(const at::Tensor& p, int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+                            const std::optional<at::Tensor>& purposes, int64_t purpose,
+                            const std::optional<at::Tensor>& row_errors);
+at::Tensor race_noise_cuda(int64_t seed, const at::Tensor& images, const at::Tensor& positions,
+                           const std::optional<at::Tensor>& purposes, int64_t purpose, int64_t vocab);
 AttentionOut tree_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& q_pos, const at::Tensor& kv_pos,
                                  const std::optional<at::Tensor>& kv_valid,

@@ -16,8 +16,9 @@ of range never makes a kernel read out of bounds.
 """
 from specdec.ops import dispatch
 from specdec.ops.attention import tree_attention
+from specdec.ops.exact_sampling import race_noise, race_sample
 from specdec.ops.pooling import PooledProbs, pool_probs, sampling_probs
 from specdec.ops.verification import GridVerdict, SampleResult, sample_residual, verify_grid
 
-__all__ = ["GridVerdict", "PooledProbs", "SampleResult", "dispatch", "pool_probs", "sample_residual", "sampling_probs",
-           "tree_attention", "verify_grid"]
+__all__ = ["GridVerdict", "PooledProbs", "SampleResult", "dispatch", "pool_probs", "race_noise", "race_sample",
+           "sample_residual", "sampling_probs", "tree_attention", "verify_grid"]
