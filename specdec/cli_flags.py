@@ -62,7 +62,7 @@ def run_settings(args, family=None, progress=None):
         raise ValueError(f"--max-tokens-per-pass must be an int >= 1, got {args.max_tokens_per_pass}")
     return RunSettings(seed=args.seed, sampling=sampling_from(args, family), batch_size=args.batch_size,
                        concurrency=args.concurrency, max_tokens_per_pass=args.max_tokens_per_pass,
-                       compile=args.compile, progress=progress)
+                       compile=args.compile, exact=args.exact, progress=progress)
 
 
 def check_device(device: str) -> torch.device:
@@ -180,6 +180,9 @@ def common_flags(sp) -> None:
     sp.add_argument("--compile", action="store_true",
                     help="run the decoder's model passes through torch.compile (CUDA graphs on a GPU), "
                          "padded to a few widths; the one-off compile time is reported apart")
+    sp.add_argument("--exact", action="store_true",
+                    help="exact mode: each token drawn with noise keyed by (seed, image, position), so sd and sjd "
+                         "give ar's image for the seed bit for bit (lossless methods only: ar, sd, sjd)")
     sp.add_argument("--top-p", type=float, default=None,
                     help="nucleus after top-k, in (0, 1]; 1 = off (unset: the family's; 1)")
     sp.add_argument("--cfg-interval", type=float, default=None,

@@ -103,12 +103,8 @@ class RunSettings:
     backend: Optional[str] = None
     #: images decoded in the same passes (1: the latency setting speculative decoding is for)
     batch_size: int = 1
-    #: continuous batching: images decoded at once, each in a slot of its own that the next
-    #: image takes as soon as it is done (None: lockstep batches of batch_size). sd, lantern and
-    #: sjd run one rolling batch of this many rows (a row takes the next image at the end of the
-    #: round that finished its own); a decode whose images all take the same passes (ar, zipar,
-    #: any method at a share of one token) runs lockstep batches of this many images: the same
-    #: passes (`run_batches`)
+    #: continuous batching: images decoded at once, each in a row of its own that the next image
+    #: takes as soon as it is done (None: lockstep batches of batch_size)
     concurrency: Optional[int] = None
     #: the most image tokens one target pass may feed, over all the images decoded at once (like
     #: vLLM's max_num_batched_tokens; None: no limit). Each image gets an equal share
@@ -117,6 +113,17 @@ class RunSettings:
     max_tokens_per_pass: Optional[int] = None
     #: model passes through torch.compile (CUDA graphs on a GPU), padded to a few widths
     compile: bool = False
+    #: exact mode: every token is drawn with noise keyed by (seed, image index, raster position),
+    #: so `ar`'s image for a seed is also `sd`'s and `sjd`'s, bit for bit, whatever their draft
+    #: lengths, windows, batch, concurrency or token budget (drafts are kept only where they equal
+    #: the target's own token). Only the lossless methods can be exact
+    #: (`specdec.decoding.EXACT_METHODS`).
+    exact: bool = False
+    #: `sd`'s draft length and `sjd`'s window chosen each step to commit the most tokens per
+    #: second of the step's passes (`specdec.decoding.widths`): their options then give the
+    #: widest; at load on a compute-bound device, plain AR steps. None: on in exact mode (where a
+    #: width cannot change an image), off otherwise (the image would depend on the load)
+    adaptive_width: Optional[bool] = None
     #: called with the number of images done after each batch
     progress: Optional[Callable[[int], None]] = None
 
@@ -137,8 +144,18 @@ class RunSettings:
             check_int(self.max_tokens_per_pass, "max_tokens_per_pass", 1)
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact must be True or False, got {self.exact!r}")
+        if self.adaptive_width is not None and not isinstance(self.adaptive_width, bool):
+            raise ValueError(f"adaptive_width must be True, False or None, got {self.adaptive_width!r}")
         if self.progress is not None and not callable(self.progress):
             raise ValueError(f"progress must be callable (images done -> None) or None, got {self.progress!r}")
+
+    @property
+    def adapts_width(self) -> bool:
+        """Whether `sd` and `sjd` choose their width each step (`adaptive_width`; by default in
+        exact mode)."""
+        return self.exact if self.adaptive_width is None else self.adaptive_width
 
     @property
     def token_share(self) -> Optional[int]:

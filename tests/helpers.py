@@ -52,3 +52,22 @@ def assert_probs_match(got, want):
     ok = ~torch.isnan(want)
     assert torch.equal(got[ok] > 0, want[ok] > 0), "kept set differs from the reference"
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-6, equal_nan=True)
+
+
+def ar_grid(runner, conditions, streams, start_out=None) -> torch.Tensor:
+    """Raster AR of a batch with the runner's AR step (`TokenStep.on_grid`, the step `ar` makes on
+    the scheduler): image b draws token 0, then tokens 1 .. H*W - 1, from its own stream, as `ar`
+    does. `start_out`: the prefill's outputs, when the caller has made the prefill. -> [B, H*W]."""
+    from specdec.decoding.draws import draw
+
+    out = start_out if start_out is not None else runner.prefill(conditions)
+    B, HW, dev = len(streams), runner.H * runner.W, runner.device
+    x = torch.zeros(B, HW, dtype=torch.long, device=dev)
+    x[:, 0] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], streams, runner.backend)
+    u = torch.zeros(B, HW)
+    u[:, 1:] = streams.rand((B * (HW - 1),)).view(B, HW - 1)
+    u, position, step = u.to(dev), torch.zeros(B, 1, dtype=torch.long, device=dev), runner.token_step()
+    for t in range(HW - 1):
+        values, written, position = step.on_grid(x, position, u, reach=t)
+        x.scatter_(1, written, values)
+    return x

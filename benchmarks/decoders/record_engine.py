@@ -59,7 +59,7 @@ def count_target_passes(model):
     for cls in (ModelRunner, CompiledRunner):
         cls.prefill = counting(cls.prefill, lambda r: r)
         cls.forward = counting(cls.forward, lambda r: r)
-    TokenStep.__call__ = counting(TokenStep.__call__, lambda step: step.runner)
+    TokenStep.on_grid = counting(TokenStep.on_grid, lambda step: step.runner)
     return counter
 
 

@@ -71,7 +71,7 @@ class GraphClock:
         # head drafts); counted: the target's passes, a token step feeding one token.
         compiled.CompiledForward.__call__ = counting(timed(compiled.CompiledForward.__call__), lambda cf: cf.model,
                                                      lambda tokens, *_: compiled.bucket_width(tokens.shape[1]))
-        runner.TokenStep.__call__ = counting(runner.TokenStep.__call__, lambda ts: ts.runner.model, lambda *_: 1)
+        runner.TokenStep.on_grid = counting(runner.TokenStep.on_grid, lambda ts: ts.runner.model, lambda *_: 1)
         compiled.CompiledFunction.__call__ = timed(compiled.CompiledFunction.__call__)
 
     def clear(self):

@@ -55,7 +55,7 @@ class RowsFed:
 
         for cls in (ModelRunner, CompiledRunner):
             wrap(cls, "_forward", lambda runner, images: runner.batch if images is None else images.shape[0])
-        wrap(TokenStep, "__call__", lambda runner, images: runner.batch)
+        wrap(TokenStep, "on_grid", lambda runner, images: runner.batch)
 
     def close(self):
         for undo in self._undo:

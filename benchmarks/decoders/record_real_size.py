@@ -245,13 +245,13 @@ def time_passes(fam, conditions, args, device, entry):
                                         s_per_token=s / n, repeats=args.repeats))
             print(f"  {entry['name']}: {n:5d} tokens fed  {s * 1e3:9.2f} ms/pass", flush=True)
         step = runner.token_step()
-        pos = torch.tensor([HW - 2], device=device)
-        u = torch.rand(1, generator=g).to(device)
+        pos = torch.full((tokens.shape[0], 1), HW - 2, device=device)
+        u = torch.rand(tokens.shape[0], HW, generator=g).to(device)
         times = []
         for i in range(args.repeats + 1):
             _sync(device)
             t0 = time.perf_counter()
-            step(tokens[:, HW - 2:HW - 1], pos, u, reach=HW - 2)
+            step.on_grid(tokens, pos, u, reach=HW - 2)
             _sync(device)
             if i:
                 times.append(time.perf_counter() - t0)

@@ -9,15 +9,12 @@ CUDA graphs on a GPU: the same treatment any compiled speculative method gets.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
-from specdec.decoding.runner import ModelRunner, TokenStep, count_pass
+from specdec.decoding.runner import ModelRunner, count_pass
 from specdec.decoding.scheduler import RowPolicy
-from specdec.decoding.streams import ImageStreams, step_uniforms
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings
 
@@ -25,47 +22,6 @@ from specdec.settings import RunSettings
 @dataclass(frozen=True)
 class AROptions:
     """`ar` has no options of its own: everything it takes is a run setting."""
-
-
-@torch.no_grad()
-def sample_grid(
-    runner: ModelRunner,
-    classes: torch.Tensor,
-    streams: ImageStreams,
-    *,
-    start_out=None,
-    x=None,
-    start: int = 0,
-    end=None,
-    step: Optional[TokenStep] = None,
-) -> torch.Tensor:
-    """Raster AR over runner's grid for B classes -> int64 [B, H*W].
-
-    `start_out`: the output giving the distribution of token `start` when the caller already has
-    it (the prefill's, or the last output of a prefix pass); `x` [B, H*W] with positions before
-    `start` already committed (and in the cache): only [start, end) is sampled. `step`: the
-    TokenStep to run (a compiled one, say); by default an eager one on `runner`."""
-    B = classes.shape[0]
-    HW = runner.H * runner.W
-    end = HW if end is None else end
-    out = start_out if start_out is not None else runner.prefill(classes)
-    if x is None:
-        x = torch.empty(B, HW, dtype=torch.long, device=runner.device)
-    x[:, start] = draw(runner.probs(out.select(slice(-1, None)))[:, 0], streams, runner.backend)
-    step = step or runner.token_step()
-    # The uniforms of every step are drawn before the loop (the same numbers as drawn step by
-    # step); the steps themselves are the step's `run` (under continuous batching the engine makes
-    # them for every slot at once, without handing back to the image between them).
-    us = step_uniforms(streams, max(0, end - start - 1), B, runner.device)
-    step.run(x, start, end, us)
-    return x
-
-
-def plain_ar(engine, runner: ModelRunner, classes, first=None) -> torch.Tensor:
-    """The batch's grids by raster AR with the runner's AR step (compiled when the runner is):
-    `ar` itself, and every method at a token share of one token per pass. `first`: the prefill's
-    outputs when the caller has made it."""
-    return sample_grid(runner, classes, engine.streams, start_out=first, step=runner.token_step())
 
 
 class ARRows(RowPolicy):
@@ -87,20 +43,25 @@ class ARRows(RowPolicy):
         #: mirror says when a row is done (its last position fed)
         self.position = torch.full((B, 1), self.HW - 1, dtype=torch.long, device=dev)
         self.at = [self.HW - 1] * B
-        self.uniforms = torch.zeros(B, self.HW, device=dev)   #: row b's uniform for each position
-        self._step = self.runner.token_step()
+        self.exact = engine.streams.exact
+        #: row b's uniform for each position (exact: its key, int64 [B, 1])
+        self.uniforms = torch.zeros(B, 1, dtype=torch.long, device=dev) if self.exact else torch.zeros(B, self.HW,
+                                                                                                      device=dev)
+        self._step = self.runner.token_step(self.exact)
 
     def start(self, rows, conditions):
         e, runner, HW = self.engine, self.runner, self.HW
         _, p0 = e.prefill_rows(runner, rows, conditions)
         streams = e.streams.rows(rows)
-        first = draw(p0, streams, runner.backend)
         index = to_device(rows, runner.device, torch.long)
         grids = torch.zeros(len(rows), HW, dtype=torch.long, device=runner.device)
-        grids[:, 0] = first
+        grids[:, 0] = draw(p0, streams, runner.backend, positions=torch.zeros_like(index))
         self.tokens.index_copy_(0, index, grids)
-        u = torch.zeros(len(rows), HW)
-        u[:, 1:] = streams.rand((len(rows) * (HW - 1),)).view(len(rows), HW - 1)
+        if self.exact:
+            u = torch.tensor(streams.keys, dtype=torch.long)[:, None]
+        else:
+            u = torch.zeros(len(rows), HW)
+            u[:, 1:] = streams.rand((len(rows) * (HW - 1),)).view(len(rows), HW - 1)
         self.uniforms.index_copy_(0, index, to_device(u, runner.device))
         self.position.index_fill_(0, index, 0)
         for b in rows:
@@ -123,7 +84,7 @@ class ARRows(RowPolicy):
             part, index = runner.hold(held)
             count_pass(runner, 1)
             grid = self.tokens.index_select(0, index)
-            values, written, moved = part.token_step().on_grid(grid, self.position.index_select(0, index),
+            values, written, moved = part.token_step(self.exact).on_grid(grid, self.position.index_select(0, index),
                                                                self.uniforms.index_select(0, index), reach=reach)
             self.tokens.index_copy_(0, index, grid.scatter_(1, written, values))
             self.position.index_copy_(0, index, moved)

@@ -16,6 +16,12 @@ from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
 
 
+#: The methods that can run in exact mode (`RunSettings.exact`): those whose tokens follow the
+#: target's distribution exactly. LANTERN, ZipAR, MuLo-SD and SSD keep tokens the target would
+#: not have drawn, so no noise can make their image `ar`'s.
+EXACT_METHODS = ("ar", "sd", "sjd")
+
+
 def check_grid_model(model, name: str = "model") -> None:
     for attr in ("grid", "vocab_size", "prefix_len", "new_cache", "prefill", "forward_tokens"):
         if not hasattr(model, attr):
@@ -43,6 +49,9 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     depends only on (seed, first_index + i). Given `Requests(...)` it returns the streaming engine
     (`RowStream`) instead. The grids are decoded to images with `tokenizer` (not timed)."""
     check_grid_model(model, "target")
+    if run.exact and method not in EXACT_METHODS:
+        raise ValueError(f"exact: {method} is not lossless and cannot be exact; exact methods: "
+                         f"{', '.join(EXACT_METHODS)}")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
         return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
@@ -77,4 +86,4 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)
 
 
-__all__ = ["check_classes", "check_grid_model", "run_rows"]
+__all__ = ["EXACT_METHODS", "check_classes", "check_grid_model", "run_rows"]

@@ -225,7 +225,7 @@ class CompiledRunner(ModelRunner):
         self._compiler = compiler
         self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
                                                 distribution=self._distribution, graphs=graphs)
-        self._token_step: Optional[TokenStep] = None
+        self._token_steps: Dict[bool, TokenStep] = {}     # (by exactness)
         #: compiled functions kept with the runner, by key (`function`)
         self.functions: Dict[object, CompiledFunction] = {}
 
@@ -263,15 +263,16 @@ class CompiledRunner(ModelRunner):
             found = self.functions[key] = CompiledFunction(make(), self.device, self.graphs)
         return found
 
-    def token_step(self) -> TokenStep:
-        if self._token_step is None:
-            self._token_step = TokenStep(self, compiler=lambda fn, device: CompiledFunction(fn, device, self.graphs))
-        return self._token_step
+    def token_step(self, exact: bool = False) -> TokenStep:
+        if exact not in self._token_steps:
+            self._token_steps[exact] = TokenStep(self, lambda fn, device: CompiledFunction(fn, device, self.graphs),
+                                                 exact)
+        return self._token_steps[exact]
 
     def take_compile_s(self) -> float:
         """The compile time of every graph of the runner not reported yet."""
-        parts = [self.compiled_forward, self._token_step] + list(self.functions.values())
-        return (sum(part.take_compile_s() for part in parts if part is not None)
+        parts = [self.compiled_forward, *self._token_steps.values(), *self.functions.values()]
+        return (sum(part.take_compile_s() for part in parts)
                 + sum(part.take_compile_s() for part in self._parts.values()))
 
 

@@ -75,7 +75,7 @@ class ModelDrafter(Drafter):
         once = [1 if g else 0 for g in going]
         for i in range(n):
             q = r.probs(o)[:, 0]
-            d = draw(q, streams, r.backend, counts=once)
+            d = draw(q, streams, r.backend, counts=once, positions=(c.device + i).clamp(max=HW - 1))
             tokens.append(d)
             qs.append(q)
             if i + 1 < n:
@@ -112,7 +112,9 @@ class HeadsDrafter(Drafter):
         _, q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
                             last.repeat(rows // last.shape[0]))                           # q [B, n, V]
         B, _, V = q.shape
-        d = draw(q.reshape(-1, V), self.engine.streams, t.backend, counts=[n if g else 0 for g in going])
+        positions = (c.device[:, None] + torch.arange(n, device=q.device)).clamp(max=x.shape[1] - 1)
+        d = draw(q.reshape(-1, V), self.engine.streams, t.backend, counts=[n if g else 0 for g in going],
+                 positions=positions)
         return d.view(B, n), q
 
 

@@ -9,22 +9,38 @@ import torch
 
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
+from specdec.ops.exact_sampling import race_sample_unchecked
 from specdec.ops.verification import sample_residual_unchecked
 
 
 def draw(probs: torch.Tensor, streams: ImageStreams, backend=None, *,
-         counts: Optional[Sequence[int]] = None) -> torch.Tensor:
+         counts: Optional[Sequence[int]] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One token per row of probs [M, V] (inverse CDF) -> int64 [M]. The rows are split evenly
     between the images, image b's from its own stream; with `counts` (host ints, one per image)
     image b draws only the first counts[b] of its M / B rows, the others get zeros (rows of an
-    image that has finished a phase while others go on: its stream stays where it is)."""
+    image that has finished a phase while others go on: its stream stays where it is).
+
+    Exact streams (`ImageStreams.exact`) draw each row's token with the noise of its image's key
+    at its raster position instead (`positions`, int64 with M entries; `race`): nothing is
+    consumed, and `counts` changes nothing (the rows past an image's count are not read)."""
     if probs.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=probs.device)
+    if streams.exact:
+        per = probs.shape[0] // len(streams)
+        keys = streams.key_tensor(probs.device).repeat_interleave(per)
+        return race(probs, keys, positions.reshape(-1), backend)
     if counts is None:
         u = streams.rand((probs.shape[0],))
     else:
         u = streams.rand_padded(counts, probs.shape[0] // len(streams)).view(-1)
     return sample_residual_unchecked(probs, None, to_device(u, probs.device), backend).tokens.long()
+
+
+def race(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, backend=None) -> torch.Tensor:
+    """The position-keyed token of each row of probs [M, V]: the winner of the exponential race
+    with the noise of (image key, raster position) (`specdec.ops.race_sample`; keys, positions
+    int64 [M]) -> int64 [M]. The same token on every backend, whatever the batch."""
+    return race_sample_unchecked(probs, 0, keys, positions.to(probs.device), 0, backend).long()
 
 
 def draw_residual(p: torch.Tensor, q: Optional[torch.Tensor], u: torch.Tensor, backend=None, *,
@@ -43,4 +59,4 @@ def draw_residual(p: torch.Tensor, q: Optional[torch.Tensor], u: torch.Tensor, b
     return out.tokens.long(), resid
 
 
-__all__ = ["draw", "draw_residual"]
+__all__ = ["draw", "draw_residual", "race"]

@@ -10,6 +10,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from specdec.decoding.draws import race
 from specdec.decoding.uploads import to_device
 from specdec.models.kv_cache import SlotKVCache
 from specdec.models.protocol import split_cfg
@@ -285,9 +286,9 @@ class ModelRunner:
         the shapes it is called with, a heads module); the eager runner just calls `make()`."""
         return make()
 
-    def token_step(self) -> "TokenStep":
+    def token_step(self, exact: bool = False) -> "TokenStep":
         """The AR step on this runner (eager here; compiled and kept on a compiled runner)."""
-        return TokenStep(self)
+        return TokenStep(self, exact=exact)
 
     # ---- distributions through the kernels ----
     def _settings(self) -> SamplingArgs:
@@ -314,77 +315,59 @@ class ModelRunner:
 
 
 class TokenStep:
-    """Feed one token per row at one raster position and sample the next: the AR step.
+    """One AR step of every row of a grid, each row at its own raster position: it feeds its last
+    drawn token and samples the next (`on_grid`). `compiler(fn, device)`: how the step is compiled
+    (None: eager, op by op); `specdec.decoding.compiled.CompiledRunner` passes its
+    `CompiledFunction`. `exact`: the token is the race winner of its row's key at its position
+    (`draws.race`) rather than the inverse CDF of its uniform."""
 
-    `step(tokens [B, 1] int64, position [1] int64, uniforms [B] float32) -> next tokens [B] int64`.
-    `compiler(fn, device)`: how the step function is compiled (None: eager, op by op);
-    `specdec.decoding.compiled.CompiledRunner` passes its `CompiledFunction`."""
-
-    def __init__(self, runner: ModelRunner, compiler: Optional[Callable] = None):
+    def __init__(self, runner: ModelRunner, compiler: Optional[Callable] = None, exact: bool = False):
         self.runner = runner
         self.compiled = compiler is not None
         model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
-        guided = s.guided
-        interval = s.has_cfg_interval
+        guided, interval = s.guided, s.has_cfg_interval
         settings = runner._settings()
         fast, takes_reach = runner._fast, runner._takes_reach
-
-        def step(tokens, position, uniforms, reach=None):
-            extra = dict(fast, reach=reach) if takes_reach else fast
-            out = model.forward_tokens(cache, tokens, position, backend=backend, **extra)
-            logits = out.logits[:, -1]
-            cond, uncond = logits.chunk(2) if guided else (logits, None)
-            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
-                uncond = torch.where(position > s.cfg_interval, cond, uncond)
-            p = pooling.sampling_probs_unchecked(cond, uncond, settings, backend=backend)
-            return (verification.sample_residual_unchecked(p, None, uniforms, backend).tokens.long(),)
-
-        self._step = step if compiler is None else compiler(step, cache.device)
         HW = runner.H * runner.W
 
         def grid_step(grid, position, uniforms, reach=None):
             going = position < HW - 1
             nxt = (position + 1).clamp(max=HW - 1)
-            (drawn,) = step(grid.gather(1, position), position, uniforms.gather(1, nxt)[:, 0], reach)
-            return torch.where(going, drawn[:, None], grid.gather(1, nxt)), nxt, position + going.long()
+            extra = dict(fast, reach=reach) if takes_reach else fast
+            out = model.forward_tokens(cache, grid.gather(1, position), position, backend=backend, **extra)
+            logits = out.logits[:, -1]
+            cond, uncond = logits.chunk(2) if guided else (logits, None)
+            if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
+                uncond = torch.where(position > s.cfg_interval, cond, uncond)
+            p = pooling.sampling_probs_unchecked(cond, uncond, settings, backend=backend)
+            if exact:    # (`uniforms`: the rows' keys [B, 1])
+                drawn = race(p, uniforms[:, 0], nxt[:, 0], backend)
+            else:
+                drawn = verification.sample_residual_unchecked(p, None, uniforms.gather(1, nxt)[:, 0], backend).tokens
+            return torch.where(going, drawn.long()[:, None], grid.gather(1, nxt)), nxt, position + going.long()
 
         self._grid_step = grid_step if compiler is None else compiler(grid_step, cache.device)
 
     def on_grid(self, grid, position, uniforms, reach: Optional[int] = None):
         """One AR step of every row of `grid` [B, H*W] int64, each at its own position [B, 1] (its
         last drawn token's; a row at the grid's last position feeds it again and keeps its grid),
-        with its uniform for the position it draws from `uniforms` [B, H*W]. Returns (values,
+        with its uniform for the position it draws from `uniforms` [B, H*W] (exact: its key,
+        int64 [B, 1]). Returns (values,
         positions [B, 1] written, positions advanced): the caller scatters the values into its
         grid. The gathers and the choice of values are part of the step (compiled: one graph), so
-        a step is one call whatever the rows' positions. `reach`: as in `__call__`."""
+        a step is one call whatever the rows' positions. `reach`: the furthest position fed, as a
+        host int, when the caller knows it: the eager step then reads only the cache prefix up to
+        it; the compiled step ignores it and reads the whole cache (one shape for every step, so
+        one graph)."""
         self.runner.settle_rows()
         count_pass(self.runner, 1)
-        return self._grid_step(grid, position, uniforms) if self.compiled else self._grid_step(grid, position,
-                                                                                                 uniforms, reach)
-
-    def __call__(self, tokens, position, uniforms, reach: Optional[int] = None):
-        """`reach`: the position as a host int, when the caller knows it (AR's loop index). The
-        eager step then reads only the cache prefix up to it; the compiled step ignores it and
-        reads the whole cache (one shape for every step, so one graph)."""
-        self.runner.settle_rows()
-        count_pass(self.runner, 1)
-        (tokens,) = self._step(tokens, position, uniforms) if self.compiled else self._step(tokens, position,
-                                                                                           uniforms, reach)
-        return tokens
-
-    def run(self, x: torch.Tensor, start: int, end: int, uniforms: torch.Tensor) -> None:
-        """The AR steps that draw x[:, start + 1 : end] in place, one after another: x [B, H*W]
-        int64 with positions up to `start` drawn (and before it in the cache), `uniforms`
-        [end - start - 1, B] the draws' uniforms, a row per step. The position is a tensor filled
-        in place and each step's tokens stay on the device: no host read per token."""
-        pos = torch.zeros(1, dtype=torch.long, device=x.device)
-        for u in range(start + 1, end):
-            pos.fill_(u - 1)
-            x[:, u] = self(x[:, u - 1:u], pos, uniforms[u - start - 1], reach=u - 1)
+        if self.compiled:
+            return self._grid_step(grid, position, uniforms)
+        return self._grid_step(grid, position, uniforms, reach)
 
     def take_compile_s(self) -> float:
-        """The compile time of the compiled steps not reported yet (0 once reported, and eager)."""
-        return self._step.take_compile_s() + self._grid_step.take_compile_s() if self.compiled else 0.0
+        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
+        return self._grid_step.take_compile_s() if self.compiled else 0.0
 
 
 __all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",

@@ -162,7 +162,8 @@ class Scheduler:
         lockstep batches); `kept_runners`: where compiled runners are kept (None: on the model;
         a stream keeps its own, its caches living across steps while other decodes may run)."""
         self.method, self.grid, self.refill = method, tuple(grid), refill
-        self.engine = Engine(method, run, ImageStreams(run.seed, [-1 - b for b in range(capacity)]), grid)
+        streams = ImageStreams(run.seed, [-1 - b for b in range(capacity)], exact=run.exact)
+        self.engine = Engine(method, run, streams, grid)
         self.engine.kept_runners = kept_runners
         self.engine.graphs = cuda_graphs()
         self.engine.rows = self

@@ -64,7 +64,7 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
             return ARRows(engine, engine.runner(target))
         d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         HW = target.grid[0] * target.grid[1]
-        return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, relax=relax)
+        return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, relax=relax, adaptive=True)
 
     return run_rows(method, target, conditions, policy, run, tokenizer)
 

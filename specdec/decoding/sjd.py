@@ -28,6 +28,8 @@ from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.speculative import own_tokens, plain_round, put_own
+from specdec.decoding.widths import rows_covered, widths_for
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -49,59 +51,84 @@ class JacobiRows(RowPolicy):
     """Every row's window, as a policy over the scheduler's rows (`specdec.decoding.scheduler`):
     guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the distribution q [B, L, V] each was
     drawn from (entries beyond n_b are padding, never judged); a row without an image, or done,
-    has n_b = 0 and rides along on re-feeds. A step is one Jacobi iteration of every row."""
+    has n_b = 0 and rides along on re-feeds. A step is one Jacobi iteration of every row, its
+    window `window` (with `adaptive`, chosen each step up to that: `widths`; 0 is a plain AR
+    step)."""
 
-    def __init__(self, engine: Engine, target, window: int):
+    def __init__(self, engine: Engine, target, window: int, adaptive: bool = False):
         super().__init__(engine)
         self.runner = runner = engine.runner(target)
         self.window, self.HW = window, runner.H * runner.W
+        self.n = window                 #: this step's window
         B, dev = engine.batch, runner.device
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
         self.c = Lengths([self.HW] * B, dev)
         self.n_host = [0] * B
         self.uniform = torch.full((target.vocab_size,), 1.0 / target.vocab_size, device=dev)
-        L = min(window, self.HW - 1)
-        self.q = self.uniform.expand(B, L, target.vocab_size).clone()
-        self.y = torch.zeros(B, L, dtype=torch.long, device=dev)
+        self.q = self.uniform.expand(B, 1, target.vocab_size).clone()
+        self.y = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.widths = widths_for(engine, min(window, self.HW - 1), runner) if adaptive else None
 
     def start(self, rows, conditions):
-        """Rows `rows` start as images start alone: their prefills, token 0 and a window of
-        uniform guesses drawn from each row's own stream."""
-        e, backend, dev = self.engine, self.runner.backend, self.tokens.device
+        """Rows `rows` start as images start alone: their prefills and token 0 from each row's own
+        stream (their windows of uniform guesses are drawn by the next step: `_fit_windows`)."""
+        e, dev = self.engine, self.tokens.device
         _, p0 = e.prefill_rows(self.runner, rows, conditions)
-        streams = e.streams.rows(rows)
-        index, k = to_device(rows, dev, torch.long), len(rows)
-        grids = torch.zeros(k, self.HW, dtype=torch.long, device=dev)
-        grids[:, 0] = draw(p0, streams, backend)
+        index = to_device(rows, dev, torch.long)
+        grids = torch.zeros(len(rows), self.HW, dtype=torch.long, device=dev)
+        grids[:, 0] = draw(p0, e.streams.rows(rows), self.runner.backend, positions=torch.zeros_like(index))
         self.tokens.index_copy_(0, index, grids)
-        n = min(self.window, self.HW - 1)
-        B, L, V = self.q.shape
-        if n > L:      # the other rows' windows have shrunk near their ends: room again
-            self.y = torch.cat([self.y, self.y.new_zeros(B, n - L)], 1)
-            self.q = torch.cat([self.q, self.uniform.expand(B, n - L, V)], 1)
-            L = n
-        self.q.index_copy_(0, index, self.uniform.expand(k, L, V).contiguous())
-        guesses = torch.zeros(k, L, dtype=torch.long, device=dev)
-        guesses[:, :n] = draw(self.uniform.expand(k * n, V), streams, backend).view(k, n)
-        self.y.index_copy_(0, index, guesses)
         self.c.reset_rows(rows, 1)
         for b in rows:
-            self.n_host[b] = n
+            self.n_host[b] = 0
 
     def done(self):
-        return [n == 0 for n in self.n_host]
+        return [c >= self.HW for c in self.c.host]
 
     def final(self, b):
         return self.c.host[b]
 
+    def _fit_windows(self, n: int) -> None:
+        """Every unfinished row's window to n slots (fewer near the end of the grid): cut, or
+        grown by fresh uniform guesses drawn from the row's own stream (exact: keyed by their
+        positions)."""
+        want = [min(n, self.HW - cb) for cb in self.c.host]
+        if want == self.n_host:
+            return
+        B, L, V = self.q.shape
+        if max(want) > L:      # (room for the widest window)
+            self.y = torch.cat([self.y, self.y.new_zeros(B, max(want) - L)], 1)
+            self.q = torch.cat([self.q, self.uniform.expand(B, max(want) - L, V)], 1)
+            L = max(want)
+        dev, have = self.tokens.device, _long(self.n_host, self.tokens.device)
+        k = max(1, max(w - h for w, h in zip(want, self.n_host)))
+        positions = ((self.c.device + have)[:, None] + torch.arange(k, device=dev)).clamp(max=self.HW - 1)
+        fresh_y = draw(self.uniform.expand(B * k, V), self.engine.streams, self.runner.backend,
+                       counts=[max(0, w - h) for w, h in zip(want, self.n_host)], positions=positions).view(B, k)
+        j = torch.arange(L, device=dev)[None]
+        fresh = (j >= have[:, None]) & (j < _long(want, dev)[:, None])
+        self.y = torch.where(fresh, fresh_y.gather(1, (j - have[:, None]).clamp(0, k - 1)), self.y)
+        self.q = torch.where(fresh[..., None], self.uniform, self.q)
+        self.n_host = want
+
     def _draw_rows(self, probs, counts):
-        """One token per entry of probs [B, L, V], the first counts[b] rows of image b from its
-        own stream (the rest are padding, drawn with zeros that consume nothing) -> int64 [B, L]."""
+        """One token per entry of probs [B, L, V] (the window's slots after the committed
+        lengths), the first counts[b] rows of image b from its own stream (the rest are padding,
+        drawn with zeros that consume nothing) -> int64 [B, L]."""
         B, L, V = probs.shape
-        return draw(probs.reshape(-1, V), self.engine.streams, self.runner.backend, counts=counts).view(B, L)
+        positions = (self.c.device[:, None] + torch.arange(L, device=probs.device)).clamp(max=self.HW - 1)
+        return draw(probs.reshape(-1, V), self.engine.streams, self.runner.backend, counts=counts,
+                    positions=positions).view(B, L)
 
     def step(self) -> None:
         """One pass: feed, judge, commit, and the next windows."""
+        if self.widths is not None:
+            self.n = self.widths.choose(rows_covered(self.runner))
+            if self.n == 0:
+                plain_round(self.engine, self.runner, self.tokens, self.c, self.HW)
+                self.n_host = [0] * len(self.n_host)
+                return
+        self._fit_windows(self.n)
         x, y, n_host = self.tokens, self.y, self.n_host
         B, L = y.shape
         c_host = self.c.host
@@ -112,17 +139,24 @@ class JacobiRows(RowPolicy):
         fed_y = (j >= 1) & (j <= n[:, None])
         p = self.runner.probs(self.runner.forward(torch.where(fed_y, torch.cat([y[:, :1], y], 1), x.gather(1, pos)),
                                                   pos))                        # output j: dist of c_b + j
-        ragged = any(nb != L for nb in n_host)
-        u = to_device(self.engine.streams.rand_padded(n_host, L), x.device)
-        judgement = self.engine.judge(p[:, :L].gather(2, y[..., None])[..., 0], self.q.gather(2, y[..., None])[..., 0],
-                                      starts=c_host, judged=n_host, uniforms=u, mode="raster",
-                                      valid=(j[:, :L] < n[:, None]) if ragged else None)
+        valid = (j[:, :L] < n[:, None]) if any(nb != L for nb in n_host) else None
+        if self.engine.streams.exact:   # a guess is kept iff it is the target's own token there
+            self._own = own_tokens(self.engine, self.runner, p, c)
+            judgement = self.engine.judge((y == self._own[:, :L]).float(), starts=c_host, judged=n_host, valid=valid,
+                                          rule="threshold", tau=1.0, mode="raster")
+        else:
+            u = to_device(self.engine.streams.rand_padded(n_host, L), x.device)
+            judgement = self.engine.judge(p[:, :L].gather(2, y[..., None])[..., 0],
+                                          self.q.gather(2, y[..., None])[..., 0], starts=c_host, judged=n_host,
+                                          uniforms=u, mode="raster", valid=valid)
         a = torch.minimum(judgement.verdict.first_reject.long(), n)
         a_host = [judgement.kept(b) for b in range(B)]
         self._commit(c, n, a, a_host, p)
         new_c = [cb + ab + (1 if (ab < nb or cb + nb < self.HW) and nb > 0 else 0)
                  for cb, ab, nb in zip(c_host, a_host, n_host)]
-        new_n = [min(self.window, self.HW - cb) for cb in new_c]
+        if self.widths is not None:
+            self.widths.observe(judgement.accept, n_host)
+        new_n = [min(self.n, self.HW - cb) for cb in new_c]
         self.c = Lengths(new_c, x.device)
         if max(new_n) == 0:
             self.n_host = new_n
@@ -151,7 +185,9 @@ class JacobiRows(RowPolicy):
                 fix.append(False)
         if any(ab < nb for ab, nb in zip(a_host, self.n_host)):
             self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))  # stale guesses
-        if picks:
+        if picks and self.engine.streams.exact:
+            put_own(x, self._own, picks, a_host)
+        elif picks:
             rows = _long([b for b, _ in picks], x.device)
             col = torch.where(a < n, a, n)[rows]
             q_rows = torch.where(_long(fix, x.device)[:, None].bool(), self.q[rows, col.clamp(max=L - 1)], 0.0)
@@ -179,7 +215,7 @@ def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptio
         # Under a token budget the window shrinks to the image's share (a pass feeds the last
         # committed token and the window); with room for no guess, plain AR steps.
         window = engine.narrowed(options.window + 1) - 1
-        return ARRows(engine, engine.runner(target)) if window == 0 else JacobiRows(engine, target, window)
+        return ARRows(engine, engine.runner(target)) if window == 0 else JacobiRows(engine, target, window, True)
 
     return run_rows("sjd", target, conditions, policy, run, tokenizer)
 

@@ -24,6 +24,7 @@ from specdec.decoding.engine import Engine, Judgement, Lengths, Verdict
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
+from specdec.decoding.widths import rows_covered, widths_for
 
 
 class Relaxation(NamedTuple):
@@ -45,6 +46,39 @@ class Round(NamedTuple):
     out: Outputs                #: the target pass (output j: the distribution of position c + j)
 
 
+def own_tokens(engine: Engine, target: ModelRunner, probs: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """Exact mode: the target's own token at every output of a pass, int64 [B, N] from its
+    distributions probs [B, N, V] (output j of row b: raster position starts[b] + j, clamped to
+    the grid), drawn with each image's key."""
+    B, N, V = probs.shape
+    positions = (starts[:, None] + torch.arange(N, device=starts.device)).clamp(max=target.H * target.W - 1)
+    return draw(probs.reshape(-1, V), engine.streams, target.backend, positions=positions).view(B, N)
+
+
+def put_own(x: torch.Tensor, own: torch.Tensor, picks, kept) -> None:
+    """Exact mode's correction or bonus token: at each pick (image b, the raster position after
+    its kept[b] kept drafts) the target's own token there, own[b, kept[b]] (`own_tokens`)."""
+    rows, cols, at = to_device([[b for b, _ in picks], [t for _, t in picks], [kept[b] for b, _ in picks]],
+                               x.device, torch.long)
+    x[rows, cols] = own[rows, at]
+
+
+def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths, end: int):
+    """A round without drafts (the width rule's choice under load): each image before `end` feeds
+    its last committed token and draws the next from the target as `ar` draws it (from its stream,
+    or exact: the target's own token), committed at once; no judgement and no host read. Images at
+    `end` ride along at the grid's last slot. Returns the pass's outputs and which rows drew."""
+    last = torch.full_like(c.device, x.shape[1] - 1)
+    going = c.device < end
+    at = torch.where(going, c.device, last)
+    out = runner.forward(x.gather(1, (at - going.long())[:, None]), (at - going.long())[:, None])
+    counts = [int(cb < end) for cb in c.host]
+    drawn = draw(runner.probs(out)[:, 0], engine.streams, runner.backend, counts=counts, positions=at)
+    x.scatter_(1, at[:, None], torch.where(going, drawn, x.gather(1, at[:, None])[:, 0])[:, None])
+    c.advance(going.long(), counts)
+    return out, going
+
+
 class RasterSpeculation(RowPolicy):
     """Raster speculation with `drafter` on the `target` runner of `engine`'s batch, as a policy
     over its rows (`specdec.decoding.scheduler`): each row's committed length `c` and the hidden
@@ -55,11 +89,15 @@ class RasterSpeculation(RowPolicy):
     stored there (its vertical heads need row 0's; token 0's is SSD's to store)."""
 
     def __init__(self, engine: Engine, target: ModelRunner, drafter: Drafter, *, end: int, chunk: int,
-                 relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None):
+                 relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None,
+                 adaptive: bool = False):
+        """`adaptive`: the drafts per round chosen each step, `chunk` at most (`widths`; with the
+        run's `adapts_width`)."""
         super().__init__(engine)
         self.target, self.drafter = target, drafter
         self.end = end
         self.chunk = min(chunk, end - 1)     # re-feed padding needs room before the block (see padded_block)
+        self.n = self.chunk                  #: drafts per row this round
         self.relax = relax
         self.hidden_out = hidden_out
         B = engine.batch
@@ -67,6 +105,7 @@ class RasterSpeculation(RowPolicy):
         self.c = Lengths([end] * B, target.device)     # (a row without an image: done)
         self.hid_prev: Optional[torch.Tensor] = None    # [rows, dim], made at the first start
         drafter.start(engine, target)
+        self.widths = widths_for(engine, self.chunk, target, getattr(drafter, "runner", None)) if adaptive else None
 
     def start(self, rows, conditions):
         out, p0 = self.engine.prefill_rows(self.target, rows, conditions)
@@ -79,7 +118,7 @@ class RasterSpeculation(RowPolicy):
         x, B, dev = self.tokens, self.tokens.shape[0], self.tokens.device
         index = to_device(rows, dev, torch.long)
         grids = torch.zeros(len(rows), x.shape[1], dtype=torch.long, device=dev)
-        grids[:, 0] = draw(p0, self.engine.streams.rows(rows), self.target.backend)
+        grids[:, 0] = draw(p0, self.engine.streams.rows(rows), self.target.backend, positions=torch.zeros_like(index))
         x.index_copy_(0, index, grids)
         if self.hid_prev is None:
             self.hid_prev = hidden.new_zeros((hidden.shape[0] // len(rows)) * B, hidden.shape[-1])
@@ -94,6 +133,12 @@ class RasterSpeculation(RowPolicy):
         return self.c.host[b]
 
     def step(self):
+        if self.widths is not None:
+            self.n = self.widths.choose(rows_covered(self.target))
+            if self.n == 0:
+                out, going = plain_round(self.engine, self.target, self.tokens, self.c, self.end)
+                self._keep_last_hidden(out.hidden[:, 0], going)
+                return
         self.end_round(self.engine.read_verdicts([self.begin_round()])[0])
 
     def begin_round(self, forward: Optional[Callable] = None) -> Verdict:
@@ -103,7 +148,7 @@ class RasterSpeculation(RowPolicy):
         rows' spans to it)."""
         c = self.c
         going = [cb < self.end for cb in c.host]
-        self._nb_host = [min(max(self.end - cb, 0), self.chunk) for cb in c.host]
+        self._nb_host = [min(max(self.end - cb, 0), self.n) for cb in c.host]
         self._rnd = self._feed(self.tokens, c, going, forward or self.target.forward)
         return self._judge(self._rnd, c, going, self._nb_host)
 
@@ -116,6 +161,8 @@ class RasterSpeculation(RowPolicy):
         new_host = [nbb > 0 and cb + ab < self.end for cb, ab, nbb in zip(c.host, a_host, nb_host)]
         self._commit(x, c, rnd, a, a_host, nb_host, new_host)
         self.drafter.accepted(c, a, a_host, rnd.n)
+        if self.widths is not None:
+            self.widths.observe(judgement.accept, nb_host)
         active = rnd.nb > 0
         new = active & (c.device + a < self.end)            # a correction or a bonus token
         c.advance(torch.where(active, a + new.long(), torch.zeros_like(a)),
@@ -123,7 +170,7 @@ class RasterSpeculation(RowPolicy):
 
     def _feed(self, x: torch.Tensor, c: Lengths, going, forward: Callable) -> Round:
         """Draft n tokens per image and feed [last committed ; drafts] to the target."""
-        n = self.chunk
+        n = self.n
         nb = (self.end - c.device).clamp(min=0, max=n)
         self.drafter.observe(self.hid_prev)
         d, q = self.drafter.draft(x, c, n, going)
@@ -142,14 +189,19 @@ class RasterSpeculation(RowPolicy):
         return Round(n, nb, d, q, dpos, forward(work.gather(1, pos), pos))
 
     def _judge(self, rnd: Round, c: Lengths, going, nb_host):
-        """The ratio test on each image's real drafts (LANTERN: with the pooled p)."""
+        """The ratio test on each image's real drafts (LANTERN: with the pooled p); exact
+        (`ImageStreams.exact`): a draft is kept iff it is the target's own token there."""
+        valid = torch.arange(rnd.n, device=rnd.drafts.device)[None] < rnd.nb[:, None]
+        if self.engine.streams.exact:
+            self._own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
+            return self.engine.verdict((rnd.drafts == self._own[:, :rnd.n]).float(), starts=c.host, judged=nb_host,
+                                       valid=valid, rule="threshold", tau=1.0, mode="raster")
         neighbors, delta = self.relax if self.relax is not None else (None, None)
         tp = self.target.token_probs(rnd.out.select(slice(0, rnd.n)), rnd.drafts, neighbors, delta)
         score = tp.pooled if neighbors is not None else tp.p_token
         q_tok = rnd.q.gather(2, rnd.drafts[..., None])[..., 0]
         # An image that is done draws no uniforms: its stream goes on after `end` (SSD's later rows).
         u = to_device(self.engine.streams.rand_padded([rnd.n if g else 0 for g in going], rnd.n), score.device)
-        valid = torch.arange(rnd.n, device=score.device)[None] < rnd.nb[:, None]
         return self.engine.verdict(score, q_tok, starts=c.host, judged=nb_host, uniforms=u, valid=valid,
                                    mode="raster")
 
@@ -170,7 +222,9 @@ class RasterSpeculation(RowPolicy):
             self._keep_hidden(out, c, a, active)
         sel = gather_rows(out, torch.where(new, a, (nb - 1).clamp_min(0)))
         picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(c.host, a_host, new_host)) if nw]
-        if picks:
+        if picks and self.engine.streams.exact:
+            put_own(x, self._own, picks, a_host)
+        elif picks:
             rows = to_device([b for b, _ in picks], x.device, torch.long)
             p_new = self.target.probs(sel)[:, 0][rows]  # [M, V]
             # q = 0 where every draft was kept: a bonus draw from p
@@ -180,8 +234,12 @@ class RasterSpeculation(RowPolicy):
                 torch.zeros_like(rnd.q[:, 0]),
             )[rows]
             self.engine.redraw(x, picks, p_new, q_new)
-        rows_b = torch.arange(self.hid_prev.shape[0], device=x.device) % x.shape[0]
-        self.hid_prev.copy_(torch.where(active[rows_b][:, None], sel.hidden[:, 0], self.hid_prev))
+        self._keep_last_hidden(sel.hidden[:, 0], active)
+
+    def _keep_last_hidden(self, hidden: torch.Tensor, active: torch.Tensor) -> None:
+        """hidden [rows, dim]: the states that gave each active image's last committed token."""
+        rows_b = torch.arange(self.hid_prev.shape[0], device=hidden.device) % active.shape[0]
+        self.hid_prev.copy_(torch.where(active[rows_b][:, None], hidden, self.hid_prev))
 
     def _keep_hidden(self, out: Outputs, c: Lengths, a, active) -> None:
         """Output jj of the pass is the exact state of position c + jj for jj <= a (inside the

@@ -24,6 +24,25 @@ def image_generator(seed: int, index: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(mixed)
 
 
+_MASK64 = 2 ** 64 - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's step: a bijection of 64-bit ints that spreads every input bit."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def image_key(seed: int, index: int) -> int:
+    """The key of image `index` of a run seeded `seed` for position-keyed draws (exact mode: the
+    noise of its token at position t is a function of (key, t) alone), a non-negative int64.
+    Unlike the generators' seeds it mixes both ints through a 64-bit bijection, so two images
+    share a key only by a 2**-63 accident."""
+    return _mix64(_mix64(seed & _MASK64) ^ (index & _MASK64)) >> 1
+
+
 class ImageStreams:
     """The random streams of the images of one batch, one CPU generator per image.
 
@@ -33,26 +52,43 @@ class ImageStreams:
     the numbers the same on every device. A draw of a different count per image (`rand_counts`,
     `rand_padded`) is how an image that has finished a phase draws nothing while others go on."""
 
-    def __init__(self, seed: int, indices: Sequence[int]):
+    def __init__(self, seed: int, indices: Sequence[int], *, exact: bool = False):
+        """`exact`: the images draw their tokens with position-keyed noise (`keys`; `draws.draw`)
+        rather than from their generators."""
         self.seed = seed
+        self.exact = exact
         self.indices = list(indices)
         self.generators = [image_generator(seed, i) for i in self.indices]
+        self.keys = [image_key(seed, i) for i in self.indices]   #: each image's `image_key`
+        self._key_tensors: dict = {}      # `key_tensor`, by device (dropped when a row restarts)
 
     def restart(self, b: int, index: int, seed: Optional[int] = None) -> None:
         """Row b now draws for image `index` (of a run seeded `seed`, by default these streams'),
         from the start of its stream (a row of the scheduler's batch that takes the next request:
         `specdec.decoding.scheduler`)."""
+        seed = self.seed if seed is None else seed
         self.indices[b] = index
-        self.generators[b] = image_generator(self.seed if seed is None else seed, index)
+        self.generators[b] = image_generator(seed, index)
+        self.keys[b] = image_key(seed, index)
+        self._key_tensors = {}
+
+    def key_tensor(self, device) -> torch.Tensor:
+        """`keys` as int64 [B] on `device`, uploaded once until a row restarts."""
+        found = self._key_tensors.get(str(device))
+        if found is None:
+            found = self._key_tensors[str(device)] = to_device(self.keys, device, torch.long)
+        return found
 
     def rows(self, rows: Sequence[int]) -> "ImageStreams":
         """The streams of rows `rows` alone, as the streams of a batch of those images (their
         draws go on from where the batch's left them, and the batch's from where these leave
         them)."""
         some = ImageStreams.__new__(ImageStreams)
-        some.seed = self.seed
+        some.seed, some.exact = self.seed, self.exact
         some.indices = [self.indices[b] for b in rows]
         some.generators = [self.generators[b] for b in rows]
+        some.keys = [self.keys[b] for b in rows]
+        some._key_tensors = {}
         return some
 
     def __len__(self) -> int:
@@ -93,16 +129,4 @@ def uniforms(streams: ImageStreams, shape, device) -> torch.Tensor:
     return to_device(streams.rand(shape), device)
 
 
-def step_uniforms(streams: ImageStreams, steps: int, per_step: int, device) -> torch.Tensor:
-    """[steps, per_step] float32: row s holds the uniforms that the s-th of `steps` successive
-    `uniforms(streams, (per_step,), device)` calls would return, drawn at once (a loop of steps
-    then draws nothing per step; each image's stream is consumed exactly as step by step)."""
-    n = len(streams)
-    if per_step % n:
-        raise ValueError(f"a draw for {n} images needs a count divisible by {n}, got {per_step}")
-    per = per_step // n     # each image draws `per` numbers a step, step after step
-    u = streams.rand((n * steps * per,)).view(n, steps, per)
-    return to_device(u.transpose(0, 1).reshape(steps, per_step), device)
-
-
-__all__ = ["ImageStreams", "image_generator", "step_uniforms", "uniforms"]
+__all__ = ["ImageStreams", "image_generator", "image_key", "uniforms"]

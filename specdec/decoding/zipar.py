@@ -23,7 +23,6 @@ from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.scheduler import RowPolicy
-from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -67,17 +66,6 @@ def plan(H: int, W: int, window: int) -> tuple:
     return tuple(steps)
 
 
-@functools.lru_cache(maxsize=16)
-def schedule(H: int, W: int, window: int, device) -> tuple:
-    """`plan` as device tensors (fake None where a step has none), sent to the device once
-    before the loop (no read-back, no copy per step) and kept for the next decode."""
-    def tensor(values):
-        return to_device(values, device, torch.long)
-
-    return tuple((tensor(positions), tensor(fed), tensor(fake) if fake else None, tensor(src), tensor(targets))
-                 for positions, fed, fake, src, targets in plan(H, W, window))
-
-
 def widest_pass(H: int, W: int, window: int) -> int:
     """The most tokens one pass of the schedule feeds: the rows in flight, and a fake end-of-row
     query when a row starts (the same count as `schedule`'s positions, without building it)."""
@@ -95,26 +83,6 @@ def narrowed_window(H: int, W: int, window: int, share) -> int:
     if share is None:
         return window
     return next(w for w in range(window, W + 1) if w == W or widest_pass(H, W, w) <= share)
-
-
-@torch.no_grad()
-def zipar_grid(runner: ModelRunner, classes: torch.Tensor, streams: ImageStreams, *, window: int) -> torch.Tensor:
-    """Decode B grids with the row-staggered schedule -> int64 [B, H*W]."""
-    H, W = runner.H, runner.W
-    window = check_window(window, W)
-    B = classes.shape[0]
-    dev = runner.device
-    x = torch.zeros(B, H * W, dtype=torch.long, device=dev)
-    out = runner.prefill(classes)
-    x[:, 0] = draw(runner.probs(out)[:, 0], streams, runner.backend)
-    for positions, fed, fake, src, targets in schedule(H, W, window, dev):
-        out = runner.forward(x[:, fed], positions)
-        if fake is not None:
-            runner.invalidate(fake)
-        p = runner.probs(out.select(src))           # [B, n, V]
-        V = p.shape[-1]
-        x[:, targets] = draw(p.reshape(-1, V), streams, runner.backend).view(B, -1)
-    return x
 
 
 class ZipARRows(RowPolicy):

@@ -1,8 +1,9 @@
 """The settings that decide a run's images, recorded in DIR/config.json and compared when a
 command is run again against the same directory: method, its options after defaults, seed,
-sampling, compiled or eager, conditioning, device type and a hash of the models' weights. A difference is an error
-naming each setting that differs; the number of images may grow (a longer run of the same
-settings extends the first one: image i does not depend on N) but not shrink.
+sampling, compiled or eager, exact mode, conditioning, device type and a hash of the models'
+weights. A difference is an error naming each setting that differs; the number of images may
+grow (a longer run of the same settings extends the first one: image i does not depend on N) but
+not shrink.
 
 Batch size, world size and threads are not settings of the images (image i is keyed by the seed
 and i alone) and may change between runs.
@@ -74,7 +75,9 @@ def make_settings(*, method: str, options, run, conditioning: dict, device: torc
     record = {k: _sampling_record(v) if dataclasses.is_dataclass(v) else v for k, v in record.items()}
     return {"format": FORMAT, "method": method, "options": _jsonable(record), "seed": run.seed,
             "sampling": _sampling_record(run.sampling), "compile": run.compile, **_jsonable(conditioning),
-            "device_type": device.type, "model_sha256": model_hash, "num": num}
+            "device_type": device.type, "model_sha256": model_hash, "num": num,
+            # (recorded only when set: a run recorded before exact mode existed still resumes)
+            **({"exact": True} if run.exact else {})}
 
 
 #: Keys that may differ between a directory and a new command.

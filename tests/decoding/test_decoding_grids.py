@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import ar_grid
 from decoding_models import TinyFamily, tiny_gpt, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, mulo, ssd, zipar
@@ -97,7 +98,7 @@ def test_mulo_with_a_drafter_grid_that_does_not_divide(low, upsample_mode):
                         options=mulo.MuloOptions(tau=1.5, upsample=upsample_mode), run=run)
     gen = ImageStreams(3, [0])
     gen.rand((h * w,))                                                # the drafter's uniforms
-    expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
+    expected = ar_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
     assert torch.equal(every.tokens.view(1, -1), expected)
 
 

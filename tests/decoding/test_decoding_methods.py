@@ -5,6 +5,7 @@ import functools
 import pytest
 import torch
 
+from helpers import ar_grid
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding import ar, lantern, mulo, sd, ssd, zipar
@@ -106,7 +107,7 @@ def test_mulo_tau_above_one_is_target_sampling_of_every_position(fam):
         assert not bool(out.stats.acceptance_maps[0].any())
         gen = ImageStreams(3, [0])
         gen.rand((h * w,))  # the drafter's uniforms
-        expected = ar.sample_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
+        expected = ar_grid(ModelRunner(fam.target, SAMPLING), CLASSES[:1], gen)
         assert torch.equal(out.tokens.view(1, -1), expected)
         assert out.stats.target_forwards_per_image == 2 + H * W - 1
 

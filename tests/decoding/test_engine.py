@@ -4,13 +4,14 @@ back to the host once the prefill is done."""
 import pytest
 import torch
 
+from helpers import ar_grid
 from decoding_models import LoopCounter, TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec import ops
-from specdec.decoding import ar, resampling
+from specdec.decoding import resampling
 from specdec.decoding.engine import Engine
 from specdec.decoding.runner import ModelRunner, Outputs
-from specdec.decoding.streams import ImageStreams, image_generator, step_uniforms, uniforms
+from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.decoding.uploads import async_uploads, to_device
 from specdec.settings import RunSettings, Sampling
 from specdec.numerics import RowLinear, RowWiseLinears, batch_invariant, batch_invariant_enabled, row_linear, row_matmul
@@ -66,21 +67,6 @@ def test_image_streams_give_each_image_its_own_generator_stream():
     assert torch.equal(streams.rand((3,))[1], torch.rand(1, generator=g5)[0])   # image 5 drew nothing since
     with pytest.raises(ValueError, match="divisible by 3"):
         streams.rand((4,))
-
-
-@pytest.mark.parametrize("per_step", [3, 6])
-def test_uniforms_drawn_before_a_loop_are_the_ones_drawn_step_by_step(per_step):
-    """AR's loop draws all its steps' uniforms at once: row s must be what the s-th draw of one
-    step would have been, for a batch's streams (one or two numbers per image a step) and a
-    single image's, and the streams must end where step-by-step draws leave them."""
-    ahead, stepwise = ImageStreams(3, [0, 4, 9]), ImageStreams(3, [0, 4, 9])
-    rows = step_uniforms(ahead, 5, per_step, "cpu")
-    assert torch.equal(rows, torch.stack([uniforms(stepwise, (per_step,), "cpu") for _ in range(5)]))
-    assert torch.equal(ahead.rand((3,)), stepwise.rand((3,)))
-    one, alone = ImageStreams(1, [7]), image_generator(1, 7)
-    assert torch.equal(step_uniforms(one, 4, per_step, "cpu"), torch.rand((4, per_step), generator=alone))
-    with pytest.raises(ValueError, match="divisible by 3"):
-        step_uniforms(ahead, 2, 4, "cpu")
 
 
 def test_row_linear_and_row_matmul_compute_each_row_alone():
@@ -198,7 +184,7 @@ def test_ar_reads_nothing_back_after_the_prefill(fam, batch):
     classes = CLASSES[:batch]
     first = runner.prefill(classes)
     with count_host_syncs() as c:
-        x = ar.sample_grid(runner, classes, ImageStreams(0, range(batch)), start_out=first)
+        x = ar_grid(runner, classes, ImageStreams(0, range(batch)), start_out=first)
     assert c.round_trips == 0, c.by_op
     assert x.shape == (batch, 16) and runner.forwards == 16
 

@@ -6,9 +6,9 @@ decodes on the reference as it does on the cpu backend."""
 import pytest
 import torch
 
+from helpers import ar_grid
 from decoding_models import LoopCounter, TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
-from specdec.decoding import ar
 from specdec.decoding.runner import ModelRunner
 from specdec.decoding.streams import ImageStreams
 from specdec.ops import dispatch
@@ -39,7 +39,7 @@ def test_ar_reads_nothing_back_after_the_prefill(fam, backend):
     classes = CLASSES[:2]
     first = runner.prefill(classes)
     with count_host_syncs() as c:
-        x = ar.sample_grid(runner, classes, ImageStreams(0, range(2)), start_out=first)
+        x = ar_grid(runner, classes, ImageStreams(0, range(2)), start_out=first)
     assert c.round_trips == 0, c.by_op
     assert x.shape == (2, 16)
 

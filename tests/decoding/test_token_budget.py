@@ -96,7 +96,7 @@ def test_zipar_staggers_rows_wider_to_fit_the_share():
     """The count of tokens per pass matches the schedule's, and the narrowed window is the least
     that fits (window W: raster AR, one token per pass)."""
     for H, W, window in [(4, 4, 1), (16, 16, 4), (5, 7, 3), (8, 8, 8)]:
-        assert zipar.widest_pass(H, W, window) == max(len(p[0]) for p in zipar.schedule(H, W, window, "cpu"))
+        assert zipar.widest_pass(H, W, window) == max(len(p[0]) for p in zipar.plan(H, W, window))
     assert [zipar.narrowed_window(16, 16, 4, s) for s in (None, 1, 2, 3, 5, 16)] == [4, 16, 9, 6, 4, 4]
     for share in range(1, 8):
         w = zipar.narrowed_window(16, 16, 1, share)

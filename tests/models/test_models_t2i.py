@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import ar_grid
 from decoding_models import TinyFamily, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from specdec import decoding
 from specdec.decoding.runner import ModelRunner
@@ -218,11 +219,10 @@ def test_ar_with_cfg_interval_reads_nothing_back_after_the_prefill():
     runner = ModelRunner(model, s, batch=2, backend="cpu")
     prompts = Prompts(captions([2, 7]))
     first = runner.prefill(prompts)
-    from specdec.decoding import ar
     from specdec.decoding.streams import ImageStreams
 
     with count_host_syncs() as c:
-        ar.sample_grid(runner, prompts, ImageStreams(0, range(2)), start_out=first)
+        ar_grid(runner, prompts, ImageStreams(0, range(2)), start_out=first)
     assert c.round_trips == 0, c.by_op
 
 

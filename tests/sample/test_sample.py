@@ -162,6 +162,16 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tiny, tmp_path, caps
     assert files(out) == before
 
 
+def test_exact_mode_is_a_setting_of_the_images(tiny, tmp_path, capsys):
+    out = tmp_path / "e"
+    assert sample(out, method="sd", num=2) == 0
+    capsys.readouterr()
+    assert sample(out, "--exact", method="sd", num=2) == 2
+    assert "exact: null there, true now" in capsys.readouterr().err
+    assert sample(tmp_path / "x", "--exact", method="sd", num=2) == 0
+    assert sample(tmp_path / "x", "--exact", method="sd", num=3) == 0
+
+
 def test_another_method_or_model_or_fewer_images_is_refused(tiny, tmp_path, monkeypatch, capsys):
     out = tmp_path / "m"
     assert sample(out, method="ar", num=3) == 0

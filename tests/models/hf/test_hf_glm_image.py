@@ -20,7 +20,7 @@ from glm_image_models import (BOS, EOP, K, SOP, glm_generate, prompt_ids, tail_i
 
 from specdec import masks  # noqa: E402
 from specdec.decoding import METHODS, RunSettings, Sampling, ar, decode, sjd, stages  # noqa: E402
-from specdec.decoding.ar import sample_grid  # noqa: E402
+from helpers import ar_grid  # noqa: E402
 from specdec.decoding.runner import ModelRunner  # noqa: E402
 from specdec.decoding.streams import ImageStreams  # noqa: E402
 from specdec.models import ARImageModel, hf  # noqa: E402
@@ -280,8 +280,8 @@ def test_mulo_drafted_by_the_preview(family):
     assert keep.stats.preview_passes == [h * w] * 2 and keep.stats.tokens == 2 * (h * w + H * W)
     every = decode("mulo", family, prompts=ps[1:], seed=4, tau=1.5, resample="raster")
     gen = ImageStreams(4, [0])                                # image 0's stream, as decode's
-    preview = sample_grid(ModelRunner(family.preview, GLM_SAMPLING), Prompts(ps[1:]), gen).view(1, h, w)
-    target = sample_grid(ModelRunner(family.target, GLM_SAMPLING),
+    preview = ar_grid(ModelRunner(family.preview, GLM_SAMPLING), Prompts(ps[1:]), gen).view(1, h, w)
+    target = ar_grid(ModelRunner(family.target, GLM_SAMPLING),
                          family.target.condition_on_preview(Prompts(ps[1:]), preview), gen)
     assert torch.equal(every.preview, preview) and torch.equal(every.tokens.view(1, -1), target)
     greedy = decode("mulo", family, prompts=ps, tau=1.5, sampling=GREEDY, batch_size=2)

@@ -1,0 +1,138 @@
+"""Draft widths that follow the load: each step, the draft length (`sd`) or window (`sjd`) that
+maximises the tokens the rows are expected to commit per second of the step's passes (the
+goodput rule of SmartSpec), from the acceptance measured as the decode runs and the cost of a
+pass measured on the device when the engine starts.
+
+- `PassCost`: a runner's pass time as `fixed + per_token * tokens` (tokens: rows x width fed),
+  fitted from timed passes of one and of the widest width on the runner itself (kept per model,
+  batch, backend and compile setting: measured once per process). On a GPU a pass of a few
+  hundred tokens costs about what one token costs (per_token ~ 0): speculation stays wide. On a
+  compute-bound CPU a pass costs about its tokens: at load the rule narrows to plain AR steps.
+- `Widths`: per draft offset j, how often a draft there was kept when the drafts before it were
+  (a prior of one kept and one not); `choose(rows)` the width of the step.
+
+In exact mode a width cannot change an image, so the rule is on by default there
+(`RunSettings.adaptive_width`); outside it the image depends on the widths chosen, so on the
+load, and the rule is opt-in.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds of one pass that feeds `tokens` image tokens in all (rows x width)."""
+
+    fixed: float
+    per_token: float
+
+    def __call__(self, tokens: int) -> float:
+        return self.fixed + self.per_token * tokens
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def _time_pass(runner, width: int, repeats: int = 3) -> float:
+    """The median seconds of a pass of `width` tokens over every row of runner's (empty) cache."""
+    rows = runner.batch
+    tokens = torch.zeros(rows, width, dtype=torch.long, device=runner.device)
+    positions = torch.arange(width, device=runner.device)
+    times = []
+    for i in range(repeats + 1):           # (the first: warm-up, and the graph's compile)
+        _sync(runner.device)
+        start = time.perf_counter()
+        runner.forward(tokens, positions)
+        _sync(runner.device)
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_pass_cost(runner, widest: int) -> PassCost:
+    """`runner`'s `PassCost`, timed on its own cache at widths 1 and `widest` (then emptied, its
+    pass counters reset) and kept on the model for the next engine of the same shape."""
+    from specdec.decoding.compiled import CompiledRunner
+    from specdec.numerics import batch_invariant_enabled
+
+    key = (runner.batch, widest, runner.backend, isinstance(runner, CompiledRunner), batch_invariant_enabled(),
+           str(runner.device))
+    kept = runner.model.__dict__.setdefault("_specdec_pass_costs", {})
+    if key not in kept:
+        one, wide = _time_pass(runner, 1), _time_pass(runner, widest)
+        per_token = max(0.0, (wide - one) / (runner.batch * max(widest - 1, 1)))
+        kept[key] = PassCost(max(0.0, one - per_token * runner.batch), per_token)
+        runner.reset()
+    return kept[key]
+
+
+def expected_commits(acceptance: Sequence[float], n: int) -> float:
+    """Tokens a row commits in a round of n drafts: the kept prefix and one more (the correction
+    or the bonus token), with acceptance[j] the chance that draft j is kept given the earlier
+    ones were."""
+    total, reach = 1.0, 1.0
+    for j in range(n):
+        reach *= acceptance[j]
+        total += reach
+    return total
+
+
+class Widths:
+    """The width rule of one engine: `most` drafts at most, the target's `PassCost`, and the
+    drafter's (per draft, a pass of one token per row; None: drafts cost nothing apart)."""
+
+    def __init__(self, most: int, target: PassCost, drafter: Optional[PassCost] = None):
+        self.most, self.target, self.drafter = most, target, drafter
+        self.reached = [2] * most      # (a prior: one kept, one not, at every offset)
+        self.kept = [1] * most
+
+    @property
+    def acceptance(self) -> List[float]:
+        return [k / r for k, r in zip(self.kept, self.reached)]
+
+    def observe(self, accept: Sequence[Sequence[bool]], judged: Sequence[int]) -> None:
+        """One round's judgement: row b's first judged[b] entries of accept[b]."""
+        for row, n in zip(accept, judged):
+            for j in range(min(n, self.most)):
+                self.reached[j] += 1
+                if not row[j]:
+                    break
+                self.kept[j] += 1
+
+    def choose(self, rows: int) -> int:
+        """The width (drafts per row, 0: a plain AR step) whose expected commits per second are
+        the most for a step over `rows` rows."""
+        acceptance = self.acceptance
+
+        def goodput(n: int) -> float:
+            seconds = self.target(rows * (n + 1)) + (n * self.drafter(rows) if self.drafter else 0.0)
+            return expected_commits(acceptance, n) / max(seconds, 1e-12)
+        return max(range(self.most + 1), key=goodput)
+
+
+def widths_for(engine, most: int, target, drafter=None) -> Optional[Widths]:
+    """The width rule of a policy of `engine` with `most` drafts at most on the `target` runner
+    (`drafter`: the drafter model's runner, whose passes a draft costs), or None where the run
+    keeps its widths fixed (`RunSettings.adapts_width`) or has nothing to choose."""
+    if not engine.run.adapts_width or most < 1:
+        return None
+    return Widths(most, measure_pass_cost(target, most + 1),
+                  None if drafter is None else measure_pass_cost(drafter, 1 + 1))
+
+
+def rows_covered(runner) -> int:
+    """How many rows the runner's passes go over now (the busy rows' bucket, or all of them)."""
+    held = runner.busy_rows()
+    return runner.batch if held is None else len(held)
+
+
+__all__ = ["PassCost", "Widths", "expected_commits", "measure_pass_cost", "rows_covered", "widths_for"]
