@@ -9,11 +9,12 @@ CUDA graphs on a GPU: the same treatment any compiled speculative method gets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
-from specdec.decoding.runner import ModelRunner, count_pass
+from specdec.decoding.runner import ModelRunner
 from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings
@@ -47,7 +48,6 @@ class ARRows(RowPolicy):
         #: row b's uniform for each position (exact: its key, int64 [B, 1])
         self.uniforms = torch.zeros(B, 1, dtype=torch.long, device=dev) if self.exact else torch.zeros(B, self.HW,
                                                                                                       device=dev)
-        self._step = self.runner.token_step(self.exact)
 
     def start(self, rows, conditions):
         e, runner, HW = self.engine, self.runner, self.HW
@@ -74,20 +74,8 @@ class ARRows(RowPolicy):
         return self.at[b] + 1
 
     def step(self):
-        runner, reach = self.runner, max(self.at)
-        held = runner.busy_rows()
-        if held is None:
-            values, written, moved = self._step.on_grid(self.tokens, self.position, self.uniforms, reach=reach)
-            self.tokens.scatter_(1, written, values)
-            self.position.copy_(moved)
-        else:   # only the rows that hold images, in a runner of that many (`ModelRunner.hold`)
-            part, index = runner.hold(held)
-            count_pass(runner, 1)
-            grid = self.tokens.index_select(0, index)
-            values, written, moved = part.token_step(self.exact).on_grid(grid, self.position.index_select(0, index),
-                                                               self.uniforms.index_select(0, index), reach=reach)
-            self.tokens.index_copy_(0, index, grid.scatter_(1, written, values))
-            self.position.index_copy_(0, index, moved)
+        self.position = self.runner.ar_step(self.tokens, self.position, self.uniforms, exact=self.exact,
+                                            reach=max(self.at))
         self.at = [a + 1 if a < self.HW - 1 else a for a in self.at]
 
 

@@ -225,7 +225,6 @@ class CompiledRunner(ModelRunner):
         self._compiler = compiler
         self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
                                                 distribution=self._distribution, graphs=graphs)
-        self._token_steps: Dict[bool, TokenStep] = {}     # (by exactness)
         #: compiled functions kept with the runner, by key (`function`)
         self.functions: Dict[object, CompiledFunction] = {}
 
@@ -263,11 +262,8 @@ class CompiledRunner(ModelRunner):
             found = self.functions[key] = CompiledFunction(make(), self.device, self.graphs)
         return found
 
-    def token_step(self, exact: bool = False) -> TokenStep:
-        if exact not in self._token_steps:
-            self._token_steps[exact] = TokenStep(self, lambda fn, device: CompiledFunction(fn, device, self.graphs),
-                                                 exact)
-        return self._token_steps[exact]
+    def _new_token_step(self, exact: bool) -> TokenStep:
+        return TokenStep(self, lambda fn, device: CompiledFunction(fn, device, self.graphs), exact)
 
     def take_compile_s(self) -> float:
         """The compile time of every graph of the runner not reported yet."""

@@ -26,6 +26,9 @@ class Drafter(abc.ABC):
     that gave each image's last committed token, `draft` n tokens after each committed prefix,
     then hear how many were kept (`accepted`)."""
 
+    #: whether `observe`'s hidden states are what it drafts from (SSD's heads)
+    reads_hidden = False
+
     def start(self, engine: Engine, target: ModelRunner) -> None:
         """Begin a batch: `target` is the batch's target runner."""
 
@@ -94,6 +97,8 @@ class ModelDrafter(Drafter):
 
 class HeadsDrafter(Drafter):
     """Drafts up to len(heads.horizontal) tokens per row from [h_{c-1} ; e(x_{c-1})] in one call."""
+
+    reads_hidden = True
 
     def __init__(self, heads):
         self.heads = heads

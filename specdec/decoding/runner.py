@@ -101,6 +101,7 @@ class ModelRunner:
         self._busy: Optional[List[int]] = None     # `pass_rows`: the rows that hold images (None: all)
         self._row_maps: dict = {}
         self._parts: dict = {}      # `part`: runners of some of the images, by image count
+        self._token_steps: dict = {}   # `token_step`, by exactness
         #: (rows [k] sorted, their int64 tensor, the runner of k images holding them): rows whose
         #: cache is kept in a runner of their own (`hold`), or None
         self._resident: Optional[Tuple[List[int], torch.Tensor, "ModelRunner"]] = None
@@ -287,8 +288,33 @@ class ModelRunner:
         return make()
 
     def token_step(self, exact: bool = False) -> "TokenStep":
-        """The AR step on this runner (eager here; compiled and kept on a compiled runner)."""
+        """The AR step on this runner (eager here, compiled on a compiled runner), made once."""
+        found = self._token_steps.get(exact)
+        if found is None:
+            found = self._token_steps[exact] = self._new_token_step(exact)
+        return found
+
+    def _new_token_step(self, exact: bool) -> "TokenStep":
         return TokenStep(self, exact=exact)
+
+    def ar_step(self, grid: torch.Tensor, position: torch.Tensor, rand: torch.Tensor, *, exact: bool = False,
+                reach: Optional[int] = None) -> torch.Tensor:
+        """One AR step of every row of `grid` [B, H*W] in place, each row at its position [B, 1]
+        with its uniforms [B, H*W] (exact: its key [B, 1]); returns the positions advanced
+        (`TokenStep.on_grid`). While `pass_rows` has set busy rows, the step goes over their
+        bucket alone, on a runner of that many images (`hold`)."""
+        held = self.busy_rows()
+        if held is None:
+            values, written, moved = self.token_step(exact).on_grid(grid, position, rand, reach=reach)
+            grid.scatter_(1, written, values)
+            return moved
+        part, index = self.hold(held)
+        count_pass(self, 1)
+        rows = grid.index_select(0, index)
+        values, written, moved = part.token_step(exact).on_grid(rows, position.index_select(0, index),
+                                                                rand.index_select(0, index), reach=reach)
+        grid.index_copy_(0, index, rows.scatter_(1, written, values))
+        return position.index_copy(0, index, moved)
 
     # ---- distributions through the kernels ----
     def _settings(self) -> SamplingArgs:

@@ -67,7 +67,7 @@ class JacobiRows(RowPolicy):
         self.uniform = torch.full((target.vocab_size,), 1.0 / target.vocab_size, device=dev)
         self.q = self.uniform.expand(B, 1, target.vocab_size).clone()
         self.y = torch.zeros(B, 1, dtype=torch.long, device=dev)
-        self.widths = widths_for(engine, min(window, self.HW - 1), runner) if adaptive else None
+        self.widths = widths_for(engine, min(window, self.HW - 1), runner, all_or_none=True) if adaptive else None
 
     def start(self, rows, conditions):
         """Rows `rows` start as images start alone: their prefills and token 0 from each row's own

@@ -63,16 +63,24 @@ def put_own(x: torch.Tensor, own: torch.Tensor, picks, kept) -> None:
     x[rows, cols] = own[rows, at]
 
 
-def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths, end: int):
+def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths, end: int, *,
+                hidden: bool = False):
     """A round without drafts (the width rule's choice under load): each image before `end` feeds
     its last committed token and draws the next from the target as `ar` draws it (from its stream,
     or exact: the target's own token), committed at once; no judgement and no host read. Images at
-    `end` ride along at the grid's last slot. Returns the pass's outputs and which rows drew."""
+    `end` ride along at the grid's last slot. Returns the pass's outputs (None where an exact round
+    was `ar`'s own step, without `hidden`: one compiled graph, the draw inside) and which rows drew."""
+    counts = [int(cb < end) for cb in c.host]
+    if engine.streams.exact and not hidden and end == x.shape[1]:
+        # (a row at the end, or without an image, feeds the grid's last slot again: its c - 1)
+        keys = engine.streams.key_tensor(x.device)[:, None]
+        moved = runner.ar_step(x, (c.device - 1)[:, None], keys, exact=True)
+        c.device, c.host = moved[:, 0] + 1, [cb + n for cb, n in zip(c.host, counts)]
+        return None, None
     last = torch.full_like(c.device, x.shape[1] - 1)
     going = c.device < end
     at = torch.where(going, c.device, last)
     out = runner.forward(x.gather(1, (at - going.long())[:, None]), (at - going.long())[:, None])
-    counts = [int(cb < end) for cb in c.host]
     drawn = draw(runner.probs(out)[:, 0], engine.streams, runner.backend, counts=counts, positions=at)
     x.scatter_(1, at[:, None], torch.where(going, drawn, x.gather(1, at[:, None])[:, 0])[:, None])
     c.advance(going.long(), counts)
@@ -136,8 +144,10 @@ class RasterSpeculation(RowPolicy):
         if self.widths is not None:
             self.n = self.widths.choose(rows_covered(self.target))
             if self.n == 0:
-                out, going = plain_round(self.engine, self.target, self.tokens, self.c, self.end)
-                self._keep_last_hidden(out.hidden[:, 0], going)
+                reads = self.drafter.reads_hidden
+                out, going = plain_round(self.engine, self.target, self.tokens, self.c, self.end, hidden=reads)
+                if reads:
+                    self._keep_last_hidden(out.hidden[:, 0], going)
                 return
         self.end_round(self.engine.read_verdicts([self.begin_round()])[0])
 

@@ -90,10 +90,15 @@ class Widths:
     """The width rule of one engine: `most` drafts at most, the target's `PassCost`, and the
     drafter's (per draft, a pass of one token per row; None: drafts cost nothing apart)."""
 
-    def __init__(self, most: int, target: PassCost, drafter: Optional[PassCost] = None):
+    def __init__(self, most: int, target: PassCost, drafter: Optional[PassCost] = None, *, all_or_none: bool = False):
+        """`all_or_none`: the choice is `most` or 0 (`sjd`: a Jacobi window's later guesses ripen
+        over iterations, so a narrower window than it was measured at is not what the figures
+        say it is)."""
         self.most, self.target, self.drafter = most, target, drafter
+        self.widths = (0, most) if all_or_none else tuple(range(most + 1))
         self.reached = [2] * most      # (a prior: one kept, one not, at every offset)
         self.kept = [1] * most
+        self._chosen: dict = {}        # rows -> width, until the next observation
 
     @property
     def acceptance(self) -> List[float]:
@@ -101,6 +106,7 @@ class Widths:
 
     def observe(self, accept: Sequence[Sequence[bool]], judged: Sequence[int]) -> None:
         """One round's judgement: row b's first judged[b] entries of accept[b]."""
+        self._chosen = {}
         for row, n in zip(accept, judged):
             for j in range(min(n, self.most)):
                 self.reached[j] += 1
@@ -110,23 +116,26 @@ class Widths:
 
     def choose(self, rows: int) -> int:
         """The width (drafts per row, 0: a plain AR step) whose expected commits per second are
-        the most for a step over `rows` rows."""
-        acceptance = self.acceptance
+        the most for a step over `rows` rows (the same until the next observation: a run of plain
+        AR steps, which observe nothing, decides once)."""
+        if rows not in self._chosen:
+            acceptance = self.acceptance
 
-        def goodput(n: int) -> float:
-            seconds = self.target(rows * (n + 1)) + (n * self.drafter(rows) if self.drafter else 0.0)
-            return expected_commits(acceptance, n) / max(seconds, 1e-12)
-        return max(range(self.most + 1), key=goodput)
+            def goodput(n: int) -> float:
+                seconds = self.target(rows * (n + 1)) + (n * self.drafter(rows) if self.drafter else 0.0)
+                return expected_commits(acceptance, n) / max(seconds, 1e-12)
+            self._chosen[rows] = max(self.widths, key=goodput)
+        return self._chosen[rows]
 
 
-def widths_for(engine, most: int, target, drafter=None) -> Optional[Widths]:
+def widths_for(engine, most: int, target, drafter=None, *, all_or_none: bool = False) -> Optional[Widths]:
     """The width rule of a policy of `engine` with `most` drafts at most on the `target` runner
     (`drafter`: the drafter model's runner, whose passes a draft costs), or None where the run
     keeps its widths fixed (`RunSettings.adapts_width`) or has nothing to choose."""
     if not engine.run.adapts_width or most < 1:
         return None
     return Widths(most, measure_pass_cost(target, most + 1),
-                  None if drafter is None else measure_pass_cost(drafter, 1 + 1))
+                  None if drafter is None else measure_pass_cost(drafter, 1 + 1), all_or_none=all_or_none)
 
 
 def rows_covered(runner) -> int:

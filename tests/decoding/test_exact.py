@@ -127,6 +127,8 @@ def test_the_width_rule_goes_wide_where_a_pass_costs_the_same_and_narrow_where_i
     assert mixed.choose(1) > mixed.choose(16) > mixed.choose(64) == 0
     drafted = widths.Widths(8, widths.PassCost(1.0, 0.0), drafter=widths.PassCost(1.0, 0.0))
     assert drafted.choose(4) < 8      # (each draft costs a drafter pass)
+    window = widths.Widths(8, widths.PassCost(1.0, 0.05), all_or_none=True)     # (sjd's)
+    assert window.choose(1) == 8 and window.choose(64) == 0
 
 
 def test_the_width_rule_learns_the_acceptance_per_offset():
@@ -148,12 +150,14 @@ def test_a_pass_cost_is_measured_once_on_the_runner_and_leaves_its_cache_empty(f
     assert widths.measure_pass_cost(runner, 5) is cost
 
 
-@pytest.mark.parametrize("method,options", [("sd", dict(chunk=4)), ("sjd", dict(window=8))], ids=["sd", "sjd"])
-def test_widths_that_change_with_the_load_keep_ar_s_image(fam, classes, ar_tokens, monkeypatch, method, options):
+@pytest.mark.parametrize("method,options,per_token", [("sd", dict(chunk=4), 0.3), ("sjd", dict(window=8), 0.05)],
+                         ids=["sd", "sjd"])
+def test_widths_that_change_with_the_load_keep_ar_s_image(fam, classes, ar_tokens, monkeypatch, method, options,
+                                                          per_token):
     """A pass cost between flat and per-token: wide while one or two rows run, plain AR steps
-    while five do; the images are still `ar`'s."""
-    monkeypatch.setattr(widths, "measure_pass_cost", lambda runner, widest: (
-        widths.PassCost(1.0, 0.3) if runner.model is fam.target else widths.PassCost(0.0, 0.0)))   # (drafts: free)
+    while five do (sjd: its whole window or none); the images are still `ar`'s."""
+    monkeypatch.setattr(widths, "measure_pass_cost", lambda runner, widest: (    # (drafts cost nothing)
+        widths.PassCost(1.0, per_token) if runner.model is fam.target else widths.PassCost(0.0, 0.0)))
     chosen = []
     choose = widths.Widths.choose
     monkeypatch.setattr(widths.Widths, "choose", lambda self, rows: chosen.append(choose(self, rows)) or chosen[-1])
