@@ -135,3 +135,49 @@ def render_serve(data, name):
                      f"{both('latency_p99_s', 2)} | {both('first_partial_p50_s', 2)} |")
     return lines + [""]
 
+
+def render_exact(data, name):
+    """Exact mode (benchmarks/decoders/record_exact.py): against the ratio test (its acceptance
+    part), or with widths that follow the load (its load part), whichever parts the file holds."""
+    rows = data["rows"]
+    acceptance = [r for r in rows if r["part"] == "acceptance"]
+    load = [r for r in rows if r["part"] == "load"]
+    lines = []
+    if acceptance:
+        lines += decode_section(
+            "Exact mode against the ratio test", data, name,
+            f"{data['threads']} CPU thread(s), embedded families, compiled, `sd` and `sjd` at batch 1 with their "
+            f"fixed widths, {data['num_images']} images per cell. Acceptance per judged draft its round reached (the "
+            "earlier drafts kept), beside two bounds averaged over the same drafts from the same passes: exact "
+            "coupling keeps a draft with probability at least (1 - TV) / (1 + TV), the ratio test at best 1 - TV "
+            "(TV between the target's distribution there and the draft's). The two samplers make other images, "
+            "so they judge other drafts.",
+            ["grid", "method", "sampler", "acceptance", "(1 - TV) / (1 + TV)", "1 - TV", "drafts reached",
+             "target passes / image", "s / image"])
+        if data.get("note"):
+            lines[2:2] = [f"Run {data['note']}.", ""]
+        for r in acceptance:
+            lines.append(f"| {r['grid']}x{r['grid']} | {r['method']} {_options(r['options'])} | "
+                         f"{'exact' if r['exact'] else 'ratio test'} | {r['acceptance']:.3f} | "
+                         f"{r['bound_exact']:.3f} | {r['bound_ratio']:.3f} | {r['reached']} | "
+                         f"{r['target_passes']:.1f} | {r['seconds_per_image']:.3f} |")
+        lines.append("")
+    if load:
+        lines += decode_section(
+            "Exact mode, widths that follow the load", data, name,
+            f"{data['threads']} CPU thread(s), embedded family 16x16, compiled, `concurrency=c`, "
+            f"{data.get('load_images')} images per cell (at least c). Against exact `ar` at the same concurrency; "
+            "same image: tokens bit-identical to exact `ar`'s (cpu backend). Adaptive: the width rule's choice each "
+            "step (the default in exact mode); fixed: the options' own width (`sd` chunk 4, `sjd` window 16).",
+            ["concurrency", "variant", "images / s", "vs exact ar", "target passes / image", "same image"])
+        base = {r["concurrency"]: r["images_per_s"] for r in load if r["variant"] == "ar exact"}
+        for r in load:
+            same = {None: "-", True: "yes", False: "no"}[r["same_as_exact_ar"]]
+            lines.append(f"| {r['concurrency']} | {r['variant']} | {r['images_per_s']:.2f} | "
+                         f"{r['images_per_s'] / base[r['concurrency']]:.2f}x | {r['target_passes']:.1f} | {same} |")
+        lines.append("")
+    return lines
+
+
+def _options(options: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in options.items())

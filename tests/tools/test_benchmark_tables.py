@@ -280,3 +280,26 @@ def test_the_light_load_table_compares_each_method_with_its_own_engine_of_one():
     order = [text.index(f"| {m} | compiled | {c} |") for m, c in (("ar", 1), ("sd", 1), ("sd", 16))]
     assert order == sorted(order)
     assert mr.kind_of(data, "light-load-16x16-compiled-x.json") == "light-load"
+
+
+def test_the_exact_table_shows_acceptance_beside_its_bounds_and_each_load_against_exact_ar():
+    mr = _make_results()
+
+    def acc(method, exact, acceptance):
+        return {"part": "acceptance", "grid": 16, "method": method, "exact": exact, "options": {"chunk": 4},
+                "acceptance": acceptance, "bound_exact": 0.5, "bound_ratio": 0.6, "reached": 100,
+                "target_passes": 80.0, "seconds_per_image": 0.7}
+
+    def load(variant, c, rate, same):
+        return {"part": "load", "grid": 16, "variant": variant, "concurrency": c, "images": 64,
+                "images_per_s": rate, "target_passes": 256.0, "same_as_exact_ar": same, "seconds_per_image": 1 / rate}
+    data = {"kind": "specdec-exact", "datetime": "2026-12-05T18:00:00", "machine": "test machine",
+            "command": "python benchmarks/decoders/record_exact.py", "threads": 1, "num_images": 16, "load_images": 64,
+            "rows": [acc("sd", False, 0.58), acc("sd", True, 0.51), load("ar", 16, 4.0, None),
+                     load("ar exact", 16, 3.8, True), load("sd exact adaptive", 16, 3.7, True)]}
+    text = "\n".join(mr.render_exact(data, "exact.json"))
+    assert "| 16x16 | sd chunk=4 | ratio test | 0.580 | 0.500 | 0.600 | 100 | 80.0 | 0.700 |" in text
+    assert "| 16x16 | sd chunk=4 | exact | 0.510 |" in text
+    assert "| 16 | sd exact adaptive | 3.70 | 0.97x | 256.0 | yes |" in text
+    assert "| 16 | ar | 4.00 | 1.05x | 256.0 | - |" in text
+    assert mr.kind_of(data, "exact-cpu2-x.json") == "exact"
