@@ -17,12 +17,6 @@ from specdec.models.protocol import split_cfg
 from specdec.ops import pooling, verification
 from specdec.settings import Sampling, SamplingArgs
 
-def part_size(k: int, batch: int) -> int:
-    """How many images a runner of some of a batch's images holds to serve k of them: k rounded up
-    to a power of two, at most the batch."""
-    return min(batch, 1 << (k - 1).bit_length())
-
-
 def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
                             positions: torch.Tensor) -> torch.Tensor:
     """LlamaGen's cfg_interval: the unconditional logits [B, N, V] with the conditional ones in
@@ -98,7 +92,9 @@ class ModelRunner:
         self.forwards = 0
         self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)
         self.widest = 0  #: the most image tokens per row one pass fed (the prefill aside)
-        self._busy: Optional[List[int]] = None     # `pass_rows`: the rows that hold images (None: all)
+        #: the rows a pass of all B rows goes over (sorted), as the scheduler decided (`cover`;
+        #: None: every row)
+        self.covered: Optional[List[int]] = None
         self._row_maps: dict = {}
         self._parts: dict = {}      # `part`: runners of some of the images, by image count
         self._token_steps: dict = {}   # `token_step`, by exactness
@@ -121,32 +117,21 @@ class ModelRunner:
         self._resident = None
         self.cache.reset()
         self.forwards = self.fed = self.widest = 0
-        self.pass_rows(None)
+        self.cover(None)
 
-    def pass_rows(self, rows: Optional[Sequence[int]]) -> None:
-        """Let later passes of all B rows go over these rows only (None: over every row), rounded
-        up to a power of two (`busy_rows`): the scheduler calls it whenever the rows that hold
-        images change. The other rows hold nothing, and a pass over all of them would cost a
-        server at light load what a full batch costs. The busy rows'
-        cache moves into a runner of that many images until the busy rows change (`forward`). The
-        outputs of a row left out are a copy of another row's (a valid distribution: its stand-in
-        goes on drawing tokens) and its cache is not written. A row's outputs do not depend on which other rows
-        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged.
-        CPU only: on a GPU, where a pass costs about the same whatever rows it carries, this has
-        not run yet (every row is passed)."""
-        busy = None if rows is None or len(rows) == self.batch or self.device.type != "cpu" else list(rows)
-        if busy != self._busy:      # (the row maps of one set of rows serve every round it lasts)
+    def cover(self, rows: Optional[Sequence[int]]) -> None:
+        """Let later passes of all B rows go over rows `rows` (sorted) only, None: over every row.
+        The scheduler decides them (`specdec.decoding.scheduler.covered_rows`: the rows that hold
+        images, rounded up to a bucket) and calls this whenever they change. Their cache moves into
+        a runner of that many images (`hold`) and stays there while they are covered; the outputs
+        of a row left out are a copy of another row's (a valid distribution: its stand-in goes on
+        drawing tokens) and its cache is not written. A row's outputs do not depend on which other
+        rows share its pass (bit for bit under `batch_invariant()`), so the images are unchanged. A
+        cache that cannot copy rows out (a transformers adapter's) keeps every row covered."""
+        rows = None if rows is None or type(self.cache) is not SlotKVCache else list(rows)
+        if rows != self.covered:      # (the row maps of one set of rows serve every round it lasts)
             self.settle_rows()
-            self._busy, self._row_maps = busy, {}
-
-    def busy_rows(self) -> Optional[List[int]]:
-        """The rows (sorted) the passes of all B rows go over while `pass_rows`' rows are busy:
-        those rows and others up to a power of two (`part_size`), or None: all B rows (no busy
-        rows set, no fewer rows to pass, or a cache that cannot copy rows out)."""
-        if self._busy is None or type(self.cache) is not SlotKVCache:
-            return None
-        k = part_size(len(self._busy), self.batch)
-        return None if k >= self.batch else self._filled(self._busy, k)
+            self.covered, self._row_maps = rows, {}
 
     def settle_rows(self) -> None:
         """Copy the rows held in a runner of their own (`hold`) back into this cache: anything that
@@ -160,7 +145,7 @@ class ModelRunner:
     def hold(self, rows: List[int]) -> Tuple["ModelRunner", torch.Tensor]:
         """The runner of len(rows) images that holds rows `rows` (sorted) of this cache, and those
         rows as int64 [k]: copied in unless held already, they stay there until `settle_rows`
-        (the busy rows of `pass_rows`; MuLo-SD's verification of some rows). What is
+        (the covered rows of `cover`; MuLo-SD's verification of some rows). What is
         forgotten (`invalidate*`) reaches them there too."""
         if self._resident is None or self._resident[0] != rows:
             self.settle_rows()
@@ -169,12 +154,6 @@ class ModelRunner:
             part.cache.take_images(self.cache, index)
             self._resident = (list(rows), index, part)
         return self._resident[2], self._resident[1]
-
-    def _filled(self, rows: Sequence[int], k: int) -> List[int]:
-        """`rows` and the first other rows up to k of them, sorted."""
-        mine = set(rows)
-        others = [b for b in range(self.batch) if b not in mine]
-        return sorted(list(rows) + others[:k - len(rows)])
 
     def part(self, k: int) -> "ModelRunner":
         """A runner of the same kind, model and sampling for k images, made once per k and kept:
@@ -207,14 +186,11 @@ class ModelRunner:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order. (A pass over some images of the cache alone
-        is a pass of the runner that `hold` gives.) Set by `pass_rows`, a pass
-        of all B rows goes over the busy rows (`busy_rows`) and its outputs are spread back to B
-        rows: those rows' cache is copied into a runner of that many images once, and stays there
-        while the same rows are busy (a lone request at light load: copied in and out once, not
-        at every pass)."""
-        chosen = None
-        if self._busy is not None and tree_mask is None:
-            chosen = self.busy_rows()
+        is a pass of the runner that `hold` gives.) Set by `cover`, a pass of all B rows goes over
+        the covered rows and its outputs are spread back to B rows: those rows' cache is copied
+        into a runner of that many images once, and stays there while the same rows are covered (a
+        lone request at light load: copied in and out once, not at every pass)."""
+        chosen = self.covered if tree_mask is None else None
         if chosen is None:
             self.settle_rows()
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
@@ -265,7 +241,7 @@ class ModelRunner:
         """Forget the cache entries of raster positions [N] or [B, N]."""
         if positions.numel():
             self.cache.invalidate_positions(positions)
-            if self._resident is not None:      # (and in the busy rows held apart)
+            if self._resident is not None:      # (and in the covered rows held apart)
                 _, rows, part = self._resident
                 part.cache.invalidate_positions(positions.index_select(0, rows) if positions.dim() == 2 else positions)
 
@@ -301,9 +277,9 @@ class ModelRunner:
                 reach: Optional[int] = None) -> torch.Tensor:
         """One AR step of every row of `grid` [B, H*W] in place, each row at its position [B, 1]
         with its uniforms [B, H*W] (exact: its key [B, 1]); returns the positions advanced
-        (`TokenStep.on_grid`). While `pass_rows` has set busy rows, the step goes over their
-        bucket alone, on a runner of that many images (`hold`)."""
-        held = self.busy_rows()
+        (`TokenStep.on_grid`). While `cover` has set rows, the step goes over them alone, on a
+        runner of that many images (`hold`)."""
+        held = self.covered
         if held is None:
             values, written, moved = self.token_step(exact).on_grid(grid, position, rand, reach=reach)
             grid.scatter_(1, written, values)
@@ -396,5 +372,5 @@ class TokenStep:
         return self._grid_step.take_compile_s() if self.compiled else 0.0
 
 
-__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass", "part_size",
+__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass",
            "supports_guidance", "unguided_after_interval", "weights_key"]

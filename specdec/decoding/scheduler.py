@@ -22,8 +22,9 @@ Image i depends only on (seed, i): its row's stream is its own from the start (`
 .restart`) and a row's computation never reads another row's, so under `batch_invariant()` its
 tokens are bit for bit those of its decode alone, whatever the concurrency or its neighbours.
 
-Which rows a step's passes cover is decided here, in `_cover` (one place): the rows that hold
-images (`ModelRunner.pass_rows`); rows without one ride along otherwise.
+Which rows a step's passes cover is decided here, in one place (`covered_rows`, called whenever
+the rows that hold images change): those rows, rounded up to a bucket of the batch, as a serving
+engine pads its batch to its graph sizes; rows without an image ride along otherwise.
 """
 from __future__ import annotations
 
@@ -280,11 +281,10 @@ class Scheduler:
         return done
 
     def _cover(self) -> None:
-        """The one place that decides which rows the passes go over: the rows that hold images
-        (the runner rounds them up to a bucket, or passes every row where it cannot do better)."""
+        """Tell every runner which rows its passes go over now (`covered_rows`)."""
         held = [b for b in range(self.capacity) if self.rows[b] is not None]
         for runner, _ in self.engine.runners:
-            runner.pass_rows(None if len(held) in (0, self.capacity) else held)
+            runner.cover(covered_rows(held, self.capacity, runner.device))
 
     # ---- the counters ----
     def credit(self, rows: List[int], role: str, passes: int, fed: int, widest: int) -> None:
@@ -343,6 +343,22 @@ class Scheduler:
         return sum(r.take_compile_s() for r, _ in self.engine.runners if isinstance(r, CompiledRunner))
 
 
+def covered_rows(held: List[int], capacity: int, device: torch.device) -> Optional[List[int]]:
+    """The rows (sorted) a step's passes go over while rows `held` (sorted) hold images: those and
+    the lowest others up to a power of two, or None: every row (none or all of them hold images,
+    or the bucket is the whole batch). On the CPU a pass costs about its tokens, so a lone request
+    in a batch of 16 would otherwise pay for 16; on a GPU, where a pass of a few rows costs what
+    one row costs and this has not run yet, every row is passed."""
+    if not held or device.type != "cpu":
+        return None
+    k = 1 << (len(held) - 1).bit_length()
+    if k >= capacity:
+        return None
+    busy = set(held)
+    free = [b for b in range(capacity) if b not in busy]
+    return sorted(held + free[:k - len(held)])
+
+
 def cuda_graphs() -> bool:
     """Whether compiled passes of the scheduler replay CUDA graphs on CUDA:
     opt-in by the switch SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU
@@ -358,4 +374,5 @@ def join_conditions(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "cuda_graphs", "join_conditions"]
+__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "covered_rows", "cuda_graphs",
+           "join_conditions"]

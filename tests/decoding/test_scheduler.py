@@ -9,6 +9,7 @@ from specdec import decoding
 from specdec.decoding import scheduler as scheduler_module
 from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.runner import ModelRunner
+from specdec.decoding.scheduler import covered_rows
 from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.models.kv_cache import SlotKVCache
 from specdec.numerics import batch_invariant
@@ -310,10 +311,27 @@ def test_a_compiled_scheduler_gives_the_eager_tokens(fam):
     assert torch.equal(image.tokens, eager.tokens[3])
 
 
+def test_the_scheduler_covers_the_busy_rows_rounded_up_to_a_power_of_two():
+    """`covered_rows`, the one place that decides which rows a pass goes over: the busy rows and
+    the lowest free ones up to a power of two, every row (None) once that is the whole batch or
+    nothing is busy, and every row on a device other than the CPU."""
+    cpu = torch.device("cpu")
+    assert covered_rows([], 16, cpu) is None
+    assert covered_rows([9], 16, cpu) == [9]
+    assert covered_rows([5, 9], 16, cpu) == [5, 9]
+    assert covered_rows([1, 2, 3], 8, cpu) == [0, 1, 2, 3]
+    assert covered_rows([2, 6, 7], 8, cpu) == [0, 2, 6, 7]
+    assert covered_rows(list(range(1, 6)), 16, cpu) == list(range(8))
+    assert covered_rows(list(range(5)), 8, cpu) is None
+    assert covered_rows([0], 1, cpu) is None
+    assert covered_rows([3], 16, torch.device("cuda")) is None
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compiled):
-    """A runner told its busy rows (`pass_rows`) holds their cache in a runner of their own while
-    they stay busy (three of 8, with a fourth row to make a power of two): its passes, what a step
+    """A runner told which rows its passes cover (`cover`: three busy rows of 8 and a fourth to make
+    a power of two, as `covered_rows` decides) holds their cache in a runner of their own while they
+    stay covered: its passes, what a step
     forgets (`invalidate_where`, `invalidate`) and what a prefill loads into a row (`load_row`,
     here the fourth row) give the busy rows the outputs and the cache of a runner that passes
     every row (batch-invariant numerics; compiled with the identity for a compiler: the padded
@@ -331,7 +349,8 @@ def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compile
         one.prefill(CLASSES[:1])
         for r in (every, held):
             r.prefill(classes)
-        held.pass_rows([1, 2, 3])           # (held in a runner of 4: rows 0 to 3)
+        held.cover(covered_rows([1, 2, 3], 8, held.device))     # (held in a runner of 4: rows 0 to 3)
+        assert held.covered == [0, 1, 2, 3]
         images = [1, 2, 3]
         busy = torch.tensor(images + [b + 8 for b in images])   # their rows of the cache and hidden states (CFG)
 
