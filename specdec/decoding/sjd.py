@@ -28,7 +28,7 @@ from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.scheduler import RowPolicy
-from specdec.decoding.speculative import own_tokens, plain_round, put_own
+from specdec.decoding.speculative import own_tokens, own_verdict, plain_round, put_own
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
@@ -142,8 +142,8 @@ class JacobiRows(RowPolicy):
         valid = (j[:, :L] < n[:, None]) if any(nb != L for nb in n_host) else None
         if self.engine.streams.exact:   # a guess is kept iff it is the target's own token there
             self._own = own_tokens(self.engine, self.runner, p, c)
-            judgement = self.engine.judge((y == self._own[:, :L]).float(), starts=c_host, judged=n_host, valid=valid,
-                                          rule="threshold", tau=1.0, mode="raster")
+            judgement = self.engine.read_verdicts([own_verdict(self.engine, y, self._own, starts=c_host,
+                                                               judged=n_host, valid=valid)])[0]
         else:
             u = to_device(self.engine.streams.rand_padded(n_host, L), x.device)
             judgement = self.engine.judge(p[:, :L].gather(2, y[..., None])[..., 0],

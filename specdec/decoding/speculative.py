@@ -55,6 +55,13 @@ def own_tokens(engine: Engine, target: ModelRunner, probs: torch.Tensor, starts:
     return draw(probs.reshape(-1, V), engine.streams, target.backend, positions=positions).view(B, N)
 
 
+def own_verdict(engine: Engine, drafts: torch.Tensor, own: torch.Tensor, *, starts, judged, valid) -> Verdict:
+    """Exact mode's verdict on drafts [B, L]: each is kept iff it is the target's own token there
+    (own [B, >= L], `own_tokens`), a threshold on the indicator, read like any verdict."""
+    return engine.verdict((drafts == own[:, :drafts.shape[1]]).float(), starts=starts, judged=judged, valid=valid,
+                          rule="threshold", tau=1.0, mode="raster")
+
+
 def put_own(x: torch.Tensor, own: torch.Tensor, picks, kept) -> None:
     """Exact mode's correction or bonus token: at each pick (image b, the raster position after
     its kept[b] kept drafts) the target's own token there, own[b, kept[b]] (`own_tokens`)."""
@@ -204,8 +211,7 @@ class RasterSpeculation(RowPolicy):
         valid = torch.arange(rnd.n, device=rnd.drafts.device)[None] < rnd.nb[:, None]
         if self.engine.streams.exact:
             self._own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
-            return self.engine.verdict((rnd.drafts == self._own[:, :rnd.n]).float(), starts=c.host, judged=nb_host,
-                                       valid=valid, rule="threshold", tau=1.0, mode="raster")
+            return own_verdict(self.engine, rnd.drafts, self._own, starts=c.host, judged=nb_host, valid=valid)
         neighbors, delta = self.relax if self.relax is not None else (None, None)
         tp = self.target.token_probs(rnd.out.select(slice(0, rnd.n)), rnd.drafts, neighbors, delta)
         score = tp.pooled if neighbors is not None else tp.p_token
