@@ -166,7 +166,9 @@ def render_exact(data, name):
         lines += decode_section(
             "Exact mode, widths that follow the load", data, name,
             f"{data['threads']} CPU thread(s), embedded family 16x16, compiled, `concurrency=c`, "
-            f"{data.get('load_images')} images per cell (at least c). Against exact `ar` at the same concurrency; "
+            f"{data.get('load_images')} images per cell (at least c)"
+            + (f", the median of {data['repeats']} rounds that time the variants in turn" if data.get("repeats", 1) > 1
+               else "") + ". Against exact `ar` at the same concurrency; "
             "same image: tokens bit-identical to exact `ar`'s (cpu backend). Adaptive: the width rule's choice each "
             "step (the default in exact mode); fixed: the options' own width (`sd` chunk 4, `sjd` window 16).",
             ["concurrency", "variant", "images / s", "vs exact ar", "target passes / image", "same image"])

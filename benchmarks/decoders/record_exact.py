@@ -10,14 +10,15 @@ Two tables, in one run on one machine, the embedded families, compiled:
    one the draft came from, from the same passes); target passes per image; seconds per image.
 2. `load`: images per second at concurrency 1, 4, 16 and 64 (16x16): the default `ar` (one
    uniform per token), exact `ar`, and exact `sd` and `sjd` with adaptive widths (the default in
-   exact mode) and with their fixed widths; each against exact `ar` at the same concurrency.
+   exact mode) and with their fixed widths; each against exact `ar` at the same concurrency. With
+   --repeats R, R timed rounds that run the variants in turn, each cell the median of its rounds.
 
 Each cell decodes its images once untimed first (graphs compiled, caches warm). Kept as
 benchmarks/results/exact-<parts>-<machine>-<stamp>.json (each part is a table of its own in
 RESULTS.md: a run of one part does not replace the other's).
 
     python benchmarks/decoders/record_exact.py [--grids 16,32] [--images 16] [--load-images 16]
-        [--concurrency 1,4,16,64] [--parts acceptance,load]
+        [--concurrency 1,4,16,64] [--parts acceptance,load] [--repeats 1] [--variants ...]
 """
 import argparse
 import datetime
@@ -119,18 +120,30 @@ LOAD_VARIANTS = [("ar", "ar", dict()), ("ar exact", "ar", dict(exact=True)),
                  ("sjd exact fixed", "sjd", dict(exact=True, adaptive_width=False, **WIDTHS["sjd"]))]
 
 
-def load_cells(decoding, fam, concurrency: int, images: int) -> list:
+def load_cells(decoding, fam, concurrency: int, images: int, repeats: int = 1, variants=None) -> list:
+    """Each variant decoded once untimed (graphs compiled), then `repeats` rounds that time every
+    variant in turn (alternately, so that the machine's drift between runs falls on all of them
+    alike); a cell's images/s is the median of its rounds."""
     classes = torch.arange(images) % fam.target.num_classes
-    rows, exact_ar = [], None
-    for label, method, kw in LOAD_VARIANTS:
-        cell = timed(decoding, fam, method, classes, seed=0, compile=True, concurrency=concurrency, **kw)
-        tokens = cell.pop("tokens")
-        if label == "ar exact":
-            exact_ar = tokens
-        same = None if exact_ar is None or not kw.get("exact") else bool(torch.equal(tokens, exact_ar))
+    chosen = [v for v in LOAD_VARIANTS if variants is None or v[0] in variants or v[0] == "ar exact"]
+    settings = [(label, method, dict(seed=0, compile=True, concurrency=concurrency, **kw))
+                for label, method, kw in chosen]
+    for _, method, kw in settings:
+        decoding.decode(method, fam, classes, **kw)
+    runs = {label: [] for label, _, _ in settings}
+    for _ in range(repeats):
+        for label, method, kw in settings:
+            runs[label].append(decoding.decode(method, fam, classes, **kw))
+    exact_ar = runs["ar exact"][0].tokens
+    rows = []
+    for label, _, kw in settings:
+        rates = sorted(images / (out.stats.wall_s - sum(out.stats.compile_s)) for out in runs[label])
+        out = runs[label][0]
+        same = bool(torch.equal(out.tokens, exact_ar)) if kw.get("exact") else None
         rows.append({"part": "load", "mode": "load", "grid": 16, "variant": label, "concurrency": concurrency,
-                     "images": images,
-                     "same_as_exact_ar": same, **cell})
+                     "images": images, "same_as_exact_ar": same, "images_per_s": rates[len(rates) // 2],
+                     "images_per_s_rounds": rates, "seconds_per_image": 1 / rates[len(rates) // 2],
+                     "target_passes": out.stats.target_forwards_per_image})
         print(rows[-1], flush=True)
     return rows
 
@@ -152,6 +165,9 @@ def main(argv=None) -> int:
     p.add_argument("--load-images", type=int, default=16, help="images per load cell (at least the concurrency)")
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--parts", default="acceptance,load")
+    p.add_argument("--repeats", type=int, default=1, help="load: timed rounds per cell, the variants in turn")
+    p.add_argument("--variants", default=None,
+                   help=f"load: some of {', '.join(v[0] for v in LOAD_VARIANTS)} (exact ar always runs)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     args.num_images = args.images
@@ -165,9 +181,11 @@ def main(argv=None) -> int:
     if "load" in parts:
         fam = default()
         for c in (int(x) for x in args.concurrency.split(",")):
-            rows += load_cells(decoding, fam, c, max(args.load_images, c))
+            rows += load_cells(decoding, fam, c, max(args.load_images, c), args.repeats,
+                               None if args.variants is None else args.variants.split(","))
     record = decode_record("specdec-exact", "record_exact.py", argv, started, args, rows)
     record["load_images"] = args.load_images
+    record["repeats"] = args.repeats
     print(table(rows))
     save_record("exact-" + "-".join(parts), started, record)
     return 0
