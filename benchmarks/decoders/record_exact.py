@@ -11,7 +11,8 @@ Two tables, in one run on one machine, the embedded families, compiled:
 2. `load`: images per second at concurrency 1, 4, 16 and 64 (16x16): the default `ar` (one
    uniform per token), exact `ar`, and exact `sd` and `sjd` with adaptive widths (the default in
    exact mode) and with their fixed widths; each against exact `ar` at the same concurrency. With
-   --repeats R, R timed rounds that run the variants in turn, each cell the median of its rounds.
+   --repeats R, R timed rounds that run the variants in turn, each cell the median of its rounds
+   and its ratio the median of its rounds' ratios to exact `ar`'s run of the same round.
 
 Each cell decodes its images once untimed first (graphs compiled, caches warm). Kept as
 benchmarks/results/exact-<parts>-<machine>-<stamp>.json (each part is a table of its own in
@@ -135,17 +136,26 @@ def load_cells(decoding, fam, concurrency: int, images: int, repeats: int = 1, v
         for label, method, kw in settings:
             runs[label].append(decoding.decode(method, fam, classes, **kw))
     exact_ar = runs["ar exact"][0].tokens
+
+    def rates(label):      # images/s of each round, in the order of the rounds
+        return [images / (out.stats.wall_s - sum(out.stats.compile_s)) for out in runs[label]]
     rows = []
     for label, _, kw in settings:
-        rates = sorted(images / (out.stats.wall_s - sum(out.stats.compile_s)) for out in runs[label])
+        mine, base = rates(label), rates("ar exact")
         out = runs[label][0]
         same = bool(torch.equal(out.tokens, exact_ar)) if kw.get("exact") else None
         rows.append({"part": "load", "mode": "load", "grid": 16, "variant": label, "concurrency": concurrency,
-                     "images": images, "same_as_exact_ar": same, "images_per_s": rates[len(rates) // 2],
-                     "images_per_s_rounds": rates, "seconds_per_image": 1 / rates[len(rates) // 2],
+                     "images": images, "same_as_exact_ar": same, "images_per_s": median(mine),
+                     "images_per_s_rounds": mine, "seconds_per_image": 1 / median(mine),
+                     # against exact ar's run of the same round (drift between rounds cancels out)
+                     "vs_exact_ar": median([a / b for a, b in zip(mine, base)]),
                      "target_passes": out.stats.target_forwards_per_image})
         print(rows[-1], flush=True)
     return rows
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
 
 
 def table(rows) -> str:
