@@ -154,8 +154,6 @@ def render_exact(data, name):
             "so they judge other drafts.",
             ["grid", "method", "sampler", "acceptance", "(1 - TV) / (1 + TV)", "1 - TV", "drafts reached",
              "target passes / image", "s / image"])
-        if data.get("note"):
-            lines[2:2] = [f"Run {data['note']}.", ""]
         for r in acceptance:
             lines.append(f"| {r['grid']}x{r['grid']} | {r['method']} {_options(r['options'])} | "
                          f"{'exact' if r['exact'] else 'ratio test'} | {r['acceptance']:.3f} | "
@@ -180,6 +178,8 @@ def render_exact(data, name):
             lines.append(f"| {r['concurrency']} | {r['variant']} | {r['images_per_s']:.2f} | {ratio:.2f}x | "
                          f"{r['target_passes']:.1f} | {same} |")
         lines.append("")
+    if data.get("note"):
+        lines[2:2] = [f"Run {data['note']}.", ""]
     return lines
 
 
