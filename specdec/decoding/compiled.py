@@ -281,17 +281,16 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
     return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
 
 
-def compiled_runner(model, sampling, batch: int, backend=None, *, use: str = "decode",
-                    store: Optional[dict] = None, graphs: bool = True) -> CompiledRunner:
+def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optional[dict] = None,
+                    graphs: bool = True) -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model (later decodes reset the same runner: same cache tensors, so the graphs are reused, and
-    on CUDA replay into the same addresses). `use`: runners that live at the same time keep apart
-    (a rolling batch of one row and the one-image prefills copied into it); `store`: a dict of
-    the caller's own to keep them in instead (a streaming engine, whose batch lives across steps
-    while other decodes of the model run)."""
+    on CUDA replay into the same addresses). `store`: a dict of the caller's own to keep them in
+    instead (a streaming engine, whose batch lives across steps while other decodes of the model
+    run)."""
     key = _store_key(model, sampling, batch, backend) + (graphs,)
     if store is None:
-        store = model.__dict__.setdefault(f"_specdec_compiled_runners_{use}", {})
+        store = model.__dict__.setdefault("_specdec_compiled_runners", {})
     else:       # (a caller's store holds the runners of several models: the target's, the drafter's)
         key = (id(model),) + key
     if key not in store:
