@@ -237,14 +237,6 @@ class ModelRunner:
             o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
         return o
 
-    def invalidate(self, positions: torch.Tensor) -> None:
-        """Forget the cache entries of raster positions [N] or [B, N]."""
-        if positions.numel():
-            self.cache.invalidate_positions(positions)
-            if self._resident is not None:      # (and in the covered rows held apart)
-                _, rows, part = self._resident
-                part.cache.invalidate_positions(positions.index_select(0, rows) if positions.dim() == 2 else positions)
-
     def invalidate_where(self, positions: torch.Tensor, mask: torch.Tensor) -> None:
         """Forget the entries of positions [B, N] where mask [B, N] is set (a different count per
         row; no host read)."""

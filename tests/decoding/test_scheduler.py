@@ -331,11 +331,10 @@ def test_the_scheduler_covers_the_busy_rows_rounded_up_to_a_power_of_two():
 def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compiled):
     """A runner told which rows its passes cover (`cover`: three busy rows of 8 and a fourth to make
     a power of two, as `covered_rows` decides) holds their cache in a runner of their own while they
-    stay covered: its passes, what a step
-    forgets (`invalidate_where`, `invalidate`) and what a prefill loads into a row (`load_row`,
-    here the fourth row) give the busy rows the outputs and the cache of a runner that passes
-    every row (batch-invariant numerics; compiled with the identity for a compiler: the padded
-    passes and copies as compiled)."""
+    stay covered: its passes, what a step forgets (`invalidate_where`) and what a prefill loads
+    into a row (`load_row`, here the fourth row) give the busy rows the outputs and the cache of a
+    runner that passes every row (batch-invariant numerics; compiled with the identity for a
+    compiler: the padded passes and copies as compiled)."""
     def runner():
         if not compiled:
             return ModelRunner(fam.target, SAMPLING, batch=8, backend="reference")
@@ -362,11 +361,8 @@ def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compile
             pos = torch.arange(3 * step, 3 * step + 3).expand(8, -1)
             same(every.forward(tokens, pos), held.forward(tokens, pos))
             forget = torch.rand(8, 3, generator=g) < 0.5
-            forget[:, 2] = False        # (left for `invalidate` below)
             for r in (every, held):
                 r.invalidate_where(pos, forget)
-                if step == 1:
-                    r.invalidate(pos[:, 2:])
                 if step == 2:
                     r.settle_rows()             # (a row held with the busy ones takes a new image)
                     r.cache.load_row(one.cache, 0)
