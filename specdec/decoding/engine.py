@@ -14,7 +14,7 @@ Everything else of a round is here, written once:
   the drafted and kept counts; `redraw` draws the replacements of rejected drafts from the
   residual norm(max(0, p - q)) with each image's own uniforms and writes them into the grid.
 
-    engine = Engine("sd", run, streams, grid)      # the scheduler makes one for its rows
+    engine = Engine(run, streams, grid)            # the scheduler makes one for its rows
     target = engine.runner(model)
     ...                                             # the method's passes
     verdict = engine.judge(p_tok, q_tok, uniforms=u, starts=c.host, judged=n_host, mode="raster")
@@ -29,7 +29,6 @@ import torch
 
 from specdec.decoding.compiled import runner_for
 from specdec.decoding.draws import draw_residual
-from specdec.decoding.results import DecodeStats
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
@@ -87,14 +86,14 @@ class Verdict(NamedTuple):
 
 
 class Engine:
-    """One batch of a decode: its images' streams and statistics, its runners, its judgements."""
+    """One batch of a decode: its images' streams, its runners, its judgements (their statistics go
+    to the scheduler's rows)."""
 
-    def __init__(self, method: str, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int]):
+    def __init__(self, run: RunSettings, streams: ImageStreams, grid: Tuple[int, int]):
         self.run = run
         self.streams = streams
         self.batch = len(streams)
         self.H, self.W = grid
-        self.stats = DecodeStats(method, images=self.batch, tokens=self.batch * self.H * self.W)
         self._runners: List[Tuple[ModelRunner, str]] = []
         #: drafter passes made without a runner of their own (SSD's heads on the target)
         self.head_passes = 0
@@ -226,7 +225,11 @@ class Engine:
     def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int],
                rows: Optional[Sequence[int]] = None) -> None:
         """One judgement into the statistics: the map of kept drafts over the grid, and the
-        drafted and kept counts (`rows`: which of the batch's rows were judged; None: all)."""
+        drafted and kept counts (`rows`: which of the batch's rows were judged; None: all), each
+        row's part to the image it holds (`Scheduler.record`; rows riding along: none). An engine
+        outside a scheduler (the unit tests') keeps no statistics."""
+        if self.rows is None:
+            return
         HW, B = self.H * self.W, len(accept)
         amap = torch.zeros(B, HW, dtype=torch.bool)
         for b, (row, start) in enumerate(zip(accept, starts)):
@@ -236,14 +239,9 @@ class Engine:
             if inside:
                 amap[b, start:start + len(inside)] = torch.tensor(inside, dtype=torch.bool)
         amap = amap.view(B, self.H, self.W)
-        if self.rows is not None:     # each row's part to the image it holds (rows riding along: none)
-            for i, b in enumerate(range(B) if rows is None else rows):
-                if judged[i]:
-                    self.rows.record(b, amap[i:i + 1], int(judged[i]), sum(accept[i]))
-            return
-        self.stats.acceptance_maps.append(amap)
-        self.stats.drafted.append(int(sum(judged)))
-        self.stats.accepted.append(sum(map(sum, accept)))
+        for i, b in enumerate(range(B) if rows is None else rows):
+            if judged[i]:
+                self.rows.record(b, amap[i:i + 1], int(judged[i]), sum(accept[i]))
 
     def redraw(self, x: torch.Tensor, picks: Sequence[Tuple[int, int]], p: torch.Tensor,
                q: Optional[torch.Tensor] = None, *, with_distribution: bool = False):

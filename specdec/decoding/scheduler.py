@@ -164,7 +164,7 @@ class Scheduler:
         a stream keeps its own, its caches living across steps while other decodes may run)."""
         self.method, self.grid, self.refill = method, tuple(grid), refill
         streams = ImageStreams(run.seed, [-1 - b for b in range(capacity)], exact=run.exact)
-        self.engine = Engine(method, run, streams, grid)
+        self.engine = Engine(run, streams, grid)
         self.engine.kept_runners = kept_runners
         self.engine.graphs = cuda_graphs()
         self.engine.rows = self

@@ -278,7 +278,7 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
 
     def run(images):
         n = len(images)
-        engine = Engine("mulo", RunSettings(sampling=SAMPLING, backend="reference"), ImageStreams(1, images),
+        engine = Engine(RunSettings(sampling=SAMPLING, backend="reference"), ImageStreams(1, images),
                         fam.target.grid)
         runner = engine.runner(fam.target)
         first = runner.prefill(CLASSES[images])
@@ -318,7 +318,7 @@ def test_raster_speculation_leaves_each_stream_where_it_would_alone(fam):
 
     def row0(images, seed):
         streams = ImageStreams(seed, images)
-        engine = Engine("t", RunSettings(sampling=SAMPLING, backend="reference"), streams, fam.target.grid)
+        engine = Engine(RunSettings(sampling=SAMPLING, backend="reference"), streams, fam.target.grid)
         runner = engine.runner(fam.target)
         row0 = RasterSpeculation(engine, runner, HeadsDrafter(fam.ssd_heads), end=W, chunk=3)
         row0.start(list(range(len(images))), classes[images])
