@@ -139,9 +139,9 @@ def load_cells(decoding, fam, concurrency: int, images: int, repeats: int = 1, v
 
     def rates(label):      # images/s of each round, in the order of the rounds
         return [images / (out.stats.wall_s - sum(out.stats.compile_s)) for out in runs[label]]
-    rows = []
+    rows, base = [], rates("ar exact")
     for label, _, kw in settings:
-        mine, base = rates(label), rates("ar exact")
+        mine = rates(label)
         out = runs[label][0]
         same = bool(torch.equal(out.tokens, exact_ar)) if kw.get("exact") else None
         rows.append({"part": "load", "mode": "load", "grid": 16, "variant": label, "concurrency": concurrency,
@@ -180,6 +180,10 @@ def main(argv=None) -> int:
                    help=f"load: some of {', '.join(v[0] for v in LOAD_VARIANTS)} (exact ar always runs)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    known = [v[0] for v in LOAD_VARIANTS]
+    unknown = [] if args.variants is None else [v for v in args.variants.split(",") if v not in known]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     args.num_images = args.images
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()

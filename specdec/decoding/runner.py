@@ -135,7 +135,7 @@ class ModelRunner:
 
     def settle_rows(self) -> None:
         """Copy the rows held in a runner of their own (`hold`) back into this cache: anything that
-        reads or writes the cache otherwise than through them and `invalidate*` calls it first (a
+        reads or writes the cache otherwise than through them and `invalidate_where` calls it first (a
         pass over all rows, a prefill, an AR step of this runner)."""
         if self._resident is not None:
             _, index, part = self._resident
@@ -146,7 +146,7 @@ class ModelRunner:
         """The runner of len(rows) images that holds rows `rows` (sorted) of this cache, and those
         rows as int64 [k]: copied in unless held already, they stay there until `settle_rows`
         (the covered rows of `cover`; MuLo-SD's verification of some rows). What is
-        forgotten (`invalidate*`) reaches them there too."""
+        forgotten (`invalidate_where`) reaches them there too."""
         if self._resident is None or self._resident[0] != rows:
             self.settle_rows()
             index = to_device(rows, self.device, torch.long)
