@@ -7,7 +7,7 @@ the trained ones (64 images of the 16x16 family, 16 of the 32x32 by default; at 
 first `--alone` of them). Prints one line per cell and exits 1 if any image differs.
 
     python benchmarks/decoders/check_exact.py [--grids 16,32] [--images 64,16] [--alone 8,2]
-        [--variants sd1,sd2,sd4,sd8,sjd4,sjd16]
+        [--variants sd1,sd2,sd4,sd8,sjd4,sjd16] [--cells batch16,alone,staggered,adaptive,budget]
 """
 import argparse
 import sys
@@ -34,7 +34,11 @@ def staggered(decoding, fam, method, classes, kw) -> torch.Tensor:
     return torch.stack([got[i] for i in range(len(classes))])
 
 
-def check(decoding, fam, grid: int, n: int, alone: int, variants) -> int:
+#: the cells of each variant (`--cells`)
+CELLS = ("batch16", "alone", "staggered", "adaptive", "budget")
+
+
+def check(decoding, fam, grid: int, n: int, alone: int, variants, cells=CELLS) -> int:
     from specdec.numerics import batch_invariant
 
     classes = torch.arange(n) % fam.target.num_classes
@@ -44,14 +48,16 @@ def check(decoding, fam, grid: int, n: int, alone: int, variants) -> int:
         ar = decoding.decode("ar", fam, classes, batch_size=16, **kw).tokens
         for method, options in (VARIANTS[v] for v in variants):
             fixed = dict(kw, adaptive_width=False, **options)
-            cells = {"batch 16": lambda: decoding.decode(method, fam, classes, batch_size=16, **fixed).tokens,
-                     f"batch 1 ({alone})": lambda: decoding.decode(method, fam, classes[:alone], **fixed).tokens,
-                     "concurrency 5, staggered": lambda: staggered(decoding, fam, method, classes, fixed),
-                     "concurrency 5, staggered, adaptive": lambda: staggered(decoding, fam, method, classes,
-                                                                             dict(kw, **options)),
-                     "tightest budget": lambda: decoding.decode(method, fam, classes, concurrency=4,
-                                                                max_tokens_per_pass=4, **fixed).tokens}
-            for name, run in cells.items():
+            runs = {"batch16": ("batch 16", lambda: decoding.decode(method, fam, classes, batch_size=16,
+                                                                     **fixed).tokens),
+                    "alone": (f"batch 1 ({alone})", lambda: decoding.decode(method, fam, classes[:alone],
+                                                                            **fixed).tokens),
+                    "staggered": ("concurrency 5, staggered", lambda: staggered(decoding, fam, method, classes, fixed)),
+                    "adaptive": ("concurrency 5, staggered, adaptive",
+                                 lambda: staggered(decoding, fam, method, classes, dict(kw, **options))),
+                    "budget": ("tightest budget", lambda: decoding.decode(method, fam, classes, concurrency=4,
+                                                                        max_tokens_per_pass=4, **fixed).tokens)}
+            for name, run in (runs[c] for c in cells):
                 tokens = run()
                 same = torch.equal(tokens, ar[:len(tokens)])
                 failures += not same
@@ -69,11 +75,17 @@ def main(argv=None) -> int:
     p.add_argument("--images", default="64,16", help="images per family")
     p.add_argument("--alone", default="8,2", help="images decoded one at a time per family")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
+    p.add_argument("--cells", default=",".join(CELLS), help=f"some of {', '.join(CELLS)}")
     args = p.parse_args(argv)
+    cells = args.cells.split(",")
+    unknown = sorted(set(cells) - set(CELLS)) + sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown cell or variant {', '.join(unknown)}; cells: {', '.join(CELLS)}; "
+                f"variants: {', '.join(VARIANTS)}")
     torch.set_num_threads(1)
     failures = 0
     for grid, n, alone in zip(*(map(int, v.split(",")) for v in (args.grids, args.images, args.alone))):
-        failures += check(decoding, default(grid=grid), grid, n, alone, args.variants.split(","))
+        failures += check(decoding, default(grid=grid), grid, n, alone, args.variants.split(","), cells)
     print("all identical" if not failures else f"{failures} cells differ")
     return 1 if failures else 0
 

@@ -25,7 +25,7 @@ from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the do
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
 from specdec.decoding.scheduler import Finished
-from specdec.decoding.streaming import RowStream, StreamingEngine
+from specdec.decoding.streaming import StreamingEngine
 from specdec.decoding.ar import AROptions
 from specdec.decoding.lantern import LanternOptions
 from specdec.decoding.mulo import MuloOptions
@@ -37,7 +37,7 @@ from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
 __all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
-           "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RowStream", "RunSettings",
+           "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RunSettings",
            "SDOptions", "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method",
            "concat_results", "decode", "family_options", "method_options", "options_as_kwargs", "options_for",
            "stream"]

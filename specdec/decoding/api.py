@@ -209,7 +209,7 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
            **options) -> StreamingEngine:
     """A streaming engine of `method` on the family's target, for a server: the scheduler's
-    (`specdec.decoding.streaming.RowStream`); `submit(class_id)` or `submit(prompt=...)` requests
+    (`specdec.decoding.streaming.StreamingEngine`); `submit(class_id)` or `submit(prompt=...)` requests
     as they arrive, `step()` and take the images it returns as they finish (or iterate
     `results()`). `concurrency` images decode at once; the other keyword arguments are `decode`'s
     (run settings, models, the method's options), and image i (its index: by default the order

@@ -11,7 +11,7 @@ import torch
 
 from specdec.decoding.results import DecodeResult, DecodeStats, decode_images
 from specdec.decoding.scheduler import Scheduler
-from specdec.decoding.streaming import Requests, RowStream
+from specdec.decoding.streaming import Requests, StreamingEngine
 from specdec.models.conditions import is_prompts
 from specdec.settings import RunSettings
 
@@ -47,14 +47,14 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     the method's policy over its rows: `run.concurrency` rows, each refilled as soon as its image
     is done; else lockstep batches of `run.batch_size` (rows refilled once all are free). Image i
     depends only on (seed, first_index + i). Given `Requests(...)` it returns the streaming engine
-    (`RowStream`) instead. The grids are decoded to images with `tokenizer` (not timed)."""
+    (`StreamingEngine`) instead. The grids are decoded to images with `tokenizer` (not timed)."""
     check_grid_model(model, "target")
     if run.exact and method not in EXACT_METHODS:
         raise ValueError(f"exact: {method} is not lossless and cannot be exact; exact methods: "
                          f"{', '.join(EXACT_METHODS)}")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
-        return RowStream(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
+        return StreamingEngine(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
     conditions = check_classes(model, conditions)
     n, rows = conditions.shape[0], run.concurrency or run.batch_size
     prompts = is_prompts(conditions)

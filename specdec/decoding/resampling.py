@@ -158,20 +158,4 @@ def resample_step(engine: Engine, runner: ModelRunner, x: torch.Tensor, plans: D
     return made
 
 
-def resample_islands(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Outputs, resample: list,
-                     islands: list, end: int, most: Optional[int] = None) -> list:
-    """v2 over a whole batch at once: R_X of image b (resample[b], bools; None or all False:
-    nothing) resampled with its islands (islands[b]), its first position drawn from `ver` (the
-    verification outputs of positions 0, 1, ...). Returns the positions each image resolved last
-    (host lists, keys not written)."""
-    plans = [None if R is None else island_plan(R, isl, most) for R, isl in zip(resample, islands)]
-    draw_first(engine, runner, x, ver, list(range(x.shape[0])), plans)
-    live = {b: plan for b, plan in enumerate(plans) if plan is not None and not plan.done}
-    while live:
-        resample_step(engine, runner, x, live, end)
-        live = {b: plan for b, plan in live.items() if not plan.done}
-    return [plan.last if plan is not None else [] for plan in plans]
-
-
-__all__ = ["ResamplePlan", "draw_first", "island_plan", "island_schedule", "raster_plan", "resample_islands",
-           "resample_step"]
+__all__ = ["ResamplePlan", "draw_first", "island_plan", "island_schedule", "raster_plan", "resample_step"]

@@ -8,13 +8,10 @@ finish.
             ...
         # submit more as they arrive
 
-`StreamingEngine` is what every one has (the queue, `submit`, `results`, pixels); `RowStream` is
-the scheduler's (`specdec.decoding.scheduler`): a step is one scheduler step.
+`StreamingEngine` is the scheduler's loop (`specdec.decoding.scheduler`) one step at a time.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections import deque
 from typing import Callable, Deque, Hashable, Iterator, List, Optional, Tuple
 
 import torch
@@ -45,12 +42,13 @@ def one_class(condition) -> torch.Tensor:
     return condition.reshape(()).long()
 
 
-class StreamingEngine(ABC):
-    """What every streaming engine has: a queue of requests (a condition and an image index),
-    `submit`, `results`, and the images' pixels when it has a tokenizer."""
+class StreamingEngine:
+    """The scheduler as a streaming engine: a queue of requests (a condition and an image index),
+    `submit`, `concurrency` rows each taking the next request as soon as it is free, a step that is
+    one scheduler step (admit -> step -> retire), and the images' pixels when it has a tokenizer."""
 
-    def __init__(self, method: str, run: RunSettings, grid: Tuple[int, int], concurrency: int, tokenizer=None,
-                 condition: Optional[Callable] = None):
+    def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
+                 tokenizer=None, condition: Optional[Callable] = None):
         """`run`: the run settings (seed, sampling, backend, compile); `condition`: `Requests`'
         (None: class ids, unchecked), run at `submit` so that a bad request is refused there, not
         in a step that other images share."""
@@ -60,12 +58,13 @@ class StreamingEngine(ABC):
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.grid = tuple(grid)
         self.concurrency = concurrency
-        self.queue: Deque[Request] = deque()
         self._next_index = run.first_index
-        #: where its compiled runners are kept: its own (its caches live across steps, while other
-        #: decodes of the same models may run between them), or None: the models' (a decode
-        #: that runs to its end keeps them there for the next decode's graphs)
-        self.kept_runners: Optional[dict] = {}
+        #: where its compiled runners are kept: its own, since its caches live across steps while
+        #: other decodes of the same models may run between them (a decode that runs to its end
+        #: keeps them on the models, for the next decode's graphs)
+        self.kept_runners: dict = {}
+        self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
+        self.queue: Deque[Request] = self.scheduler.queue
 
     def submit(self, condition=None, index: Optional[int] = None, *, prompt=None, negative_prompt=None,
                seed: Optional[int] = None, tag: Hashable = None) -> int:
@@ -90,44 +89,14 @@ class StreamingEngine(ABC):
         return index
 
     @property
-    @abstractmethod
     def running(self) -> int:
         """Images decoding now."""
+        return self.scheduler.running
 
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing decoding."""
-        return not self.queue and self.running == 0
-
-    @abstractmethod
-    def step(self) -> List[Finished]:
-        """One engine step: the queued requests that fit start, and the images it finishes are
-        returned."""
-
-    def results(self) -> Iterator[Finished]:
-        """Step until idle, yielding each image as it finishes."""
-        while not self.idle:
-            yield from self.step()
-
-    def _with_pixels(self, image: Finished) -> Finished:
-        if self.tokenizer is not None:
-            image.image = decode_images(image.tokens[None], self.tokenizer)[0]
-        return image
-
-
-class RowStream(StreamingEngine):
-    """The scheduler as a streaming engine: `concurrency` rows, each free row taking the next
-    request at once; a step is one scheduler step (admit -> step -> retire)."""
-
-    def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
-                 tokenizer=None, condition: Optional[Callable] = None):
-        super().__init__(method, run, grid, concurrency, tokenizer, condition)
-        self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
-        self.scheduler.queue = self.queue
-
-    @property
-    def running(self) -> int:
-        return self.scheduler.running
+        return self.scheduler.idle
 
     @property
     def steps(self) -> int:
@@ -155,7 +124,15 @@ class RowStream(StreamingEngine):
         except BaseException:
             self.close()
             raise
-        return [self._with_pixels(image) for image in finished]
+        if self.tokenizer is not None:
+            for image in finished:
+                image.image = decode_images(image.tokens[None], self.tokenizer)[0]
+        return finished
+
+    def results(self) -> Iterator[Finished]:
+        """Step until idle, yielding each image as it finishes."""
+        while not self.idle:
+            yield from self.step()
 
     def cancel(self, tag: Hashable) -> int:
         """Withdraw the images submitted with `tag` (by default an image's index), queued or
@@ -174,4 +151,4 @@ class RowStream(StreamingEngine):
         self.scheduler.drop()
 
 
-__all__ = ["Requests", "RowStream", "StreamingEngine", "one_class"]
+__all__ = ["Requests", "StreamingEngine", "one_class"]

@@ -1,5 +1,5 @@
 """What a request asks the engine for: the one place that turns a request's `prompt` (and
-`class_id`) into what `RowStream.submit` takes.
+`class_id`) into what `StreamingEngine.submit` takes.
 
 A class-conditional family reads the prompt as a class: its id ("7") or its name, in any case
 ("Sneaker", "sneaker"; each part of a name with a slash too: "T-shirt/top", "t-shirt", "top").
@@ -57,7 +57,7 @@ def class_id_for(prompt: str, class_id: Optional[int], family) -> int:
 
 
 def conditions_for(prompt: str, class_id: Optional[int], n: int, family) -> List[dict]:
-    """What `RowStream.submit` takes for each of a request's `n` images: a class id
+    """What `StreamingEngine.submit` takes for each of a request's `n` images: a class id
     (`condition`), or the prompt."""
     if prompt_conditioned(family):
         if class_id is not None:

@@ -260,6 +260,19 @@ def test_a_batch_of_three_runs_fewer_target_passes_than_three_single_runs(fam, m
     assert max(batched.stats.target_passes) == counter.passes
 
 
+
+def resample_islands(engine, runner, x, ver, resample, islands, end):
+    """MuLo-SD v2's resampling of a whole batch at once, as the policy runs it pass by pass: R_X of
+    image b (resample[b]) with its islands, its first position drawn from `ver`. Returns the
+    positions each image resolved last."""
+    plans = [resampling.island_plan(R, isl) for R, isl in zip(resample, islands)]
+    resampling.draw_first(engine, runner, x, ver, list(range(x.shape[0])), plans)
+    live = {b: plan for b, plan in enumerate(plans) if plan is not None and not plan.done}
+    while live:
+        resampling.resample_step(engine, runner, x, live, end)
+        live = {b: plan for b, plan in live.items() if not plan.done}
+    return [plan.last if plan is not None else [] for plan in plans]
+
 def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alone(fam, monkeypatch):
     """Islands that meet across a row end need tree masks (the token before an island's next
     position belongs to another island, unresolved); images with such blocks of different widths
@@ -291,8 +304,7 @@ def test_mulo_resampling_passes_shared_by_a_batch_give_each_image_its_tokens_alo
         redo = verdict.resample.view(n, HW)
         runner.invalidate_where(torch.arange(HW).expand(n, -1), redo)
         passes = runner.forwards
-        last = resampling.resample_islands(engine, runner, x, ver, redo.tolist(),
-                                           verdict.islands.view(n, HW).tolist(), end=HW)
+        last = resample_islands(engine, runner, x, ver, redo.tolist(), verdict.islands.view(n, HW).tolist(), HW)
         return x, last, runner.forwards - passes
 
     monkeypatch.setattr(ModelRunner, "forward", spy)

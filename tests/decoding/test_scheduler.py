@@ -150,7 +150,7 @@ def test_a_stream_serves_requests_after_idle_and_close_frees_its_rows(fam):
     kw = dict(seed=6, sampling=SAMPLING, backend="reference")
     with batch_invariant():
         engine = decoding.stream("sd", fam, concurrency=3, **kw)
-        assert isinstance(engine, decoding.RowStream)
+        assert isinstance(engine, decoding.StreamingEngine)
         for c in CLASSES[:2]:
             engine.submit(c)
         first = {image.index: image for image in engine.results()}

@@ -12,7 +12,7 @@ pytest.importorskip("uvicorn")
 
 from decoding_models import TinyFamily, single_thread  # noqa: E402, F401  (autouse fixture)
 from serve_helpers import EXACT, LIMIT_S, library_images, served_pixels, uvicorn_server, wait_until  # noqa: E402
-from specdec.decoding.streaming import RowStream  # noqa: E402
+from specdec.decoding.streaming import StreamingEngine  # noqa: E402
 from specdec.serve import create_app  # noqa: E402
 
 
@@ -47,13 +47,13 @@ def test_the_openai_client_gets_the_library_images(fam):
 def test_a_client_that_goes_away_cancels_its_images(fam, monkeypatch):
     """A stream closed after its first partial image, and a whole response given up waiting:
     their images leave the engine (rows freed, nothing left queued), the server goes on."""
-    step = RowStream.step
+    step = StreamingEngine.step
 
     def slow(engine):     # (the tiny model decodes in milliseconds: time for the client to leave,
         time.sleep(0.03)  # and for uvicorn to notice, which it does when the handler next asks)
         return step(engine)
 
-    monkeypatch.setattr(RowStream, "step", slow)
+    monkeypatch.setattr(StreamingEngine, "step", slow)
     app = create_app(fam, method="ar", concurrency=1, partial_every=1, max_n=3)
     loop = app.state.service.loop
     body = {"prompt": "a", "n": 3, "seed": 1, "stream": True, "partial_images": 3}

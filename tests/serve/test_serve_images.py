@@ -14,7 +14,7 @@ pytest.importorskip("prometheus_client")
 
 from decoding_models import TinyFamily, single_thread  # noqa: E402, F401  (autouse fixture)
 from serve_helpers import EXACT, library_images, run, served_pixels, serving, sse_events  # noqa: E402
-from specdec.decoding.streaming import RowStream  # noqa: E402
+from specdec.decoding.streaming import StreamingEngine  # noqa: E402
 from specdec.serve import create_app  # noqa: E402
 from specdec.serve.engine_loop import EngineLoop  # noqa: E402
 
@@ -39,8 +39,8 @@ def test_each_request_gets_the_library_images_of_its_seed(fam, monkeypatch):
     requests with the same settings share one engine, whose rows all run at once; the engines
     alive stay within max_engines."""
     busy = []
-    step = RowStream.step
-    monkeypatch.setattr(RowStream, "step", lambda engine: (busy.append(engine.running), step(engine))[1])
+    step = StreamingEngine.step
+    monkeypatch.setattr(StreamingEngine, "step", lambda engine: (busy.append(engine.running), step(engine))[1])
     app = create_app(fam, method="ar", concurrency=2, **EXACT)
 
     async def main():
@@ -170,7 +170,7 @@ def test_a_drain_that_times_out_answers_every_request_with_an_error(fam, monkeyp
 def test_a_failing_engine_fails_its_requests_and_the_loop_goes_on(fam, monkeypatch):
     """An engine whose step raises ends the requests it held with a 500; requests of other
     engines, and later requests of the same settings (a new engine), get their images."""
-    step = RowStream.step
+    step = StreamingEngine.step
 
     def faulty(engine):
         if engine.method == "ssd" and not getattr(faulty, "done", False):
@@ -178,7 +178,7 @@ def test_a_failing_engine_fails_its_requests_and_the_loop_goes_on(fam, monkeypat
             raise RuntimeError("a device error")
         return step(engine)
 
-    monkeypatch.setattr(RowStream, "step", faulty)
+    monkeypatch.setattr(StreamingEngine, "step", faulty)
     app = create_app(fam, method="ar", concurrency=2, **EXACT)
 
     async def main():
