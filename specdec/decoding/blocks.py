@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from specdec.decoding.runner import Outputs
+from specdec.models.protocol import cfg_rows
 
 
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
@@ -29,7 +30,7 @@ def gather_rows(o: Outputs, index: torch.Tensor) -> Outputs:
     B = o.cond.shape[0]
     ar = torch.arange(B, device=index.device)
     hid_rows = o.hidden.shape[0]
-    hid_idx = index.repeat(hid_rows // B)
+    hid_idx = cfg_rows(index, hid_rows // B)
     return Outputs(o.cond[ar, index][:, None], None if o.uncond is None else o.uncond[ar, index][:, None],
                    o.hidden[torch.arange(hid_rows, device=index.device), hid_idx][:, None],
                    None if o.probs is None else o.probs[ar, index][:, None])

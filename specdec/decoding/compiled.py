@@ -216,11 +216,11 @@ class CompiledRunner(ModelRunner):
     per model, batch size and sampling by `compiled_runner` and reused by later decodes."""
 
     def __init__(self, model, sampling, *, batch: int = 1, backend=None, compiler: Callable = None,
-                 graphs: bool = True):
+                 graphs: bool = True, cache=None):
         """`compiler(fn, device)`: how the target passes are compiled (default `compile_step`; the
         tests pass the identity to check the padding with eager numerics). `graphs`: on CUDA,
-        every compiled function is replayed as a CUDA graph."""
-        super().__init__(model, sampling, batch=batch, backend=backend)
+        every compiled function is replayed as a CUDA graph. `cache`: `ModelRunner`'s."""
+        super().__init__(model, sampling, batch=batch, backend=backend, cache=cache)
         self.graphs = graphs
         self._compiler = compiler
         self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
@@ -252,9 +252,9 @@ class CompiledRunner(ModelRunner):
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
 
-    def _new_part(self, k: int) -> "CompiledRunner":
+    def _sibling(self, k: int, cache=None) -> "CompiledRunner":
         return CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend, compiler=self._compiler,
-                              graphs=self.graphs)
+                              graphs=self.graphs, cache=cache)
 
     def function(self, key, make):
         found = self.functions.get(key)
@@ -269,7 +269,7 @@ class CompiledRunner(ModelRunner):
         """The compile time of every graph of the runner not reported yet."""
         parts = [self.compiled_forward, *self._token_steps.values(), *self.functions.values()]
         return (sum(part.take_compile_s() for part in parts)
-                + sum(part.take_compile_s() for part in self._parts.values()))
+                + sum(r.take_compile_s() for r in [*self._parts.values(), *self._prefixes.values()]))
 
 
 def _store_key(model, sampling, batch: int, backend) -> tuple:

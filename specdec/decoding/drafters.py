@@ -19,6 +19,7 @@ from specdec.decoding.blocks import gather_rows, padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.runner import ModelRunner
+from specdec.models.protocol import cfg_rows
 
 
 class Drafter(abc.ABC):
@@ -115,7 +116,7 @@ class HeadsDrafter(Drafter):
         last = x.gather(1, (c.device - 1).clamp_min(0)[:, None])[:, 0]
         rows = self.hidden.shape[0]
         _, q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
-                            last.repeat(rows // last.shape[0]))                           # q [B, n, V]
+                            cfg_rows(last, rows // last.shape[0]))                        # q [B, n, V]
         B, _, V = q.shape
         positions = (c.device[:, None] + torch.arange(n, device=q.device)).clamp(max=x.shape[1] - 1)
         d = draw(q.reshape(-1, V), self.engine.streams, t.backend, counts=[n if g else 0 for g in going],

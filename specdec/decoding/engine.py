@@ -150,7 +150,6 @@ class Engine:
         many images, copied into their rows (`SlotKVCache.put_images`), the other rows untouched.
         Each row's image is counted one pass of the runner's role."""
         role = next(rr for r, rr in self._runners if r is runner)
-        runner.settle_rows()
         if len(rows) == self.batch:
             runner.cache.reset()
             source = runner

@@ -40,7 +40,7 @@ class MuloRows(RowPolicy):
       rows in one pass;
     - in the step its draft is complete: up-sampled, its target prefill, one verification pass
       over the rows that completed theirs in that step (on a runner of those rows alone when
-      others are in other phases: `ModelRunner.hold`), the judgement (one host read) and the
+      others are in other phases: `ModelRunner.apart`), the judgement (one host read) and the
       first resampled token (`_verify`); then "resample", or done;
     - "resample": the next pass of its `ResamplePlan` per step, the rows' passes shared
       (`resampling.resample_step`);
@@ -169,31 +169,29 @@ class MuloRows(RowPolicy):
         island labels [H, W], its `ResamplePlan` or None)."""
         e, runner, HW = self.engine, self.runner, self.HW
         k, H, W = len(rows), runner.H, runner.W
-        part = runner if k == e.batch else runner.hold(rows)[0]
         # Under a token budget the pass is cut into causal chunks of the image's share (the same
         # outputs, more passes), as an engine chunks a long prefill.
         step = e.narrowed(HW - 1)
         fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
-        chunks = []
-        for a in range(0, HW - 1, step):
-            chunks.append(part.forward(fed[:, a:a + step], positions[a:a + step]))
-            if part is not runner:
-                count_pass(runner, chunks[-1].cond.shape[1])
-        e.rows.credit(rows, "target", len(chunks), HW - 1, step)
-        ver = Outputs.cat([first] + chunks)
-        pooled = part.token_probs(ver, x, self.neighbors, self.delta).pooled
-        judgement = e.judge(pooled.view(k, H, W), rule="threshold", tau=self.o.tau, mode="local",
-                            radius=self.o.radius, islands=True, starts=[0] * k, judged=[HW] * k, rows=rows)
-        if any(True in R for R in judgement.resample):
-            part.invalidate_where(torch.arange(HW, device=x.device).expand(k, -1),
-                                  torch.tensor(judgement.resample, dtype=torch.bool, device=x.device))
+        with runner.apart(rows) as part:
+            chunks = [part.forward(fed[:, a:a + step], positions[a:a + step]) for a in range(0, HW - 1, step)]
+            for chunk in chunks if part is not runner else []:
+                count_pass(runner, chunk.cond.shape[1])
+            e.rows.credit(rows, "target", len(chunks), HW - 1, step)
+            ver = Outputs.cat([first] + chunks)
+            pooled = part.token_probs(ver, x, self.neighbors, self.delta).pooled
+            judgement = e.judge(pooled.view(k, H, W), rule="threshold", tau=self.o.tau, mode="local",
+                                radius=self.o.radius, islands=True, starts=[0] * k, judged=[HW] * k, rows=rows)
+            if any(True in R for R in judgement.resample):
+                part.invalidate_where(torch.arange(HW, device=x.device).expand(k, -1),
+                                      torch.tensor(judgement.resample, dtype=torch.bool, device=x.device))
         # A pass feeds up to two tokens per island it advances: under a token budget, fewer
         # islands at a time.
         share = e.token_share
         most = None if share is None else max(1, share // 2)
         plans = [raster_plan(R) if self.o.resample == "raster" else island_plan(R, isl, most)
                  for R, isl in zip(judgement.resample, judgement.islands)]
-        draw_first(e, part, self.x, ver, rows, plans)
+        draw_first(e, runner, self.x, ver, rows, plans)
         return [(n, sum(R), torch.tensor(isl, dtype=torch.int32).view(H, W), plan)
                 for n, R, isl, plan in zip(judgement.num_islands, judgement.resample, judgement.islands, plans)]
 

@@ -5,15 +5,16 @@ step (one token in, the next token out). The compiled runner is a subclass
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 
 from specdec.decoding.draws import race
 from specdec.decoding.uploads import to_device
 from specdec.models.kv_cache import SlotKVCache
-from specdec.models.protocol import split_cfg
+from specdec.models.protocol import image_rows, split_cfg
 from specdec.ops import pooling, verification
 from specdec.settings import Sampling, SamplingArgs
 
@@ -25,7 +26,7 @@ def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torc
     conditional logits there (uncond + s * (cond - cond) = cond). A tensor op: no host read."""
     off = positions.to(cond.device) > sampling.cfg_interval
     if off.dim() == 2 and off.shape[0] != cond.shape[0]:   # [rows, N] positions of a CFG cache
-        off = off[:cond.shape[0]]
+        off = split_cfg(off)[0]
     off = off.view(1, -1, 1) if off.dim() == 1 else off[..., None]
     return torch.where(off, cond, uncond)
 
@@ -81,26 +82,25 @@ class ModelRunner:
     """A model, its slot KV cache and a pass counter; all decoders talk to models through it.
     Eager: every pass runs op by op (`specdec.decoding.compiled.CompiledRunner` compiles them)."""
 
-    def __init__(self, model, sampling: Sampling, *, batch: int = 1, backend: Optional[str] = None):
+    def __init__(self, model, sampling: Sampling, *, batch: int = 1, backend: Optional[str] = None, cache=None):
+        """`cache`: the cache to run on (default: a new one of `batch` images; a view of another
+        runner's first images for `prefix`)."""
         self.model = model
         self.sampling = sampling
         self.backend = backend
         self.batch = batch
         if sampling.guided and not supports_guidance(model):
             raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
-        self.cache = model.new_cache(batch, cfg=sampling.guided)
+        self.cache = model.new_cache(batch, cfg=sampling.guided) if cache is None else cache
         self.forwards = 0
         self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)
         self.widest = 0  #: the most image tokens per row one pass fed (the prefill aside)
-        #: the rows a pass of all B rows goes over (sorted), as the scheduler decided (`cover`;
-        #: None: every row)
-        self.covered: Optional[List[int]] = None
-        self._row_maps: dict = {}
-        self._parts: dict = {}      # `part`: runners of some of the images, by image count
+        #: the images a pass of all B rows goes over, the first `covered` (`cover`; None: every one)
+        self.covered: Optional[int] = None
+        self._prefixes: dict = {}   # `prefix`: runners of the first k images, views of this cache
+        self._sources: dict = {}    # `_spread`: the image whose outputs each of the B rows takes, by k
+        self._parts: dict = {}      # `part`: runners of k images of their own (prefills of some rows)
         self._token_steps: dict = {}   # `token_step`, by exactness
-        #: (rows [k] sorted, their int64 tensor, the runner of k images holding them): rows whose
-        #: cache is kept in a runner of their own (`hold`), or None
-        self._resident: Optional[Tuple[List[int], torch.Tensor, "ModelRunner"]] = None
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
         # `reach` lets an AR step read only the cache prefix up to its position.
@@ -114,58 +114,60 @@ class ModelRunner:
     def reset(self) -> None:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
         same shape: the cache tensors keep their addresses (what compiled steps rely on)."""
-        self._resident = None
         self.cache.reset()
         self.forwards = self.fed = self.widest = 0
         self.cover(None)
 
-    def cover(self, rows: Optional[Sequence[int]]) -> None:
-        """Let later passes of all B rows go over rows `rows` (sorted) only, None: over every row.
-        The scheduler decides them (`specdec.decoding.scheduler.covered_rows`: the rows that hold
-        images, rounded up to a bucket) and calls this whenever they change. Their cache moves into
-        a runner of that many images (`hold`) and stays there while they are covered; the outputs
-        of a row left out are a copy of another row's (a valid distribution: its stand-in goes on
-        drawing tokens) and its cache is not written. A row's outputs do not depend on which other
-        rows share its pass (bit for bit under `batch_invariant()`), so the images are unchanged. A
-        cache that cannot copy rows out (a transformers adapter's) keeps every row covered."""
-        rows = None if rows is None or type(self.cache) is not SlotKVCache else list(rows)
-        if rows != self.covered:      # (the row maps of one set of rows serve every round it lasts)
-            self.settle_rows()
-            self.covered, self._row_maps = rows, {}
+    def cover(self, k: Optional[int]) -> None:
+        """Let later passes of all B rows go over the first k images only (None: every one). The
+        scheduler decides k (`specdec.decoding.scheduler.covered_images`: the images it holds,
+        rounded up to a bucket) and calls this whenever it changes. A pass then runs on a view of
+        the cache's first rows (`prefix`: nothing is copied); the outputs of an image left out are
+        a copy of image 0's (a valid distribution: its stand-in goes on drawing tokens) and its
+        cache is not written. An image's outputs do not depend on which others share its pass
+        (bit for bit under `batch_invariant()`), so the images are unchanged. A cache that serves
+        no views (a transformers adapter's) keeps every image covered."""
+        self.covered = None if k is None or k >= self.batch or type(self.cache) is not SlotKVCache else k
 
-    def settle_rows(self) -> None:
-        """Copy the rows held in a runner of their own (`hold`) back into this cache: anything that
-        reads or writes the cache otherwise than through them and `invalidate_where` calls it first (a
-        pass over all rows, a prefill, an AR step of this runner)."""
-        if self._resident is not None:
-            _, index, part = self._resident
-            part.cache.put_images(self.cache, index)
-            self._resident = None
-
-    def hold(self, rows: List[int]) -> Tuple["ModelRunner", torch.Tensor]:
-        """The runner of len(rows) images that holds rows `rows` (sorted) of this cache, and those
-        rows as int64 [k]: copied in unless held already, they stay there until `settle_rows`
-        (the covered rows of `cover`; MuLo-SD's verification of some rows). What is
-        forgotten (`invalidate_where`) reaches them there too."""
-        if self._resident is None or self._resident[0] != rows:
-            self.settle_rows()
-            index = to_device(rows, self.device, torch.long)
-            part = self.part(len(rows))
-            part.cache.take_images(self.cache, index)
-            self._resident = (list(rows), index, part)
-        return self._resident[2], self._resident[1]
+    def prefix(self, k: int) -> "ModelRunner":
+        """The runner of the first k images of this cache, on a view of it (what it writes is
+        written here), made once per k and kept."""
+        if k not in self._prefixes:
+            self._prefixes[k] = self._sibling(k, self.cache.prefix(k))
+        view = self._prefixes[k]
+        view.cache.prefix_len = self.cache.prefix_len     # (set by a prefill of prompts)
+        return view
 
     def part(self, k: int) -> "ModelRunner":
-        """A runner of the same kind, model and sampling for k images, made once per k and kept:
-        passes over some images of this cache run there on their rows, copied in
-        (`SlotKVCache.take_images`) and back (`put_images`) by the caller."""
-        part = self._parts.get(k)
-        if part is None:
-            part = self._parts[k] = self._new_part(k)
-        return part
+        """A runner of the same kind, model and sampling for k images with a cache of its own,
+        made once per k and kept: work on some images of this cache runs there, their rows copied
+        in (`SlotKVCache.take_images`) and back (`put_images`): `apart`, a prefill of some rows."""
+        if k not in self._parts:
+            self._parts[k] = self._sibling(k)
+        return self._parts[k]
 
-    def _new_part(self, k: int) -> "ModelRunner":
-        return ModelRunner(self.model, self.sampling, batch=k, backend=self.backend)
+    def _sibling(self, k: int, cache=None) -> "ModelRunner":
+        return ModelRunner(self.model, self.sampling, batch=k, backend=self.backend, cache=cache)
+
+    @contextlib.contextmanager
+    def apart(self, rows: List[int]):
+        """A runner of len(rows) images (`part`) holding a copy of images `rows` (sorted) of this
+        cache while the block runs, copied back when it ends: passes over those images alone
+        (MuLo-SD verifying the images whose drafts are done while others draft). Every image: this
+        runner; the first k: `prefix` (a view, nothing copied)."""
+        if len(rows) == self.batch:
+            yield self
+            return
+        if rows == list(range(len(rows))) and type(self.cache) is SlotKVCache:
+            yield self.prefix(len(rows))
+            return
+        index = to_device(rows, self.device, torch.long)
+        part = self.part(len(rows))
+        part.cache.take_images(self.cache, index)
+        try:
+            yield part
+        finally:
+            part.cache.put_images(self.cache, index)
 
     # ---- the passes ----
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:
@@ -178,47 +180,32 @@ class ModelRunner:
     def prefill(self, classes) -> Outputs:
         """Write the condition; returns the outputs giving the distribution of token 0 ([B, 1, V])."""
         self.forwards += 1
-        self.settle_rows()
         classes = to_device(classes, self.device) if isinstance(classes, torch.Tensor) else classes.to(self.device)
         out = self.model.prefill(self.cache, classes, backend=self.backend)
         return self.outputs(out.logits, out.hidden)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
-        token that follows position i in raster order. (A pass over some images of the cache alone
-        is a pass of the runner that `hold` gives.) Set by `cover`, a pass of all B rows goes over
-        the covered rows and its outputs are spread back to B rows: those rows' cache is copied
-        into a runner of that many images once, and stays there while the same rows are covered (a
-        lone request at light load: copied in and out once, not at every pass)."""
-        chosen = self.covered if tree_mask is None else None
-        if chosen is None:
-            self.settle_rows()
+        token that follows position i in raster order. Set by `cover`, a pass of all B rows goes
+        over the first images alone (on a view of their rows: `prefix`), and its outputs are
+        spread back to B rows."""
+        k = self.covered if tree_mask is None else None
+        if k is None:
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
-        rows, source = self._row_map(chosen)
-        tokens = tokens.to(self.device).index_select(0, rows)
         positions = positions.to(self.device)
-        if positions.dim() == 2:
-            positions = positions.index_select(0, rows)
         count_pass(self, tokens.shape[1])
-        out = self.hold(chosen)[0]._forward(tokens, positions, write=write)
+        out = self.prefix(k)._forward(tokens.to(self.device)[:k], positions[:k] if positions.dim() == 2 else positions,
+                                      write=write)
+        return self._spread(out, k)
 
-        def spread(t):   # [k, ...] -> [B, ...]
-            return None if t is None else t.index_select(0, source)
-        hidden_rows = torch.cat([source, source + len(chosen)]) if self.sampling.guided else source   # (CFG)
-        return Outputs(spread(out.cond), spread(out.uncond), out.hidden.index_select(0, hidden_rows),
-                       spread(out.probs))
-
-    def _row_map(self, chosen: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The rows a pass goes over (int64 [k]) and the row of its outputs each of the B rows
-        takes (int64 [B]; a row left out takes row 0's), made once per set of rows."""
-        key = tuple(chosen)
-        if key not in self._row_maps:
-            source = [0] * self.batch
-            for i, b in enumerate(chosen):
-                source[b] = i
-            self._row_maps[key] = (to_device(chosen, self.device, torch.long),
-                                   to_device(source, self.device, torch.long))
-        return self._row_maps[key]
+    def _spread(self, out: Outputs, k: int) -> Outputs:
+        """Outputs of the first k images -> outputs of all B (an image left out takes image 0's)."""
+        source = self._sources.get(k)
+        if source is None:
+            source = self._sources[k] = to_device(list(range(k)) + [0] * (self.batch - k), self.device, torch.long)
+        halves = out.hidden.shape[0] // k
+        return Outputs(*(None if t is None else t.index_select(0, image_rows(source, halves) if t is out.hidden
+                                                                else source) for t in out))
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """`forward` over every row of the cache."""
@@ -242,11 +229,6 @@ class ModelRunner:
         row; no host read)."""
         if positions.numel():
             self.cache.invalidate_positions(positions, where=mask)
-            if self._resident is not None:
-                _, rows, part = self._resident
-                rows = rows.to(positions.device)
-                part.cache.invalidate_positions(positions.index_select(0, rows),
-                                                where=mask.index_select(0, rows.to(mask.device)))
 
     # ---- functions of tensors kept with the runner ----
     def function(self, key, make: Callable[[], Callable]) -> Callable:
@@ -269,20 +251,18 @@ class ModelRunner:
                 reach: Optional[int] = None) -> torch.Tensor:
         """One AR step of every row of `grid` [B, H*W] in place, each row at its position [B, 1]
         with its uniforms [B, H*W] (exact: its key [B, 1]); returns the positions advanced
-        (`TokenStep.on_grid`). While `cover` has set rows, the step goes over them alone, on a
-        runner of that many images (`hold`)."""
-        held = self.covered
-        if held is None:
+        (`TokenStep.on_grid`). While `cover` has set k, the step goes over the first k images
+        alone (`prefix`)."""
+        k = self.covered
+        if k is None:
             values, written, moved = self.token_step(exact).on_grid(grid, position, rand, reach=reach)
             grid.scatter_(1, written, values)
             return moved
-        part, index = self.hold(held)
         count_pass(self, 1)
-        rows = grid.index_select(0, index)
-        values, written, moved = part.token_step(exact).on_grid(rows, position.index_select(0, index),
-                                                                rand.index_select(0, index), reach=reach)
-        grid.index_copy_(0, index, rows.scatter_(1, written, values))
-        return position.index_copy(0, index, moved)
+        rows = grid[:k]        # (a view: the step's values land in the grid)
+        values, written, moved = self.prefix(k).token_step(exact).on_grid(rows, position[:k], rand[:k], reach=reach)
+        rows.scatter_(1, written, values)
+        return torch.cat([moved, position[k:]])
 
     # ---- distributions through the kernels ----
     def _settings(self) -> SamplingArgs:
@@ -330,7 +310,7 @@ class TokenStep:
             extra = dict(fast, reach=reach) if takes_reach else fast
             out = model.forward_tokens(cache, grid.gather(1, position), position, backend=backend, **extra)
             logits = out.logits[:, -1]
-            cond, uncond = logits.chunk(2) if guided else (logits, None)
+            cond, uncond = split_cfg(logits) if guided else (logits, None)
             if interval:   # LlamaGen's cfg_interval (a tensor comparison: no host read, one graph)
                 uncond = torch.where(position > s.cfg_interval, cond, uncond)
             p = pooling.sampling_probs_unchecked(cond, uncond, settings, backend=backend)
@@ -353,7 +333,6 @@ class TokenStep:
         host int, when the caller knows it: the eager step then reads only the cache prefix up to
         it; the compiled step ignores it and reads the whole cache (one shape for every step, so
         one graph)."""
-        self.runner.settle_rows()
         count_pass(self.runner, 1)
         if self.compiled:
             return self._grid_step(grid, position, uniforms)

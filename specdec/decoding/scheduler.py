@@ -22,9 +22,10 @@ Image i depends only on (seed, i): its row's stream is its own from the start (`
 .restart`) and a row's computation never reads another row's, so under `batch_invariant()` its
 tokens are bit for bit those of its decode alone, whatever the concurrency or its neighbours.
 
-Which rows a step's passes cover is decided here, in one place (`covered_rows`, called whenever
-the rows that hold images change): those rows, rounded up to a bucket of the batch, as a serving
-engine pads its batch to its graph sizes; rows without an image ride along otherwise.
+Which rows a step's passes cover is decided here, in one place (`covered_images`, called whenever
+the rows that hold images change): the first rows up to the last that holds an image, rounded up
+to a bucket, as a serving engine pads its batch to its graph sizes (a free row is given to the
+lowest free row first, so the busy rows stay low); rows without an image ride along otherwise.
 """
 from __future__ import annotations
 
@@ -281,10 +282,10 @@ class Scheduler:
         return done
 
     def _cover(self) -> None:
-        """Tell every runner which rows its passes go over now (`covered_rows`)."""
+        """Tell every runner which rows its passes go over now (`covered_images`)."""
         held = [b for b in range(self.capacity) if self.rows[b] is not None]
         for runner, _ in self.engine.runners:
-            runner.cover(covered_rows(held, self.capacity, runner.device))
+            runner.cover(covered_images(held, self.capacity, runner.device))
 
     # ---- the counters ----
     def credit(self, rows: List[int], role: str, passes: int, fed: int, widest: int) -> None:
@@ -343,20 +344,16 @@ class Scheduler:
         return sum(r.take_compile_s() for r, _ in self.engine.runners if isinstance(r, CompiledRunner))
 
 
-def covered_rows(held: List[int], capacity: int, device: torch.device) -> Optional[List[int]]:
-    """The rows (sorted) a step's passes go over while rows `held` (sorted) hold images: those and
-    the lowest others up to a power of two, or None: every row (none or all of them hold images,
-    or the bucket is the whole batch). On the CPU a pass costs about its tokens, so a lone request
-    in a batch of 16 would otherwise pay for 16; on a GPU, where a pass of a few rows costs what
-    one row costs and this has not run yet, every row is passed."""
+def covered_images(held: List[int], capacity: int, device: torch.device) -> Optional[int]:
+    """How many of the first rows a step's passes go over while rows `held` (sorted) hold images:
+    the last of them and the rows before it, rounded up to a power of two, or None: every row
+    (none or all of them hold images, or the bucket is the whole batch). On the CPU a pass costs
+    about its tokens, so a lone request in a batch of 16 would otherwise pay for 16; on a GPU,
+    where this has not run yet, every row is passed."""
     if not held or device.type != "cpu":
         return None
-    k = 1 << (len(held) - 1).bit_length()
-    if k >= capacity:
-        return None
-    busy = set(held)
-    free = [b for b in range(capacity) if b not in busy]
-    return sorted(held + free[:k - len(held)])
+    k = 1 << held[-1].bit_length()
+    return None if k >= capacity else k
 
 
 def cuda_graphs() -> bool:
@@ -374,5 +371,5 @@ def join_conditions(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "covered_rows", "cuda_graphs",
+__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "covered_images", "cuda_graphs",
            "join_conditions"]

@@ -25,6 +25,7 @@ from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.uploads import to_device
 from specdec.decoding.widths import rows_covered, widths_for
+from specdec.models.protocol import cfg_rows, image_rows
 
 
 class Relaxation(NamedTuple):
@@ -135,10 +136,10 @@ class RasterSpeculation(RowPolicy):
         grids = torch.zeros(len(rows), x.shape[1], dtype=torch.long, device=dev)
         grids[:, 0] = draw(p0, self.engine.streams.rows(rows), self.target.backend, positions=torch.zeros_like(index))
         x.index_copy_(0, index, grids)
+        halves = hidden.shape[0] // len(rows)            # (CFG: image b's rows 2b and 2b + 1)
         if self.hid_prev is None:
-            self.hid_prev = hidden.new_zeros((hidden.shape[0] // len(rows)) * B, hidden.shape[-1])
-        halves = hidden.shape[0] // len(rows)            # (CFG: rows b and b + B)
-        self.hid_prev.index_copy_(0, torch.cat([index + k * B for k in range(halves)]), hidden)
+            self.hid_prev = hidden.new_zeros(halves * B, hidden.shape[-1])
+        self.hid_prev.index_copy_(0, image_rows(index, halves), hidden)
         self.c.reset_rows(rows, 1)
 
     def done(self):
@@ -254,17 +255,18 @@ class RasterSpeculation(RowPolicy):
 
     def _keep_last_hidden(self, hidden: torch.Tensor, active: torch.Tensor) -> None:
         """hidden [rows, dim]: the states that gave each active image's last committed token."""
-        rows_b = torch.arange(self.hid_prev.shape[0], device=hidden.device) % active.shape[0]
-        self.hid_prev.copy_(torch.where(active[rows_b][:, None], hidden, self.hid_prev))
+        active = cfg_rows(active, self.hid_prev.shape[0] // active.shape[0])
+        self.hid_prev.copy_(torch.where(active[:, None], hidden, self.hid_prev))
 
     def _keep_hidden(self, out: Outputs, c: Lengths, a, active) -> None:
         """Output jj of the pass is the exact state of position c + jj for jj <= a (inside the
         span): a fixed-shape select over the span, no index list."""
         hidden_out = self.hidden_out
-        rows_b = torch.arange(hidden_out.shape[0], device=a.device) % a.shape[0]
+        halves = hidden_out.shape[0] // a.shape[0]
         jj = torch.arange(self.end, device=a.device)[None] - c.device[:, None]  # [B, end]
-        exact = ((jj >= 0) & (jj <= a[:, None]) & active[:, None])[rows_b]
-        src = out.hidden.gather(1, jj.clamp(0, self.chunk)[rows_b][..., None].expand(-1, -1, out.hidden.shape[-1]))
+        exact = cfg_rows((jj >= 0) & (jj <= a[:, None]) & active[:, None], halves)
+        src = out.hidden.gather(1, cfg_rows(jj.clamp(0, self.chunk), halves)[..., None].expand(-1, -1,
+                                                                                               out.hidden.shape[-1]))
         hidden_out.copy_(torch.where(exact[..., None], src, hidden_out))
 
 

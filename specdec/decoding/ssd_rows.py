@@ -18,6 +18,7 @@ from specdec.decoding.engine import Engine, Judgement, Verdict
 from specdec.decoding.scheduler import RowPolicy
 from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.uploads import to_device
+from specdec.models.protocol import cfg_rows, image_rows
 
 
 @dataclass
@@ -132,8 +133,7 @@ class SSDRows(RowPolicy):
 
     def _hidden_rows(self, rows: List[int]) -> torch.Tensor:
         """The rows of `hid` of batch rows `rows` (both guidance halves under CFG)."""
-        B, halves = self.engine.batch, self.hid.shape[0] // self.engine.batch
-        return to_device([b + k * B for k in range(halves) for b in rows], self.hid.device, torch.long)
+        return image_rows(to_device(rows, self.hid.device, torch.long), self.hid.shape[0] // self.engine.batch)
 
     def done(self):
         return [p == IDLE for p in self.phase]
@@ -199,9 +199,9 @@ class SSDRows(RowPolicy):
         height = {b: groups[self.state[b].group][1] - groups[self.state[b].group][0] for b in rows}
         # the row above each row's group (rows not drafting: row 0, drawing nothing)
         above = to_device([[lb - W + j for j in range(W)] for lb in lo], x.device, torch.long)
-        rows_b = torch.arange(self.hid.shape[0], device=x.device) % B
-        h = self.hid.gather(1, above[rows_b][..., None].expand(-1, -1, self.hid.shape[-1]))
-        tokens = x.gather(1, above)[rows_b]
+        halves = self.hid.shape[0] // B
+        h = self.hid.gather(1, cfg_rows(above, halves)[..., None].expand(-1, -1, self.hid.shape[-1]))
+        tokens = cfg_rows(x.gather(1, above), halves)
         for n in sorted(set(height.values())):      # (a last group of fewer rows: a call of its own)
             _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens)
             e.head_passes += 1
@@ -287,9 +287,9 @@ class SSDRows(RowPolicy):
         j = torch.arange(N, device=dev)[None]
         writing = [b in inside and (o.commit == "verify" or self.state[b].passes == o.rounds) for b in range(B)]
         if any(writing):
-            rows_b = torch.arange(self.hid.shape[0], device=dev) % B
-            real = ((j < count_t[:, None]) & to_device(writing, dev, torch.bool)[:, None])[rows_b]
-            tpos = (pos + 1).clamp(max=HW - 1)[rows_b][..., None].expand(-1, -1, self.hid.shape[-1])
+            halves = self.hid.shape[0] // B
+            real = cfg_rows((j < count_t[:, None]) & to_device(writing, dev, torch.bool)[:, None], halves)
+            tpos = cfg_rows((pos + 1).clamp(max=HW - 1), halves)[..., None].expand(-1, -1, self.hid.shape[-1])
             self.hid.scatter_(1, tpos, torch.where(real[..., None], out.hidden, self.hid.gather(1, tpos)))
         judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
         if not judging:

@@ -139,8 +139,8 @@ def widths_for(engine, most: int, target, drafter=None, *, all_or_none: bool = F
 
 
 def rows_covered(runner) -> int:
-    """How many rows the runner's passes go over now (`ModelRunner.cover`)."""
-    return runner.batch if runner.covered is None else len(runner.covered)
+    """How many images the runner's passes go over now (`ModelRunner.cover`)."""
+    return runner.batch if runner.covered is None else runner.covered
 
 
 __all__ = ["PassCost", "Widths", "expected_commits", "measure_pass_cost", "rows_covered", "widths_for"]

@@ -67,12 +67,13 @@ class CaptionEmbedder(nn.Module):
 
     def rows(self, cond: Sequence[torch.Tensor], negative: Optional[Sequence[Optional[torch.Tensor]]],
              with_uncond: bool) -> List[torch.Tensor]:
-        """The captions of the cache rows: the conditional ones, then (with CFG) each image's negative
+        """The captions of the cache rows: each image's conditional one, then (with CFG) its negative
         caption or, where it has none, the unconditional embedding over its caption's slots."""
         lengths = [self.check(c, f"prompts[{i}]") for i, c in enumerate(cond)]
-        rows = list(cond)
-        if with_uncond:
-            for i, length in enumerate(lengths):
+        rows = []
+        for i, (caption, length) in enumerate(zip(cond, lengths)):
+            rows.append(caption)
+            if with_uncond:
                 neg = None if negative is None else negative[i]
                 if neg is None:
                     rows.append(self.unconditional(length))

@@ -30,7 +30,7 @@ from specdec.models.captions import CaptionEmbedder, left_pad
 from specdec.models.conditions import is_prompts
 from specdec.numerics import RowLinear, batch_invariant_enabled
 from specdec.models.kv_cache import SlotKVCache
-from specdec.models.protocol import ForwardOutput
+from specdec.models.protocol import ForwardOutput, cfg_rows, join_cfg
 from specdec.models.rope import apply_rope, rope_table_2d, rotation_factors
 
 
@@ -277,7 +277,7 @@ class LlamaGenGPT(nn.Module):
 
     def caption_inputs(self, prompts, with_uncond: bool = False):
         """t2i: a Prompts batch -> (prefix embeddings [rows, P, dim], valid [rows, P]) of the cache
-        rows (the unconditional rows after the conditional ones when `with_uncond`)."""
+        rows (with `with_uncond` each image's unconditional row after its conditional one)."""
         if not self.text_conditional:
             raise ValueError("caption features need a text-to-image model (model_type='t2i')")
         if not is_prompts(prompts):
@@ -310,7 +310,7 @@ class LlamaGenGPT(nn.Module):
             emb = self.condition_embeddings(cond)
             if cache.cfg:
                 null = torch.full_like(cond, self.null_class)
-                emb = torch.cat([emb, self.condition_embeddings(null)])
+                emb = join_cfg(emb, self.condition_embeddings(null))
         else:
             if cond.dim() != 3 or cond.shape[1:] != (self.prefix_len, self.config.dim):
                 raise ValueError(f"cond embeddings must be [B, {self.prefix_len}, {self.config.dim}], got "
@@ -319,7 +319,7 @@ class LlamaGenGPT(nn.Module):
             if cache.cfg:
                 if uncond is None or uncond.shape != cond.shape:
                     raise ValueError("a CFG cache with embedding conditions needs `uncond` of the same shape")
-                emb = torch.cat([cond, uncond])
+                emb = join_cfg(cond, uncond)
         if emb.shape[0] != cache.rows:
             raise ValueError(f"cond gives {emb.shape[0]} rows for a cache of {cache.rows}")
         slots = torch.arange(self.prefix_len, device=cache.device).expand(cache.rows, -1)
@@ -374,16 +374,16 @@ class LlamaGenGPT(nn.Module):
                 raise ValueError(f"tree_mask must be int32 [B, {tokens.shape[1]}, {words}], got "
                                  f"{tuple(tree_mask.shape)} {tree_mask.dtype}")
             if tree_mask.shape[0] == cache.batch and cache.cfg:
-                tree_mask = torch.cat([tree_mask, tree_mask])
+                tree_mask = cfg_rows(tree_mask)
         return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend,
                          limit=hi + self.prefix_len + 1)
 
     def _forward_unchecked(self, cache, tokens, positions, tree_mask, write, backend, reach=None) -> ForwardOutput:
         if tokens.shape[0] == cache.batch and cache.cfg:
-            tokens = torch.cat([tokens, tokens])
+            tokens = cfg_rows(tokens)
         slots = cache.check_slots(positions.long() + self.prefix_len, "positions", check_range=False)
         if tree_mask is not None and tree_mask.shape[0] == cache.batch and cache.cfg:
-            tree_mask = torch.cat([tree_mask, tree_mask])
+            tree_mask = cfg_rows(tree_mask)
         limit = cache.n_slots if reach is None else min(cache.n_slots, reach + self.prefix_len + 1)
         return self._run(cache, self.embed_tokens(tokens), slots, tree_mask, write, backend, limit=limit)
 

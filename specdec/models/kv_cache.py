@@ -4,8 +4,9 @@ Slots are not appended: a forward writes the keys/values of its tokens at their 
 decoder can fill the grid out of order (ZipAR rows, MuLo-SD islands), invalidate slots it
 rejected and overwrite them later (local resampling). Attention reads only valid slots at
 positions <= the query's (the `tree_attention` rule), so stale entries are harmless once
-invalidated. With classifier-free guidance the cache holds 2B rows: conditional rows first,
-then the unconditional ones.
+invalidated. With classifier-free guidance the cache holds 2B rows, image b's conditional row
+2b and its unconditional row 2b + 1 (`specdec.models.protocol.cfg_rows`): the first k images are
+the cache's first rows, so a pass over them runs on a view (`prefix`), copying nothing.
 
 The cache also owns the map from raster positions to slots (`position_slots`): raster token u
 lives in slot `prefix_len + u`. `prefix_len` is the model's for class-conditional models and is
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import torch
+
+from specdec.models.protocol import cfg_rows, image_rows
 
 
 class SlotKVCache:
@@ -50,7 +53,7 @@ class SlotKVCache:
         if slots.dim() == 1:
             slots = slots.expand(self.rows, -1)
         elif slots.dim() == 2 and self.cfg and slots.shape[0] == self.batch and self.rows != self.batch:
-            slots = torch.cat([slots, slots])
+            slots = cfg_rows(slots)
         if slots.dim() != 2 or slots.shape[0] != self.rows:
             raise ValueError(f"{name} must be [N] or [{self.batch}, N]" +
                              (f" or [{self.rows}, N]" if self.cfg else "") + f", got {tuple(slots.shape)}")
@@ -63,7 +66,7 @@ class SlotKVCache:
         if tokens.dtype not in (torch.int32, torch.int64) or tokens.dim() != 2:
             raise ValueError(f"tokens must be a 2-D int tensor, got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.shape[0] == self.batch and self.cfg:
-            tokens = torch.cat([tokens, tokens])
+            tokens = cfg_rows(tokens)
         if tokens.shape[0] != self.rows:
             raise ValueError(f"tokens has {tokens.shape[0]} rows, the cache {self.batch}" +
                              (f" (or {self.rows})" if self.cfg else ""))
@@ -112,7 +115,7 @@ class SlotKVCache:
             raise ValueError(f"where must be bool [batch, N] like positions, got {tuple(where.shape)}")
         keep = ~where.to(self.device)
         if keep.shape[0] != self.rows:
-            keep = torch.cat([keep] * (self.rows // keep.shape[0]))
+            keep = cfg_rows(keep, self.rows // keep.shape[0])
         keep = torch.cat([keep] * (slots.shape[1] // keep.shape[1]), dim=1)
         self.valid.scatter_(1, slots, self.valid.gather(1, slots) & keep)
 
@@ -143,9 +146,24 @@ class SlotKVCache:
         return [self.valid]
 
     def image_rows(self, index: torch.Tensor) -> torch.Tensor:
-        """The rows of images `index` (int64 [k]): theirs, then with CFG their unconditional ones."""
-        index = index.to(self.device).long()
-        return torch.cat([index, index + self.batch]) if self.cfg else index
+        """The rows of images `index` (int64 [k]), in cache order (with CFG each image's two)."""
+        return image_rows(index.to(self.device).long(), 2 if self.cfg else 1)
+
+    def prefix(self, k: int) -> "SlotKVCache":
+        """The cache of its first k images, a view: the same tensors' first rows (what a pass
+        writes there is written here), for passes over those images alone."""
+        if not 1 <= k <= self.batch:
+            raise ValueError(f"k must lie in [1, {self.batch}], got {k}")
+        if len(self.row_state()) > 1:
+            raise NotImplementedError(f"{type(self).__name__} keeps row state of its own: it serves no views")
+        rows = k * self.rows // self.batch
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view.batch, view.rows = k, rows
+        view.k = [t[:rows] for t in self.k]
+        view.v = [t[:rows] for t in self.v]
+        view.valid, view.kv_pos, view._row_index = self.valid[:rows], self.kv_pos[:rows], self._row_index[:rows]
+        return view
 
     def take_images(self, source: "SlotKVCache", index: torch.Tensor) -> None:
         """Make this cache of k images a copy of images `index` (int64 [k]) of `source`: keys,

@@ -1,7 +1,7 @@
 """`ARImageModel`: what every decoder needs from an autoregressive image model.
 
     model = specdec.models.default().target
-    cache = model.new_cache(batch=4, cfg=True)            # 2B rows: conditional, then null class
+    cache = model.new_cache(batch=4, cfg=True)            # 2B rows: each image's conditional, then its null class
     out = model.prefill(cache, torch.tensor([0, 1, 2, 3])) # logits of token 0: [8, 1, V]
     out = model.forward_tokens(cache, tokens, positions)   # tokens [4, N] at raster positions [N]
     cond, uncond = split_cfg(out.logits)                   # each [4, N, V]
@@ -35,8 +35,10 @@ class ARImageModel(Protocol):
     class id of the unconditional condition (None: no classifier-free guidance).
 
     `new_cache(batch, cfg)` returns a slot KV cache (`SlotKVCache`) of `batch` images, 2 * batch
-    rows with CFG (conditional first). `prefill(cache, cond)` writes the condition (class ids [B]
-    or embeddings [B, P, dim]) and returns the output giving token 0. `forward_tokens(cache,
+    rows with CFG: image b's conditional row 2b, its unconditional row 2b + 1 (`cfg_rows`,
+    `split_cfg`), so that the first k images are the first rows of the cache. `prefill(cache,
+    cond)` writes the condition (class ids [B] or embeddings [B, P, dim]) and returns the output
+    giving token 0. `forward_tokens(cache,
     tokens, positions, tree_mask=None, write=True)` feeds tokens [B, N] at raster positions [N]
     or [B, N] under `tree_attention`'s visibility rule; `write=False` scores without caching.
     `embed_tokens` and `head` (final norm + LM head, float32 logits) are what SSD's heads use.
@@ -82,10 +84,28 @@ class PreviewConditioned(Protocol):
 
 
 def split_cfg(x: torch.Tensor):
-    """[2B, ...] rows of a CFG batch -> (conditional [B, ...], unconditional [B, ...])."""
+    """[2B, ...] rows of a CFG batch (each image's conditional row, then its unconditional one) ->
+    (conditional [B, ...], unconditional [B, ...])."""
     if x.shape[0] % 2:
         raise ValueError(f"a CFG batch has an even number of rows, got {x.shape[0]}")
-    return x.chunk(2, dim=0)
+    pair = x.unflatten(0, (-1, 2))
+    return pair[:, 0], pair[:, 1]
+
+
+def join_cfg(cond: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+    """`split_cfg`'s inverse: conditional and unconditional [B, ...] -> the CFG batch [2B, ...]."""
+    return torch.stack([cond, uncond], 1).flatten(0, 1)
+
+
+def cfg_rows(x: torch.Tensor, halves: int = 2) -> torch.Tensor:
+    """Per-image rows [B, ...] -> the cache's rows [halves * B, ...]: each image's row for both of
+    its CFG rows (halves=1: as it is)."""
+    return x if halves == 1 else x.repeat_interleave(halves, dim=0)
+
+
+def image_rows(index: torch.Tensor, halves: int = 2) -> torch.Tensor:
+    """The cache rows of images `index` (int64 [k]) -> int64 [halves * k], in cache order."""
+    return (index[:, None] * halves + torch.arange(halves, device=index.device)).flatten()
 
 
 def cfg_logits(logits: torch.Tensor, scale: float) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from specdec.models.default import load_gpt
 from specdec.models.gpt import LlamaGenGPT
+from specdec.models.protocol import split_cfg
 from specdec.models.sampling import sample_ar
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
 from specdec.models.weights_io import save_weights
@@ -59,7 +60,7 @@ def protocol_distillation_data(target, conditions, tokens: torch.Tensor, guided:
     rows are distilled too (the heads serve both CFG halves). Returns (h_in [R, HW, dim], the
     hidden state at the slot predicting each token; tokens [R, HW]), R = S or 2S."""
     HW = tokens.shape[1]
-    hidden, rows = [], []
+    hidden = []
     positions = torch.arange(HW - 1)
     for i in range(0, tokens.shape[0], chunk):
         t, c = tokens[i:i + chunk], conditions[i:i + chunk]
@@ -68,13 +69,12 @@ def protocol_distillation_data(target, conditions, tokens: torch.Tensor, guided:
         out = target.forward_tokens(cache, t[:, :-1].to(cache.device), positions.to(cache.device))
         h = torch.cat([first.hidden, out.hidden], dim=1).cpu()          # [rows, HW, dim]
         hidden.append(h)
-        rows.append(torch.cat([t, t]) if guided else t)
-    # Rows come chunk by chunk as [cond; uncond]; order them all conditional rows first.
-    cond = torch.cat([h[: h.shape[0] // (2 if guided else 1)] for h in hidden])
-    parts = [cond]
-    if guided:
-        parts.append(torch.cat([h[h.shape[0] // 2:] for h in hidden]))
-    return torch.cat(parts), torch.cat([tokens, tokens]) if guided else tokens
+    # Rows come chunk by chunk in the cache's order (each image's two CFG rows together); order
+    # them all conditional rows first.
+    if not guided:
+        return torch.cat(hidden), tokens
+    halves = [split_cfg(h) for h in hidden]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in halves]), torch.cat([tokens, tokens])
 
 
 def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, batch_size: int,

@@ -9,9 +9,10 @@ from specdec import decoding
 from specdec.decoding import scheduler as scheduler_module
 from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.scheduler import covered_rows
+from specdec.decoding.scheduler import covered_images
 from specdec.decoding.streams import ImageStreams, image_generator
 from specdec.models.kv_cache import SlotKVCache
+from specdec.models.protocol import image_rows
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
 from specdec.settings import Sampling
@@ -238,9 +239,9 @@ def test_partial_images_show_final_tokens_and_a_cancelled_image_frees_its_row(fa
                          ids=["sd", "sjd", "ar"])
 def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, method, options):
     """Light load: a stream of 16 rows with one request feeds each target pass that one row, not
-    16, its cache rows copied out of the batch's cache once for the request; then three requests
-    at once, four rows (a power of two; fewer as they finish); then eight, eight rows. Every image
-    is still its decode alone, bit for bit, in tokens and passes."""
+    16, on a view of the batch's cache (no cache row is copied); then three requests at once, four
+    rows (a power of two; fewer as they finish); then eight, eight rows. Every image is still its
+    decode alone, bit for bit, in tokens and passes."""
     import functools
 
     fed = []     # the images of the cache each target pass fed (prefills are not passes)
@@ -275,7 +276,7 @@ def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, meth
         engine = decoding.stream(method, fam, concurrency=16, **kw)
         rows = serve(CLASSES[:1])
         assert set(rows) == {1} and len(rows) > 5
-        assert len(takes) == (2 if method == "sd" else 1), takes     # (sd: the target's and the drafter's)
+        assert takes == []
         rows = serve(CLASSES[1:4])
         assert rows[0] == 4 and set(rows) <= {1, 2, 4}
         rows = serve(CLASSES[4:])
@@ -311,30 +312,31 @@ def test_a_compiled_scheduler_gives_the_eager_tokens(fam):
     assert torch.equal(image.tokens, eager.tokens[3])
 
 
-def test_the_scheduler_covers_the_busy_rows_rounded_up_to_a_power_of_two():
-    """`covered_rows`, the one place that decides which rows a pass goes over: the busy rows and
-    the lowest free ones up to a power of two, every row (None) once that is the whole batch or
-    nothing is busy, and every row on a device other than the CPU."""
+def test_the_scheduler_covers_the_first_rows_up_to_the_last_busy_one_rounded_up_to_a_power_of_two():
+    """`covered_images`, the one place that decides which rows a pass goes over: the first rows up
+    to the last busy one, rounded up to a power of two, every row (None) once that is the whole
+    batch or nothing is busy, and every row on a device other than the CPU."""
     cpu = torch.device("cpu")
-    assert covered_rows([], 16, cpu) is None
-    assert covered_rows([9], 16, cpu) == [9]
-    assert covered_rows([5, 9], 16, cpu) == [5, 9]
-    assert covered_rows([1, 2, 3], 8, cpu) == [0, 1, 2, 3]
-    assert covered_rows([2, 6, 7], 8, cpu) == [0, 2, 6, 7]
-    assert covered_rows(list(range(1, 6)), 16, cpu) == list(range(8))
-    assert covered_rows(list(range(5)), 8, cpu) is None
-    assert covered_rows([0], 1, cpu) is None
-    assert covered_rows([3], 16, torch.device("cuda")) is None
+    assert covered_images([], 16, cpu) is None
+    assert covered_images([0], 16, cpu) == 1
+    assert covered_images([1], 16, cpu) == 2
+    assert covered_images([0, 1, 2], 8, cpu) == 4
+    assert covered_images([1, 3], 8, cpu) == 4
+    assert covered_images(list(range(1, 6)), 16, cpu) == 8
+    assert covered_images([9], 16, cpu) is None
+    assert covered_images([2, 6, 7], 8, cpu) is None
+    assert covered_images([0], 1, cpu) is None
+    assert covered_images([0], 16, torch.device("cuda")) is None
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compiled):
-    """A runner told which rows its passes cover (`cover`: three busy rows of 8 and a fourth to make
-    a power of two, as `covered_rows` decides) holds their cache in a runner of their own while they
-    stay covered: its passes, what a step forgets (`invalidate_where`) and what a prefill loads
-    into a row (`load_row`, here the fourth row) give the busy rows the outputs and the cache of a
-    runner that passes every row (batch-invariant numerics; compiled with the identity for a
-    compiler: the padded passes and copies as compiled)."""
+def test_passes_over_the_first_images_give_them_the_passes_and_cache_of_all_rows(fam, compiled):
+    """A runner told that its passes cover its first images (`cover`: three busy images of 8 and
+    a fourth to make a power of two, as `covered_images` decides) runs them on a view of its
+    cache: its passes, its AR steps, what a step forgets (`invalidate_where`) and what a prefill
+    loads into a row (`load_row`, here the fourth) give the busy images the outputs, the tokens
+    and the cache of a runner that passes every row (batch-invariant numerics; compiled with the
+    identity for a compiler: the padded passes as compiled)."""
     def runner():
         if not compiled:
             return ModelRunner(fam.target, SAMPLING, batch=8, backend="reference")
@@ -342,16 +344,16 @@ def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compile
 
     g = torch.Generator().manual_seed(1)
     classes = CLASSES[:8]
+    images = [0, 1, 2]
+    busy = image_rows(torch.tensor(images))      # their rows of the cache and hidden states (CFG)
     with batch_invariant(), torch.no_grad():
-        every, held = runner(), runner()
+        every, covered = runner(), runner()
         one = ModelRunner(fam.target, SAMPLING, batch=1, backend="reference")
         one.prefill(CLASSES[:1])
-        for r in (every, held):
+        for r in (every, covered):
             r.prefill(classes)
-        held.cover(covered_rows([1, 2, 3], 8, held.device))     # (held in a runner of 4: rows 0 to 3)
-        assert held.covered == [0, 1, 2, 3]
-        images = [1, 2, 3]
-        busy = torch.tensor(images + [b + 8 for b in images])   # their rows of the cache and hidden states (CFG)
+        covered.cover(covered_images(images, 8, covered.device))     # (the first 4 images)
+        assert covered.covered == 4
 
         def same(a, b):
             assert torch.equal(a.cond[images], b.cond[images]) and torch.equal(a.hidden[busy], b.hidden[busy])
@@ -359,18 +361,22 @@ def test_busy_rows_held_apart_give_the_passes_and_cache_of_all_rows(fam, compile
         for step in range(3):
             tokens = torch.randint(0, 16, (8, 3), generator=g)
             pos = torch.arange(3 * step, 3 * step + 3).expand(8, -1)
-            same(every.forward(tokens, pos), held.forward(tokens, pos))
+            same(every.forward(tokens, pos), covered.forward(tokens, pos))
             forget = torch.rand(8, 3, generator=g) < 0.5
-            for r in (every, held):
+            for r in (every, covered):
                 r.invalidate_where(pos, forget)
                 if step == 2:
-                    r.settle_rows()             # (a row held with the busy ones takes a new image)
-                    r.cache.load_row(one.cache, 0)
-        held.settle_rows()
-    for a, b in zip(every.cache.k + every.cache.v, held.cache.k + held.cache.v):
+                    r.cache.load_row(one.cache, 3)       # (a covered row takes a new image)
+        assert torch.equal(covered.cache.valid[image_rows(torch.tensor([3]))], one.cache.valid)
+        grids = torch.randint(0, 16, (8, fam.target.grid[0] * fam.target.grid[1]), generator=g)
+        grids = [grids, grids.clone()]
+        position = torch.full((8, 1), 9)
+        rand = torch.rand(8, grids[0].shape[1], generator=g)
+        moved = [r.ar_step(x, position, rand) for r, x in zip((every, covered), grids)]
+        assert torch.equal(grids[0][images], grids[1][images]) and torch.equal(moved[0][images], moved[1][images])
+    for a, b in zip(every.cache.k + every.cache.v, covered.cache.k + covered.cache.v):
         assert torch.equal(a[busy], b[busy])
-    assert torch.equal(every.cache.valid[busy], held.cache.valid[busy])
-    assert torch.equal(held.cache.valid[[0, 8]], one.cache.valid)
+    assert torch.equal(every.cache.valid[busy], covered.cache.valid[busy])
 
 
 @pytest.mark.parametrize("method", ROWS)

@@ -15,6 +15,7 @@ from specdec import decoding
 from specdec.decoding.runner import ModelRunner
 from specdec.settings import Sampling
 from specdec.models import CheckpointMismatchError, Prompts, llamagen_manifest, load_llamagen
+from specdec.models.protocol import join_cfg, split_cfg
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
 from llamagen_models import CAPTION_DIM, GRID, SLOTS, TINY, VOCAB, captions, t5_style, tiny_t2i, upstream_t2i_state
@@ -133,11 +134,11 @@ def test_caption_prefix_matches_llamagen_t2i_pipeline(tmp_path):
     # the cached protocol path with a CFG cache: prefill, then the tokens in two chunks
     cache = model.new_cache(3, cfg=True)
     first = model.prefill(cache, prompts)
-    assert cache.valid[:, :SLOTS].sum(1).tolist() == [3, 8, 1] * 2          # padding slots stay invalid
+    assert cache.valid[:, :SLOTS].sum(1).tolist() == [3, 3, 8, 8, 1, 1]     # padding slots stay invalid
     a = model.forward_tokens(cache, idx[:, :6], torch.arange(6))
     b = model.forward_tokens(cache, idx[:, 6:], torch.arange(6, 15))
     got = torch.cat([first.logits, a.logits, b.logits], 1)
-    torch.testing.assert_close(got, torch.cat([cond_ref, uncond_ref]), atol=3e-5, rtol=0)
+    torch.testing.assert_close(got, join_cfg(cond_ref, uncond_ref), atol=3e-5, rtol=0)
 
 
 def test_caption_errors_name_the_argument():
@@ -234,12 +235,13 @@ def test_runner_probs_follow_cfg_interval_and_rule():
     pos = torch.arange(6)
     raw = model.new_cache(2, cfg=True)
     first = model.prefill(raw, classes).logits
-    out = model.forward_tokens(raw, tokens, pos).logits                  # [4, 6, V]: cond rows, then null
-    cond, uncond = out[:2], out[2:]
+    out = model.forward_tokens(raw, tokens, pos).logits                  # [4, 6, V]: each image's cond row, then null
+    cond, uncond = split_cfg(out)
     s, temp = 2.5, 1.3
     runner = ModelRunner(model, Sampling(cfg_scale=s, temperature=temp, cfg_interval=2), batch=2)
     p0 = runner.probs(runner.prefill(classes))
-    torch.testing.assert_close(p0[:, 0], torch.softmax((first[2:, 0] + s * (first[:2, 0] - first[2:, 0])) / temp, -1))
+    torch.testing.assert_close(p0[:, 0], torch.softmax((first[1::2, 0] + s * (first[::2, 0] - first[1::2, 0])) / temp,
+                                                       -1))
     p = runner.probs(runner.forward(tokens, pos))
     # the output fed at position n predicts token n + 1: guided while n + 1 - 1 <= 2
     for n in range(6):

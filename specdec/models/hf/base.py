@@ -51,7 +51,7 @@ import torch.nn as nn
 from specdec import masks
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.models.hf.cache import HFSlotCache, RowEndSlotCache, cache_keyword
-from specdec.models.protocol import ForwardOutput
+from specdec.models.protocol import ForwardOutput, cfg_rows
 from specdec.numerics import RowWiseLinears, batch_invariant_enabled
 
 
@@ -251,10 +251,13 @@ class HFImageModel(nn.Module, abc.ABC):
             negatives = uncond if uncond is not None else cond.negative
             if negatives is not None and len(negatives) != len(rows):
                 raise ValueError(f"{len(negatives)} negative prompts for {len(rows)} prompts")
-            for i, c in enumerate(list(rows)):
+            # each image's conditional row, then its unconditional one (the cache's CFG order)
+            paired = []
+            for i, c in enumerate(rows):
                 n = None if negatives is None else negatives[i]
-                rows.append(self.unconditional_prompt(c).long() if n is None else self._ids(n,
-                                                                                            f"negative_prompts[{i}]"))
+                paired += [c, self.unconditional_prompt(c).long() if n is None else self._ids(n,
+                                                                                              f"negative_prompts[{i}]")]
+            rows = paired
         vocab = self.language_model.get_input_embeddings().num_embeddings
         for i, r in enumerate(rows):
             if int(r.min()) < 0 or int(r.max()) >= vocab:
@@ -263,7 +266,7 @@ class HFImageModel(nn.Module, abc.ABC):
 
     def prefill(self, cache: HFSlotCache, cond, uncond=None, backend: Optional[str] = None) -> ForwardOutput:
         """Write the prompts (a `Prompts` batch; with a CFG cache the negatives, or the model's
-        `unconditional_prompt`, fill the second half of the rows), each ending at slot
+        `unconditional_prompt`, fill each image's second row), each ending at slot
         `prefix_len` (left-padded; one pass over the longest row's slots). Sets `cache.pad`.
         Returns the output at the last prompt slot: the distribution of raster token 0,
         [rows, 1, V]."""
@@ -327,7 +330,7 @@ class HFImageModel(nn.Module, abc.ABC):
                 raise ValueError(f"tree_mask must be int32 [B, {N}, {words}], got {tuple(tree_mask.shape)} "
                                  f"{tree_mask.dtype}")
             if tree_mask.shape[0] == cache.batch and cache.cfg:
-                tree_mask = torch.cat([tree_mask, tree_mask])
+                tree_mask = cfg_rows(tree_mask)
             if tree_mask.shape[0] != cache.rows:
                 raise ValueError(f"tree_mask has {tree_mask.shape[0]} rows, the cache {cache.rows}")
         if checked:

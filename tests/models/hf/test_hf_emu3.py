@@ -124,9 +124,9 @@ def test_one_token_decoding_equals_emu3_forward(family):
         for u in range(H * W - 1):
             outs.append(m.forward_tokens(cache, codes[:, u:u + 1], torch.tensor([u])).logits)
     got = torch.cat(outs, 1)                                                # [4, HW, K]
-    rows = [m.with_suffix(p) for p in prompts] + negatives
+    rows = [p for cond, neg in zip(prompts, negatives) for p in (m.with_suffix(cond), neg)]   # (the cache's order)
     for r, prompt in enumerate(rows):
-        seq = emu3_sequence(prompt, codes[r % 2], GRID)
+        seq = emu3_sequence(prompt, codes[r // 2], GRID)
         with torch.no_grad():
             ref = ref_model(seq[None]).logits[0][:, m.image_ids]
         idx = [len(prompt) - 1] + [len(prompt) + u + u // W + int(u % W == W - 1) for u in range(H * W - 1)]
@@ -152,7 +152,7 @@ def test_holes_equal_one_by_one(family, checked):
     with torch.no_grad():
         m.prefill(a, p), m.prefill(b, p)
         got = m.forward_tokens(a, tokens, positions, checked=checked).logits
-        ref = _one_by_one(m, b, torch.cat([tokens, tokens]), torch.cat([positions, positions]))
+        ref = _one_by_one(m, b, tokens.repeat_interleave(2, 0), positions.repeat_interleave(2, 0))   # (CFG rows)
         torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
         nxt_pos, nxt = torch.tensor([[8], [12]]), torch.randint(0, K, (2, 1), generator=g)
         torch.testing.assert_close(m.forward_tokens(a, nxt, nxt_pos).logits,
