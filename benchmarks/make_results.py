@@ -312,11 +312,11 @@ KINDS = [("kernel-peers", "kernels against what a user would use instead"),
          ("kernels", "kernel microbenchmarks"), ("engine", "decode engine"), ("graph-time", "time inside graphs"),
          ("continuous", "continuous batching"), ("light-load", "a lone request through a streaming engine"),
          ("compare", "decoders end to end"), ("sample", "sampling at scale"), ("serve", "serving over HTTP"),
-         ("exact", "exact mode and widths that follow the load")]
+         ("exact", "exact mode and widths that follow the load"), ("versus", "the scheduler against an earlier commit")]
 _BY_TAG = {"specdec-compare": "compare", "specdec-sample": "sample", "specdec-engine": "engine",
            "specdec-graph-time": "graph-time", "specdec-scaling": "scaling", "specdec-real-size": "real-size",
            "specdec-continuous": "continuous", "specdec-light-load": "light-load", "specdec-serve": "serve",
-           "specdec-exact": "exact"}
+           "specdec-exact": "exact", "specdec-versus": "versus"}
 
 
 def kind_of(data, name: str) -> str:

@@ -30,9 +30,9 @@ from bench_helpers import decode_record, save_record  # noqa: E402
 
 
 class RowsFed:
-    """The rows (images) of the cache each target pass fed: the runners' passes wrapped (eager and
-    compiled, a pass over some images counting those; an AR step counting the rows of its runner:
-    all rows, or the running ones at light load)."""
+    """The images of the cache each target pass fed: the runners' passes and AR steps wrapped
+    (eager and compiled), each counting its runner's images (all of them, or at light load those
+    of the view of the first images that its passes go over)."""
 
     def __init__(self, target):
         from specdec.decoding.compiled import CompiledRunner
@@ -41,21 +41,20 @@ class RowsFed:
         self.passes = self.rows = 0
         self._undo = []
 
-        def wrap(cls, name, rows_of):
+        def wrap(cls, name):
             inner = cls.__dict__[name]
 
             def counted(obj, *args, **kwargs):
                 runner = getattr(obj, "runner", obj)
                 if runner.model is target:
                     self.passes += 1
-                    self.rows += rows_of(runner, kwargs.get("images"))
+                    self.rows += runner.batch
                 return inner(obj, *args, **kwargs)
             setattr(cls, name, counted)
             self._undo.append(lambda: setattr(cls, name, inner))
 
-        for cls in (ModelRunner, CompiledRunner):
-            wrap(cls, "_forward", lambda runner, images: runner.batch if images is None else images.shape[0])
-        wrap(TokenStep, "on_grid", lambda runner, images: runner.batch)
+        for cls, name in ((ModelRunner, "_forward"), (CompiledRunner, "_forward"), (TokenStep, "on_grid")):
+            wrap(cls, name)
 
     def close(self):
         for undo in self._undo:
