@@ -103,9 +103,9 @@ def render_light_load(data, name):
         f"Light load, {data.get('variant') or f'{grid}x{grid}'}", data, name,
         f"requests one at a time (each submitted when the last is done), the median of {data['num_images']} per "
         f"cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}, `stream(method, concurrency=...)`. "
-        "Against concurrency 1: the same method's engine of one row or slot. Rows / target pass: the images of "
-        "the cache a target pass fed, on average (the scheduler's passes go over the rows that hold images; "
-        "the slots' AR steps feed the running slots' rows, or every row where that costs less).",
+        "Against concurrency 1: the same method's engine of one row. Rows / target pass: the images of the cache "
+        "a target pass fed, on average (the passes go over the rows that hold images, rounded up to a bucket; "
+        "before 2026-12-05 some methods ran on slots, whose AR steps fed the running slots' rows).",
         ["method", "mode", "concurrency", "engine", "seconds / request", "vs concurrency 1",
          "target passes / request", "rows / target pass"])
     alone = {(r["method"], r["mode"]): r["latency_s"] for r in data["rows"] if r["concurrency"] == 1}
