@@ -15,7 +15,7 @@ import torch
 from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.scheduler import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings
 
@@ -69,6 +69,11 @@ class ARRows(RowPolicy):
 
     def done(self):
         return [a >= self.HW - 1 for a in self.at]
+
+    def move(self, src, dst):
+        move_rows(self.engine.batch, src, dst, self.tokens, self.position, self.uniforms)
+        self.at[dst], self.at[src] = self.at[src], self.HW - 1
+        self.position[src] = self.HW - 1
 
     def final(self, b):
         return self.at[b] + 1

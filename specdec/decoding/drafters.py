@@ -47,6 +47,9 @@ class Drafter(abc.ABC):
     def accepted(self, c: Lengths, a: torch.Tensor, a_host: List[int], n: int) -> None:
         """a [B] (a_host on the host) of each image's n drafts were kept after c."""
 
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s state to row `dst` (`RowPolicy.move`)."""
+
 
 class ModelDrafter(Drafter):
     def __init__(self, model, sampling=None):
@@ -89,6 +92,9 @@ class ModelDrafter(Drafter):
                 work.scatter_(1, p[:, None], torch.where(inside, d, work.gather(1, p[:, None])[:, 0])[:, None])
                 o = r.forward(work.gather(1, p[:, None]), p[:, None])
         return torch.stack(tokens, 1), torch.stack(qs, 1)
+
+    def move(self, src, dst):
+        self.fed.move(src, dst, self.runner.H * self.runner.W)
 
     def accepted(self, c, a, a_host, n):
         # The drafter fed its own drafts d_0..d_{n-2}: those that were kept are already correct.

@@ -49,6 +49,13 @@ class Lengths:
         self.device = self.device + device_delta
         self.host = [c + d for c, d in zip(self.host, host_delta)]
 
+    def move(self, src: int, dst: int, idle: int) -> None:
+        """Row `src`'s length to row `dst`; row `src` at `idle` (a row without an image)."""
+        self.host[dst], self.host[src] = self.host[src], idle
+        self.device = self.device.clone()
+        self.device[dst] = self.device[src]
+        self.device[src] = idle
+
     def reset_rows(self, rows: Sequence[int], value: int) -> None:
         """Rows `rows`' lengths set to `value` (rows of the scheduler's batch that start images)."""
         for b in rows:

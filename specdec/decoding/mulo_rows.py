@@ -13,7 +13,7 @@ from specdec.decoding.ar import ARRows
 from specdec.decoding.engine import Engine
 from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, raster_plan, resample_step
 from specdec.decoding.runner import Outputs, count_pass
-from specdec.decoding.scheduler import RowPolicy, join_conditions
+from specdec.decoding.scheduler import RowPolicy, join_conditions, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import ZipARRows
 
@@ -96,6 +96,17 @@ class MuloRows(RowPolicy):
                 self.figures[b] = (0, 0, none, torch.zeros(0, dtype=torch.long))
         else:
             self.drafting.start(rows, conditions)
+
+    def move(self, src, dst):
+        move_rows(self.engine.batch, src, dst, self.x)
+        for rows in (self.drafting, self.ar):
+            if rows is not None:
+                rows.move(src, dst)
+        for values in (self.phase, self.conditions, self.figures):
+            values[dst] = values[src]
+        self.phase[src] = IDLE
+        if src in self.plans:
+            self.plans[dst] = self.plans.pop(src)
 
     def done(self):
         ar_done = self.ar.done() if self.ar is not None else None

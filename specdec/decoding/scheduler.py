@@ -42,6 +42,7 @@ from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
 from specdec import switches
 from specdec.models.conditions import Prompts, is_prompts
+from specdec.models.kv_cache import SlotKVCache
 from specdec.settings import RunSettings
 
 
@@ -102,6 +103,11 @@ class RowPolicy(ABC):
     def done(self) -> List[bool]:
         """Per row, whether its image is complete (from host state: no read)."""
 
+    @abstractmethod
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s image, in whatever phase, to row `dst` (free); row `src` is then free (its
+        state a row's without an image). The scheduler moves the cache rows and the streams."""
+
     def preview(self, b: int) -> Optional[torch.Tensor]:
         """Row b's preview grid [h, w] when the method decoded one itself (MuLo-SD drafted by a
         model's own preview stage), else None."""
@@ -121,6 +127,15 @@ class RowPolicy(ABC):
         """Row b's draft at another resolution while it forms (MuLo-SD's drafter grid, int64 [h, w]
         on the device, and how many of its positions are final), or None."""
         return None
+
+
+def move_rows(batch: int, src: int, dst: int, *tensors: Optional[torch.Tensor]) -> None:
+    """Row `src` of each tensor (one row per image of `batch`, or with CFG two: hidden states)
+    copied onto row `dst`, in place."""
+    for t in tensors:
+        if t is not None:
+            h = t.shape[0] // batch
+            t[dst * h:(dst + 1) * h] = t[src * h:(src + 1) * h]
 
 
 class RowCounts:
@@ -212,6 +227,7 @@ class Scheduler:
         for b in running:
             self.rows[b] = self.requests[b] = None
         if running:
+            self._compact()
             self._cover()
         return queued - len(kept) + len(running)
 
@@ -278,8 +294,34 @@ class Scheduler:
                 done.append(Finished(request.index, tokens, stats, preview, tag=request.tag))
                 self.rows[b] = self.requests[b] = None
         if done:
+            self._compact()
             self._cover()
         return done
+
+    def _compact(self) -> None:
+        """Keep the busy rows the first ones, so that the passes go over as few as they can
+        (`covered_images`): when no request will take a free row at the next step, each busy row
+        at or past the bucket of the busy count moves into a free row below it (its cache rows
+        copied, its stream and the policy's state moved). Only where passes cover some rows (a
+        CPU, the slot cache): elsewhere every row is passed anyway."""
+        if self.refill and self.queue:
+            return
+        if any(r.device.type != "cpu" or type(r.cache) is not SlotKVCache for r, _ in self.engine.runners):
+            return
+        busy = [b for b in range(self.capacity) if self.rows[b] is not None]
+        if not busy:
+            return
+        k = 1 << (len(busy) - 1).bit_length()
+        if k >= self.capacity:      # (every row is passed anyway)
+            return
+        free = [b for b in range(k) if self.rows[b] is None]
+        for src, dst in zip([b for b in busy if b >= k], free):
+            for runner, _ in self.engine.runners:
+                runner.cache.move_image(src, dst)
+            self.engine.streams.move(src, dst)
+            self.policy.move(src, dst)
+            self.rows[dst], self.rows[src] = self.rows[src], None
+            self.requests[dst], self.requests[src] = self.requests[src], None
 
     def _cover(self) -> None:
         """Tell every runner which rows its passes go over now (`covered_images`)."""
@@ -372,4 +414,4 @@ def join_conditions(conditions: list):
 
 
 __all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "covered_images", "cuda_graphs",
-           "join_conditions"]
+           "join_conditions", "move_rows"]

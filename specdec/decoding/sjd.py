@@ -27,7 +27,7 @@ from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
-from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.scheduler import RowPolicy, move_rows
 from specdec.decoding.speculative import own_tokens, own_verdict, plain_round, put_own
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.decoding.uploads import to_device
@@ -84,6 +84,11 @@ class JacobiRows(RowPolicy):
 
     def done(self):
         return [c >= self.HW for c in self.c.host]
+
+    def move(self, src, dst):
+        move_rows(self.engine.batch, src, dst, self.tokens, self.q, self.y)
+        self.c.move(src, dst, self.HW)
+        self.n_host[dst], self.n_host[src] = self.n_host[src], 0
 
     def final(self, b):
         return self.c.host[b]

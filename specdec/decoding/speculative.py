@@ -22,7 +22,7 @@ from specdec.decoding.drafters import Drafter
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Judgement, Lengths, Verdict
 from specdec.decoding.runner import ModelRunner, Outputs
-from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.scheduler import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.models.protocol import cfg_rows, image_rows
@@ -144,6 +144,11 @@ class RasterSpeculation(RowPolicy):
 
     def done(self):
         return [c >= self.end for c in self.c.host]
+
+    def move(self, src, dst):
+        move_rows(self.engine.batch, src, dst, self.tokens, self.hid_prev)
+        self.c.move(src, dst, self.end)
+        self.drafter.move(src, dst)
 
     def final(self, b):
         return self.c.host[b]

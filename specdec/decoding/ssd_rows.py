@@ -15,7 +15,7 @@ from specdec.decoding.ar import ARRows
 from specdec.decoding.drafters import HeadsDrafter
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Judgement, Verdict
-from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.scheduler import RowPolicy, move_rows
 from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import cfg_rows, image_rows
@@ -137,6 +137,13 @@ class SSDRows(RowPolicy):
 
     def done(self):
         return [p == IDLE for p in self.phase]
+
+    def move(self, src, dst):
+        self.first.move(src, dst)
+        move_rows(self.engine.batch, src, dst, self.hid, self.q)
+        for values in (self.phase, self.state):
+            values[dst] = values[src]
+        self.phase[src], self.state[src] = IDLE, None
 
     def final(self, b):
         """Row 0's committed tokens, then the groups settled before the row's current one (a span

@@ -72,6 +72,13 @@ class ImageStreams:
         self.keys[b] = image_key(seed, index)
         self._key_tensors = {}
 
+    def move(self, src: int, dst: int) -> None:
+        """Row `src`'s image and its stream, where it stands, to row `dst` (the scheduler keeping
+        its busy rows low)."""
+        for values in (self.indices, self.generators, self.keys):
+            values[dst] = values[src]
+        self._key_tensors = {}
+
     def key_tensor(self, device) -> torch.Tensor:
         """`keys` as int64 [B] on `device`, uploaded once until a row restarts."""
         found = self._key_tensors.get(str(device))

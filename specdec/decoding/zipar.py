@@ -22,7 +22,7 @@ from specdec.decoding.ar import ARRows
 from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner, Outputs
-from specdec.decoding.scheduler import RowPolicy
+from specdec.decoding.scheduler import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -113,6 +113,10 @@ class ZipARRows(RowPolicy):
 
     def done(self):
         return [t > len(self.plan) for t in self.t]
+
+    def move(self, src, dst):
+        move_rows(self.engine.batch, src, dst, self.tokens)
+        self.t[dst], self.t[src] = self.t[src], len(self.plan) + 1
 
     def final(self, b):
         """Before step t, grid row i holds its first t - i * window tokens (row 0 its token 0

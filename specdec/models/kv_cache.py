@@ -149,6 +149,13 @@ class SlotKVCache:
         """The rows of images `index` (int64 [k]), in cache order (with CFG each image's two)."""
         return image_rows(index.to(self.device).long(), 2 if self.cfg else 1)
 
+    def move_image(self, src: int, dst: int) -> None:
+        """Image `src`'s rows (keys, values, row state) copied onto image `dst`'s."""
+        index = torch.tensor([src, dst], device=self.device)
+        a, b = self.image_rows(index[:1]), self.image_rows(index[1:])
+        for t in self.k + self.v + self.row_state():
+            t.index_copy_(0, b, t.index_select(0, a))
+
     def prefix(self, k: int) -> "SlotKVCache":
         """The cache of its first k images, a view: the same tensors' first rows (what a pass
         writes there is written here), for passes over those images alone."""
