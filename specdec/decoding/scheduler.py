@@ -24,8 +24,10 @@ tokens are bit for bit those of its decode alone, whatever the concurrency or it
 
 Which rows a step's passes cover is decided here, in one place (`covered_images`, called whenever
 the rows that hold images change): the first rows up to the last that holds an image, rounded up
-to a bucket, as a serving engine pads its batch to its graph sizes (a free row is given to the
-lowest free row first, so the busy rows stay low); rows without an image ride along otherwise.
+to a bucket, as a serving engine pads its batch to its graph sizes; rows without an image ride
+along otherwise. A request takes the lowest free row, and when none will take a free row at the
+next step the busy rows past the bucket move down into free ones (`_compact`), so the busy rows
+stay the first ones.
 """
 from __future__ import annotations
 
