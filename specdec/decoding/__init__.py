@@ -7,7 +7,7 @@
     out.tokens, out.images, out.stats          # grids, decoded images, DecodeStats
 
 Each method has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`), a policy
-over the rows of one persistent batch, whose `decode(target, conditions, *, <its models>,
+over the rows of one persistent batch (`policy.RowPolicy`), whose `decode(target, conditions, *, <its models>,
 options=<its options>, run=RunSettings(...))` takes the models explicitly; `decode(method,
 family, ...)` (specdec.decoding.api) picks the pieces a method needs from a model family through
 the module's hooks. `scheduler` is the one loop (admit -> step -> retire) that `decode`,

@@ -15,7 +15,7 @@ import torch
 from specdec.decoding.batching import run_rows
 from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.scheduler import RowPolicy, move_rows
+from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings
 

@@ -36,4 +36,12 @@ def gather_rows(o: Outputs, index: torch.Tensor) -> Outputs:
                    None if o.probs is None else o.probs[ar, index][:, None])
 
 
-__all__ = ["gather_rows", "padded_block"]
+def fit_right(q: torch.Tensor, width: int) -> torch.Tensor:
+    """q [B, w, V], right-aligned at a span's end, as `width` columns (cut or zero-padded on the left)."""
+    w = q.shape[1]
+    if w >= width:
+        return q[:, w - width:]
+    return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
+
+
+__all__ = ["fit_right", "gather_rows", "padded_block"]

@@ -13,7 +13,8 @@ from specdec.decoding.ar import ARRows
 from specdec.decoding.engine import Engine
 from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, raster_plan, resample_step
 from specdec.decoding.runner import Outputs, count_pass
-from specdec.decoding.scheduler import RowPolicy, join_conditions, move_rows
+from specdec.decoding.policy import RowPolicy, move_rows
+from specdec.decoding.scheduler import join_conditions
 from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import ZipARRows
 

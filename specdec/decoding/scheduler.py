@@ -31,7 +31,6 @@ stay the first ones.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Hashable, List, NamedTuple, Optional, Tuple
@@ -40,6 +39,7 @@ import torch
 
 from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.engine import Engine
+from specdec.decoding.policy import RowPolicy
 from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
 from specdec import switches
@@ -78,66 +78,6 @@ class Finished:
     preview: Optional[torch.Tensor]   #: int64 [h, w]: the preview grid a method decoded itself, or None
     image: Optional[torch.Tensor] = None   #: [C, h, w] pixels, when the engine has a tokenizer
     tag: Hashable = None              #: the tag it was submitted with (its index by default)
-
-
-class RowPolicy(ABC):
-    """A method as a policy over the rows of the scheduler's batch (the engine's `batch` rows).
-    It makes its runners in its constructor (`engine.runner(model, role=...)`), keeps its
-    per-row state explicit (one entry per row) and its grids in `tokens` [rows, H*W]. A row that
-    holds no image (never started, or done) rides along in the steps without changing anything
-    that a row with an image reads."""
-
-    tokens: torch.Tensor
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-
-    @abstractmethod
-    def start(self, rows: List[int], conditions) -> None:
-        """Rows `rows` (sorted) begin the images of `conditions` (one each): their prefills
-        (`engine.prefill_rows`), token 0 from each row's own stream, their per-row state."""
-
-    @abstractmethod
-    def step(self) -> None:
-        """One step over every row (rows done or without an image change nothing)."""
-
-    @abstractmethod
-    def done(self) -> List[bool]:
-        """Per row, whether its image is complete (from host state: no read)."""
-
-    @abstractmethod
-    def move(self, src: int, dst: int) -> None:
-        """Row `src`'s image, in whatever phase, to row `dst` (free); row `src` is then free (its
-        state a row's without an image). The scheduler moves the cache rows and the streams."""
-
-    def preview(self, b: int) -> Optional[torch.Tensor]:
-        """Row b's preview grid [h, w] when the method decoded one itself (MuLo-SD drafted by a
-        model's own preview stage), else None."""
-        return None
-
-    def method_stats(self, b: int):
-        """Row b's figures of the method's own (`DecodeStats.method_stats` of one image), or None."""
-        return None
-
-    def final(self, b: int) -> int:
-        """How many of row b's raster positions are final now, a prefix of raster order known from
-        host state (no read): what a partial image of it may show. 0 where the method cannot say
-        before the end (its tokens may still change anywhere)."""
-        return 0
-
-    def draft(self, b: int) -> Optional[Tuple[torch.Tensor, int]]:
-        """Row b's draft at another resolution while it forms (MuLo-SD's drafter grid, int64 [h, w]
-        on the device, and how many of its positions are final), or None."""
-        return None
-
-
-def move_rows(batch: int, src: int, dst: int, *tensors: Optional[torch.Tensor]) -> None:
-    """Row `src` of each tensor (one row per image of `batch`, or with CFG two: hidden states)
-    copied onto row `dst`, in place."""
-    for t in tensors:
-        if t is not None:
-            h = t.shape[0] // batch
-            t[dst * h:(dst + 1) * h] = t[src * h:(src + 1) * h]
 
 
 class RowCounts:
@@ -415,5 +355,5 @@ def join_conditions(conditions: list):
     return torch.stack([torch.as_tensor(c).reshape(()) for c in conditions]).long()
 
 
-__all__ = ["Finished", "Partial", "Request", "RowCounts", "RowPolicy", "Scheduler", "covered_images", "cuda_graphs",
-           "join_conditions", "move_rows"]
+__all__ = ["Finished", "Partial", "Request", "RowCounts", "Scheduler", "covered_images", "cuda_graphs",
+           "join_conditions"]

@@ -27,7 +27,7 @@ from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
-from specdec.decoding.scheduler import RowPolicy, move_rows
+from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.speculative import own_tokens, own_verdict, plain_round, put_own
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.decoding.uploads import to_device

@@ -22,7 +22,7 @@ from specdec.decoding.drafters import Drafter
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Judgement, Lengths, Verdict
 from specdec.decoding.runner import ModelRunner, Outputs
-from specdec.decoding.scheduler import RowPolicy, move_rows
+from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.models.protocol import cfg_rows, image_rows

@@ -12,10 +12,11 @@ import torch
 
 from specdec.decoding import heads as _heads
 from specdec.decoding.ar import ARRows
+from specdec.decoding.blocks import fit_right
 from specdec.decoding.drafters import HeadsDrafter
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Judgement, Verdict
-from specdec.decoding.scheduler import RowPolicy, move_rows
+from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.speculative import RasterSpeculation
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import cfg_rows, image_rows
@@ -128,12 +129,8 @@ class SSDRows(RowPolicy):
         if self.hid is None:
             self.hid = hidden.new_zeros(hidden.shape[0], self.HW, hidden.shape[-1])
             self.first.hidden_out = self.hid[:, :self.W]
-        index = self._hidden_rows(rows)
+        index = image_rows(to_device(rows, self.hid.device, torch.long), self.hid.shape[0] // self.engine.batch)
         self.hid[:, 0].index_copy_(0, index, hidden.index_select(0, index))
-
-    def _hidden_rows(self, rows: List[int]) -> torch.Tensor:
-        """The rows of `hid` of batch rows `rows` (both guidance halves under CFG)."""
-        return image_rows(to_device(rows, self.hid.device, torch.long), self.hid.shape[0] // self.engine.batch)
 
     def done(self):
         return [p == IDLE for p in self.phase]
@@ -221,7 +218,7 @@ class SSDRows(RowPolicy):
             x.scatter_(1, pos, torch.where(mine[:, None], d, x.gather(1, pos)))
             # each row's q right-aligned at its new group's end: the open tokens' q, then the drafts'
             old = q.new_zeros(B, 0, q.shape[-1]) if self.q is None else self.q
-            self.q = torch.where(mine[:, None, None], torch.cat([old, q], 1), _fit(old, old.shape[1] + n))
+            self.q = torch.where(mine[:, None, None], torch.cat([old, q], 1), fit_right(old, old.shape[1] + n))
         for b in rows:
             st = self.state[b]
             g_lo, g_hi = groups[st.group]
@@ -314,7 +311,7 @@ class SSDRows(RowPolicy):
         index = to_device(rows, dev, torch.long)
         ends = to_device([hi[b] for b in rows], dev, torch.long)
         cols = (ends[:, None] - N + torch.arange(N, device=dev)[None]).clamp(0, HW - 1)
-        p, qf = p.index_select(0, index), _fit(self.q, N).index_select(0, index)
+        p, qf = p.index_select(0, index), fit_right(self.q, N).index_select(0, index)
         xw = x.index_select(0, index).gather(1, cols)[..., None]
         judged = [hi[b] - self.state[b].start - self.state[b].keep for b in rows]
         u = to_device(e.streams.rows(rows).rand_padded(judged, N, right=True), dev)
@@ -342,7 +339,7 @@ class SSDRows(RowPolicy):
                 qf[ii, kk] = residual
         # commit="verify": after verify-and-correct every token follows this pass's p (kept ones by
         # acceptance, replaced ones by the residual), so the next pass judges it against p
-        self.q = _fit(self.q, N).index_copy(0, index, p if o.commit == "verify" else qf)
+        self.q = fit_right(self.q, N).index_copy(0, index, p if o.commit == "verify" else qf)
         if o.commit == "verify":
             for i, b in enumerate(rows):
                 first = redo[i].index(True) if True in redo[i] else None
@@ -394,14 +391,6 @@ class SSDRows(RowPolicy):
         if not self.later:
             return SSDStats(list(row0), [0], [0], [0], [0])
         return SSDStats(list(row0)) if self.o.commit == "write" else st.stats
-
-
-def _fit(q, width: int):
-    """q [B, w, V], right-aligned at a span's end, as `width` columns (cut or zero-padded on the left)."""
-    w = q.shape[1]
-    if w >= width:
-        return q[:, w - width:]
-    return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
 
 
 __all__ = ["RowState", "SSDRows", "SSDStats"]
