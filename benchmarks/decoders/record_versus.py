@@ -4,7 +4,8 @@ compiled on an embedded family at each concurrency, images per second of lockste
 checkout's two against the better of the earlier one's.
 
 Each checkout runs in a worker process of its own (its source tree first on the path; the earlier
-one needs its extension built, or this one's copied in when its kernels are a subset), started
+one needs its extension built, or this one's copied in when its kernels are a subset, and the
+packages it imports on PYTHONPATH: f5f524b's fibers need greenlet), started
 once and kept, so each cell compiles its graphs once (an untimed warm decode the first time the
 worker meets it) and later rounds time the decode alone. A round times every cell of both
 workers in turn, cell by cell, so slow spells of a shared machine fall on both; a cell's figure is
