@@ -187,8 +187,9 @@ class MuloRows(RowPolicy):
         fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
         with runner.apart(rows) as part:
             chunks = [part.forward(fed[:, a:a + step], positions[a:a + step]) for a in range(0, HW - 1, step)]
-            for chunk in chunks if part is not runner else []:
-                count_pass(runner, chunk.cond.shape[1])
+            if part is not runner:      # (the passes of a part are this runner's too)
+                for chunk in chunks:
+                    count_pass(runner, chunk.cond.shape[1])
             e.rows.credit(rows, "target", len(chunks), HW - 1, step)
             ver = Outputs.cat([first] + chunks)
             pooled = part.token_probs(ver, x, self.neighbors, self.delta).pooled

@@ -1,6 +1,6 @@
 """A method as a policy over the rows of the scheduler's persistent batch (`RowPolicy`): what
 the scheduler (`specdec.decoding.scheduler`) asks of every method, and `move_rows`, how a policy
-moves a row's tensors."""
+moves a row's tensors (`specdec.models.protocol.move_rows`)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from specdec.decoding.engine import Engine
+from specdec.models.protocol import move_rows  # (a policy's `move` moves its tensors' rows with it)
 
 
 class RowPolicy(ABC):
@@ -60,15 +61,6 @@ class RowPolicy(ABC):
         """Row b's draft at another resolution while it forms (MuLo-SD's drafter grid, int64 [h, w]
         on the device, and how many of its positions are final), or None."""
         return None
-
-
-def move_rows(batch: int, src: int, dst: int, *tensors: Optional[torch.Tensor]) -> None:
-    """Row `src` of each tensor (one row per image of `batch`, or with CFG two: hidden states)
-    copied onto row `dst`, in place."""
-    for t in tensors:
-        if t is not None:
-            h = t.shape[0] // batch
-            t[dst * h:(dst + 1) * h] = t[src * h:(src + 1) * h]
 
 
 __all__ = ["RowPolicy", "move_rows"]

@@ -13,7 +13,6 @@ import torch
 
 from specdec.decoding.draws import race
 from specdec.decoding.uploads import to_device
-from specdec.models.kv_cache import SlotKVCache
 from specdec.models.protocol import image_rows, split_cfg
 from specdec.ops import pooling, verification
 from specdec.settings import Sampling, SamplingArgs
@@ -110,6 +109,8 @@ class ModelRunner:
         H, W = model.grid
         self.H, self.W = H, W
         self.device = self.cache.device
+        #: whether passes over the first images can run on a view of the cache (`cover`)
+        self.views = getattr(self.cache, "serves_views", False)
 
     def reset(self) -> None:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
@@ -127,7 +128,7 @@ class ModelRunner:
         cache is not written. An image's outputs do not depend on which others share its pass
         (bit for bit under `batch_invariant()`), so the images are unchanged. A cache that serves
         no views (a transformers adapter's) keeps every image covered."""
-        self.covered = None if k is None or k >= self.batch or type(self.cache) is not SlotKVCache else k
+        self.covered = None if k is None or k >= self.batch or not self.views else k
 
     def prefix(self, k: int) -> "ModelRunner":
         """The runner of the first k images of this cache, on a view of it (what it writes is
@@ -158,7 +159,7 @@ class ModelRunner:
         if len(rows) == self.batch:
             yield self
             return
-        if rows == list(range(len(rows))) and type(self.cache) is SlotKVCache:
+        if rows == list(range(len(rows))) and self.views:
             yield self.prefix(len(rows))
             return
         index = to_device(rows, self.device, torch.long)
@@ -203,9 +204,11 @@ class ModelRunner:
         source = self._sources.get(k)
         if source is None:
             source = self._sources[k] = to_device(list(range(k)) + [0] * (self.batch - k), self.device, torch.long)
-        halves = out.hidden.shape[0] // k
-        return Outputs(*(None if t is None else t.index_select(0, image_rows(source, halves) if t is out.hidden
-                                                                else source) for t in out))
+        def spread(t):
+            return None if t is None else t.index_select(0, source)
+        hidden_rows = image_rows(source, out.hidden.shape[0] // k)     # (with CFG two rows an image)
+        return Outputs(spread(out.cond), spread(out.uncond), out.hidden.index_select(0, hidden_rows),
+                       spread(out.probs))
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """`forward` over every row of the cache."""

@@ -44,7 +44,6 @@ from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
 from specdec import switches
 from specdec.models.conditions import Prompts, is_prompts
-from specdec.models.kv_cache import SlotKVCache
 from specdec.settings import RunSettings
 
 
@@ -248,7 +247,7 @@ class Scheduler:
         CPU, the slot cache): elsewhere every row is passed anyway."""
         if self.refill and self.queue:
             return
-        if any(r.device.type != "cpu" or type(r.cache) is not SlotKVCache for r, _ in self.engine.runners):
+        if any(r.device.type != "cpu" or not r.views for r, _ in self.engine.runners):
             return
         busy = [b for b in range(self.capacity) if self.rows[b] is not None]
         if not busy:

@@ -21,7 +21,7 @@ from typing import List, Optional
 
 import torch
 
-from specdec.models.protocol import cfg_rows, image_rows
+from specdec.models.protocol import cfg_rows, image_rows, move_rows
 
 
 class SlotKVCache:
@@ -151,18 +151,21 @@ class SlotKVCache:
 
     def move_image(self, src: int, dst: int) -> None:
         """Image `src`'s rows (keys, values, row state) copied onto image `dst`'s."""
-        index = torch.tensor([src, dst], device=self.device)
-        a, b = self.image_rows(index[:1]), self.image_rows(index[1:])
-        for t in self.k + self.v + self.row_state():
-            t.index_copy_(0, b, t.index_select(0, a))
+        move_rows(self.batch, src, dst, *self.k, *self.v, *self.row_state())
+
+    @property
+    def serves_views(self) -> bool:
+        """Whether `prefix` can view it: its only state per row is keys, values and valid slots (a
+        subclass that keeps more, a transformers adapter's, is passed whole)."""
+        return len(self.row_state()) == 1
 
     def prefix(self, k: int) -> "SlotKVCache":
         """The cache of its first k images, a view: the same tensors' first rows (what a pass
         writes there is written here), for passes over those images alone."""
         if not 1 <= k <= self.batch:
             raise ValueError(f"k must lie in [1, {self.batch}], got {k}")
-        if len(self.row_state()) > 1:
-            raise NotImplementedError(f"{type(self).__name__} keeps row state of its own: it serves no views")
+        if not self.serves_views:
+            raise TypeError(f"{type(self).__name__} keeps row state of its own: prefix() cannot view it")
         rows = k * self.rows // self.batch
         view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)

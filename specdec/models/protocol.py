@@ -103,6 +103,15 @@ def cfg_rows(x: torch.Tensor, halves: int = 2) -> torch.Tensor:
     return x if halves == 1 else x.repeat_interleave(halves, dim=0)
 
 
+def move_rows(batch: int, src: int, dst: int, *tensors: Optional[torch.Tensor]) -> None:
+    """Image `src`'s rows of each tensor (one row per image of `batch`, or with CFG two, in cache
+    order) copied onto image `dst`'s, in place."""
+    for t in tensors:
+        if t is not None:
+            h = t.shape[0] // batch
+            t[dst * h:(dst + 1) * h] = t[src * h:(src + 1) * h]
+
+
 def image_rows(index: torch.Tensor, halves: int = 2) -> torch.Tensor:
     """The cache rows of images `index` (int64 [k]) -> int64 [halves * k], in cache order."""
     return (index[:, None] * halves + torch.arange(halves, device=index.device)).flatten()

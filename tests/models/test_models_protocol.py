@@ -6,6 +6,7 @@ import torch
 import specdec
 from specdec.models import ARImageModel, GPTConfig, LlamaGenGPT, cfg_logits, split_cfg
 from specdec.models.attention import attend
+from specdec.models.kv_cache import SlotKVCache
 
 ATOL = 2e-5
 
@@ -254,3 +255,27 @@ def test_bf16_model_keeps_fp32_rotary_table_and_decodes_consistently():
     inc = m.forward_tokens(cache, tokens[:, :15], torch.arange(15)).logits
     assert inc.dtype == torch.float32
     torch.testing.assert_close(inc, full[:, 1:16], atol=0.1, rtol=0.05)
+
+
+def test_a_cache_prefix_is_a_view_and_move_image_moves_both_cfg_rows():
+    """`prefix(k)`: the first k images' rows of the same tensors (each image's two CFG rows
+    together); `move_image`: an image's rows copied onto another's; a cache with row state of its
+    own serves no views (a TypeError naming `prefix`)."""
+    m = tiny()
+    cache = m.new_cache(3, cfg=True)
+    m.prefill(cache, torch.tensor([0, 1, 2]))
+    view = cache.prefix(2)
+    assert (view.batch, view.rows) == (2, 4) and view.k[0].data_ptr() == cache.k[0].data_ptr()
+    view.valid[3, 0] = False                          # (image 1's unconditional row)
+    assert not cache.valid[3, 0] and cache.valid[2, 0]
+    with pytest.raises(ValueError, match="k must lie"):
+        cache.prefix(4)
+    cache.move_image(2, 0)
+    for t in cache.k + cache.v + [cache.valid]:
+        assert torch.equal(t[0:2], t[4:6])
+
+    class WithPadding(SlotKVCache):
+        def row_state(self):
+            return [self.valid, self.valid.clone()]
+    with pytest.raises(TypeError, match="prefix"):
+        WithPadding(1, 2, 1, 4, 2).prefix(1)
