@@ -121,7 +121,7 @@ class HeadsDrafter(Drafter):
         self.engine.head_passes += 1
         last = x.gather(1, (c.device - 1).clamp_min(0)[:, None])[:, 0]
         rows = self.hidden.shape[0]
-        _, q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
+        q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
                             cfg_rows(last, rows // last.shape[0]))                        # q [B, n, V]
         B, _, V = q.shape
         positions = (c.device[:, None] + torch.arange(n, device=q.device)).clamp(max=x.shape[1] - 1)

@@ -58,14 +58,19 @@ def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torc
     return torch.stack(outs, dim=-2)
 
 
-def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor):
-    """SSD's drafts from heads `kind` number `offsets` (1-based) of the target `runner`: h
-    [rows, ..., dim] the target's hidden states that gave `tokens` [rows, ...] (CFG rows
-    included). Returns the predicted hidden states [rows, n * ..., dim] (head offsets[0]'s block
-    first) and the draft distribution q [B, n * ..., V]: the target's final norm, LM head and
-    sampling on them. On a compiled runner this is one compiled graph per shape (kept with the
-    runner, keyed by the heads module too), instead of some twenty eager ops."""
+def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """SSD's draft distributions from heads `kind` number `offsets` (1-based) of the target
+    `runner`: h [rows, ..., dim] the target's hidden states that gave `tokens` [rows, ...] (CFG rows
+    included). Returns q [B, n * ..., V] (head offsets[0]'s block first): the target's final norm,
+    LM head and sampling on the predicted hidden states. On a compiled runner this is one compiled
+    graph per shape (kept with the runner, keyed by the heads module too), instead of some twenty
+    eager ops. While the runner's passes cover the first k images (`ModelRunner.cover`), so do the
+    heads: the other images take image 0's q (their rows hold no image)."""
     offsets = tuple(offsets)
+    k = runner.covered
+    if k is not None:
+        per = h.shape[0] // runner.batch
+        h, tokens = h[:k * per], tokens[:k * per]
 
     def make():
         model = runner.model
@@ -73,11 +78,11 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
         def fn(h, tokens):
             pred = predict(heads, kind, offsets, h, model.embed_tokens(tokens))     # [rows, ..., n, dim]
             pred = pred.movedim(-2, 1).reshape(pred.shape[0], -1, pred.shape[-1])
-            return pred, runner.probs(runner.outputs(model.head(pred), pred))
+            return (runner.probs(runner.outputs(model.head(pred), pred)),)   # (compiled: a tuple of outputs)
         return fn
 
     # The graphs keep no guards: the key names what they depend on (a heads module cast to another
     # dtype or moved gets new graphs).
     key = ("heads", heads, weights_key(heads), kind, offsets, tuple(h.shape))
-    return runner.function(key, make)(h, tokens)
-
+    q = runner.function(key, make)(h, tokens)[0]
+    return q if k is None else q.index_select(0, runner.spread_source(k))

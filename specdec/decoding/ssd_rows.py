@@ -207,7 +207,7 @@ class SSDRows(RowPolicy):
         h = self.hid.gather(1, cfg_rows(above, halves)[..., None].expand(-1, -1, self.hid.shape[-1]))
         tokens = cfg_rows(x.gather(1, above), halves)
         for n in sorted(set(height.values())):      # (a last group of fewer rows: a call of its own)
-            _, q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens)
+            q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens)
             e.head_passes += 1
             some_set = {b for b in rows if height[b] == n}
             going = [n if b in some_set else 0 for b in range(B)]
@@ -298,20 +298,23 @@ class SSDRows(RowPolicy):
         judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
         if not judging:
             return None
-        p_all = self.runner.probs(out)                                                  # [B, N, V]
-        offset = N - count_t
-        p = p_all.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_all.shape[-1]))
-        return self._verdict(judging, p, hi, N)
+        # (the rows judged first: the [N, V] work of the other rows, at light load every row but
+        # a few, is left out)
+        index = to_device(judging, dev, torch.long)
+        p_rows = self.runner.probs(out).index_select(0, index)                                 # [R, N, V]
+        offset = (N - count_t).index_select(0, index)
+        p = p_rows.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_rows.shape[-1]))
+        return self._verdict(judging, index, p, hi, N)
 
-    def _verdict(self, rows: List[int], p: torch.Tensor, hi: List[int], N: int) -> Verdict:
-        """The open tokens of `rows` judged against p [B, N, V] (column k of row b: the
-        distribution of position hi[b] - N + k) and the q they follow (not read yet)."""
+    def _verdict(self, rows: List[int], index: torch.Tensor, p: torch.Tensor, hi: List[int], N: int) -> Verdict:
+        """The open tokens of `rows` (`index` on the device) judged against p [len(rows), N, V]
+        (column k of row rows[i]: the distribution of position hi[rows[i]] - N + k) and the q
+        they follow (not read yet)."""
         e, x, HW = self.engine, self.x, self.HW
         dev = x.device
-        index = to_device(rows, dev, torch.long)
         ends = to_device([hi[b] for b in rows], dev, torch.long)
         cols = (ends[:, None] - N + torch.arange(N, device=dev)[None]).clamp(0, HW - 1)
-        p, qf = p.index_select(0, index), fit_right(self.q, N).index_select(0, index)
+        qf = fit_right(self.q.index_select(0, index), N)
         xw = x.index_select(0, index).gather(1, cols)[..., None]
         judged = [hi[b] - self.state[b].start - self.state[b].keep for b in rows]
         u = to_device(e.streams.rows(rows).rand_padded(judged, N, right=True), dev)
