@@ -104,14 +104,22 @@ class ImageStreams:
     def _draw(self, b: int, count: int) -> torch.Tensor:
         return torch.rand((count,), generator=self.generators[b], dtype=torch.float32)
 
+    def _fill(self, b: int, row: torch.Tensor) -> None:
+        """Image b's next uniforms written into `row` (a contiguous float32 view): the numbers
+        `_draw(b, row.numel())` gives (torch.rand is `uniform_` on a new tensor), without a
+        tensor of their own to be copied."""
+        row.uniform_(generator=self.generators[b])
+
     def rand(self, shape) -> torch.Tensor:
         """float32 uniforms of `shape`, whose leading dimension is split evenly between the images."""
         shape = tuple(shape)
         n = len(self.generators)
         if not shape or shape[0] % n:
             raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
-        per = torch.Size(shape).numel() // n
-        return torch.cat([self._draw(b, per) for b in range(n)]).view(shape)
+        out = torch.empty(shape, dtype=torch.float32)
+        for b, row in enumerate(out.view(n, -1)):
+            self._fill(b, row)
+        return out
 
     def rand_counts(self, counts: Sequence[int]) -> torch.Tensor:
         """counts[b] uniforms from image b's stream, concatenated (host counts: no read-back)."""
@@ -123,8 +131,11 @@ class ImageStreams:
         that draws nothing; `right=True`: the zeros first): for a pass whose images judge windows
         of different lengths, or in which some images draw nothing."""
         self._check(counts)
-        rows = [(self._draw(b, c), torch.zeros(width - c)) for b, c in enumerate(counts)]
-        return torch.stack([torch.cat(row[::-1] if right else row) for row in rows])
+        out = torch.zeros(len(counts), width)
+        for b, (row, c) in enumerate(zip(out, counts)):
+            if c:
+                self._fill(b, row[width - c:] if right else row[:c])
+        return out
 
     def _check(self, counts) -> None:
         if len(counts) != len(self.generators):
