@@ -132,28 +132,32 @@ class ZipARRows(RowPolicy):
 
     def step(self):
         runner = self.runner
-        pos, fed, fake, src, targets, counts = self._pass()
+        pos, fed, fake, src, targets, counts, last, drawing = self._pass()
         out = runner.forward(self.tokens.gather(1, fed), pos)
         if fake is not None:
             runner.invalidate_where(pos, fake)
         if src is not None:
             def pick(t):   # [B, n, V] -> [B, m, V]: each row's producing queries
                 return None if t is None else t.gather(1, src[..., None].expand(-1, -1, t.shape[-1]))
-            p = runner.probs(Outputs(pick(out.cond), pick(out.uncond), out.hidden, pick(out.probs)))
+            # (a compiled pass made the distributions: the logits are not picked)
+            p = pick(out.probs) if out.probs is not None else runner.probs(Outputs(pick(out.cond), pick(out.uncond),
+                                                                                  out.hidden))
             drawn = draw(p.reshape(-1, p.shape[-1]), self.engine.streams, runner.backend, counts=counts)
             # A row's padding repeats its last target: it writes the token drawn there (a scatter's
             # duplicate indices must carry one value); a row drawing nothing keeps its tokens.
-            n = to_device(counts, drawn.device, torch.long)[:, None]
-            last = torch.minimum(torch.arange(src.shape[1], device=drawn.device)[None], (n - 1).clamp(min=0))
-            values = torch.where(n > 0, drawn.view(src.shape).gather(1, last), self.tokens.gather(1, targets))
+            values = drawn.view(src.shape).gather(1, last)
+            if drawing is not None:
+                values = torch.where(drawing, values, self.tokens.gather(1, targets))
             self.tokens.scatter_(1, targets, values)
         self._advance()
 
     def _pass(self) -> tuple:
         """This step's device tensors, [B, n] or [B, m]: positions, the slots fed, the fake
         queries (None: none), the producing queries and the positions they draw (None: none draw),
-        and each row's draw count (host). Made once per combination of the rows' steps and kept
-        (a decode's rows go through the same steps together: no upload per step)."""
+        each row's draw count (host), the draw each of a row's targets takes (its last for the
+        padding) and the rows that draw ([B, 1] bool; None: all). Made once per combination of
+        the rows' steps and kept (a decode's rows go through the same steps together: no upload
+        per step)."""
         key = tuple(self.t)
         found = self._passes.get(key)
         if found is None:
@@ -177,10 +181,13 @@ class ZipARRows(RowPolicy):
         pos, fed = (to_device(v, dev, torch.long) for v in (positions, padded([s[1] for s in steps])))
         fake = to_device(fakes, dev, torch.bool) if any(map(any, fakes)) else None
         if m == 0:
-            return pos, fed, fake, None, None, None
+            return pos, fed, fake, None, None, None, None, None
         src, targets = (to_device(padded([s[k] for s in steps], fill), dev, torch.long)
                         for k, fill in ((3, 0), (4, last)))
-        return pos, fed, fake, src, targets, [len(s[4]) for s in steps]
+        counts = [len(s[4]) for s in steps]
+        picks = to_device([[min(j, max(c - 1, 0)) for j in range(m)] for c in counts], dev, torch.long)
+        drawing = None if all(counts) else to_device([[c > 0] for c in counts], dev, torch.bool)
+        return pos, fed, fake, src, targets, counts, picks, drawing
 
     def _advance(self) -> None:
         self.t = [t + 1 if t <= len(self.plan) else t for t in self.t]
