@@ -120,9 +120,9 @@ class HeadsDrafter(Drafter):
         t = self.target
         self.engine.head_passes += 1
         last = x.gather(1, (c.device - 1).clamp_min(0)[:, None])[:, 0]
-        rows = self.hidden.shape[0]
+        drafting = [b for b, g in enumerate(going) if g] or None      # (the rows done draft nothing)
         q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
-                            cfg_rows(last, rows // last.shape[0]))                        # q [B, n, V]
+                         cfg_rows(last, self.hidden.shape[0] // last.shape[0]), drafting)   # q [B, n, V]
         B, _, V = q.shape
         positions = (c.device[:, None] + torch.arange(n, device=q.device)).clamp(max=x.shape[1] - 1)
         d = draw(q.reshape(-1, V), self.engine.streams, t.backend, counts=[n if g else 0 for g in going],

@@ -14,10 +14,13 @@ The heads themselves live in `specdec.models.ssd_heads` (`SSDHeads`); any module
 from __future__ import annotations
 
 import inspect
+from typing import Optional, Sequence
 
 import torch
 
 from specdec.decoding.runner import weights_key
+from specdec.decoding.uploads import to_device
+from specdec.models.protocol import image_rows
 
 
 def _heads(heads, kind: str):
@@ -58,19 +61,30 @@ def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torc
     return torch.stack(outs, dim=-2)
 
 
-def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor,
+          rows: Optional[Sequence[int]] = None) -> torch.Tensor:
     """SSD's draft distributions from heads `kind` number `offsets` (1-based) of the target
     `runner`: h [rows, ..., dim] the target's hidden states that gave `tokens` [rows, ...] (CFG rows
-    included). Returns q [B, n * ..., V] (head offsets[0]'s block first): the target's final norm,
-    LM head and sampling on the predicted hidden states. On a compiled runner this is one compiled
-    graph per shape (kept with the runner, keyed by the heads module too), instead of some twenty
-    eager ops. While the runner's passes cover the first k images (`ModelRunner.cover`), so do the
-    heads: the other images take image 0's q (their rows hold no image)."""
+    included), over the runner's B images. Returns q [B, n * ..., V] (head offsets[0]'s block
+    first): the target's final norm, LM head and sampling on the predicted hidden states. On a
+    compiled runner this is one compiled graph per shape (kept with the runner, keyed by the heads
+    module too), instead of some twenty eager ops.
+
+    The heads run over the images `rows` alone (sorted; None: those the runner's passes cover,
+    `ModelRunner.cover`), padded to a power of two with copies of the first, so that a compiled
+    runner meets a few shapes; every other image takes the first one's q (a valid distribution,
+    for rows that draw nothing from it)."""
     offsets = tuple(offsets)
-    k = runner.covered
-    if k is not None:
-        per = h.shape[0] // runner.batch
-        h, tokens = h[:k * per], tokens[:k * per]
+    B = runner.batch
+    if rows is None:
+        rows = range(B if runner.covered is None else runner.covered)
+    rows = list(rows)
+    some = len(rows) < B
+    if some:
+        count = 1 << (len(rows) - 1).bit_length()
+        index = to_device(rows + rows[:1] * (count - len(rows)), h.device, torch.long)
+        cache_rows = image_rows(index, h.shape[0] // B)
+        h, tokens = h.index_select(0, cache_rows), tokens.index_select(0, cache_rows)
 
     def make():
         model = runner.model
@@ -85,4 +99,7 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     # dtype or moved gets new graphs).
     key = ("heads", heads, weights_key(heads), kind, offsets, tuple(h.shape))
     q = runner.function(key, make)(h, tokens)[0]
-    return q if k is None else q.index_select(0, runner.spread_source(k))
+    if not some:
+        return q
+    at = {b: i for i, b in enumerate(rows)}
+    return q.index_select(0, to_device([at.get(b, 0) for b in range(B)], q.device, torch.long))

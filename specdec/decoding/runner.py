@@ -199,17 +199,11 @@ class ModelRunner:
                                       write=write)
         return self._spread(out, k)
 
-    def spread_source(self, k: int) -> torch.Tensor:
-        """int64 [B]: the image whose values each of the B images takes when only the first k were
-        computed (itself, or image 0 for an image left out: a valid stand-in that changes nothing)."""
+    def _spread(self, out: Outputs, k: int) -> Outputs:
+        """Outputs of the first k images -> outputs of all B (an image left out takes image 0's)."""
         source = self._sources.get(k)
         if source is None:
             source = self._sources[k] = to_device(list(range(k)) + [0] * (self.batch - k), self.device, torch.long)
-        return source
-
-    def _spread(self, out: Outputs, k: int) -> Outputs:
-        """Outputs of the first k images -> outputs of all B (an image left out takes image 0's)."""
-        source = self.spread_source(k)
 
         def spread(t):
             return None if t is None else t.index_select(0, source)

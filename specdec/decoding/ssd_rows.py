@@ -207,9 +207,9 @@ class SSDRows(RowPolicy):
         h = self.hid.gather(1, cfg_rows(above, halves)[..., None].expand(-1, -1, self.hid.shape[-1]))
         tokens = cfg_rows(x.gather(1, above), halves)
         for n in sorted(set(height.values())):      # (a last group of fewer rows: a call of its own)
-            q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens)
-            e.head_passes += 1
             some_set = {b for b in rows if height[b] == n}
+            q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens, sorted(some_set))
+            e.head_passes += 1
             going = [n if b in some_set else 0 for b in range(B)]
             d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
             mine = to_device([b in some_set for b in range(B)], x.device, torch.bool)
