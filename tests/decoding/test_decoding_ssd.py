@@ -200,3 +200,28 @@ def test_ssd_commit_verify_rewrites_the_keys_of_the_tokens_it_corrects(fam, roun
     assert corrected > 0  # the passes did correct tokens
     if bounds == (0, 0) and rounds == 0:
         assert kept > 0  # and max_tail kept some mid-image tokens
+
+
+def test_heads_draft_over_some_rows_gives_those_rows_their_own_q(fam):
+    """`heads.draft` over some rows (the rows that draft, or by default the rows the passes
+    cover) gives each of them the q a draft over every row gives it, and the other rows the first
+    one's: its work follows the rows that need it, not the batch."""
+    from specdec.decoding import heads
+    from specdec.numerics import batch_invariant
+
+    runner = ModelRunner(fam.target, SAMPLING, batch=4, backend="reference")
+    W, dim = fam.target.grid[1], fam.target.config.dim
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(8, W, dim, generator=gen)     # (CFG: two rows an image)
+    tokens = torch.randint(0, fam.target.vocab_size, (8, W), generator=gen)
+    with batch_invariant():
+        every = heads.draft(runner, fam.ssd_heads, "vertical", (1,), h, tokens)
+        some = heads.draft(runner, fam.ssd_heads, "vertical", (1,), h, tokens, rows=[1, 3])
+        three = heads.draft(runner, fam.ssd_heads, "vertical", (1,), h, tokens, rows=[0, 2, 3])  # (padded to 4)
+        runner.cover(2)
+        covered = heads.draft(runner, fam.ssd_heads, "vertical", (1,), h, tokens)
+    assert every.shape == some.shape == covered.shape == (4, W, fam.target.vocab_size)
+    assert torch.equal(some[[1, 3]], every[[1, 3]]) and torch.equal(some[0], some[1]) and torch.equal(some[2], some[1])
+    assert torch.equal(three[[0, 2, 3]], every[[0, 2, 3]]) and torch.equal(three[1], three[0])
+    assert torch.equal(covered[:2], every[:2]) and torch.equal(covered[3], covered[0])
+    assert not torch.equal(every[0], every[1])      # (rows differ: the copies above are not a coincidence)
