@@ -44,6 +44,14 @@ class Outputs(NamedTuple):
         """Outputs at the positions `index` (anything that indexes dim 1)."""
         return self.map(lambda t: t[:, index])
 
+    def images(self, index: torch.Tensor) -> "Outputs":
+        """The outputs of images `index` (int64 [k], on the device; with CFG each image's two
+        hidden rows)."""
+        def pick(t):
+            return None if t is None else t.index_select(0, index)
+        hidden_rows = image_rows(index, self.hidden.shape[0] // self.cond.shape[0])
+        return Outputs(pick(self.cond), pick(self.uncond), self.hidden.index_select(0, hidden_rows), pick(self.probs))
+
     def map(self, f) -> "Outputs":
         """`f` applied to every tensor of the outputs (each indexed alike along its first two dims)."""
         return Outputs(*(None if t is None else f(t) for t in self))
@@ -204,12 +212,7 @@ class ModelRunner:
         source = self._sources.get(k)
         if source is None:
             source = self._sources[k] = to_device(list(range(k)) + [0] * (self.batch - k), self.device, torch.long)
-
-        def spread(t):
-            return None if t is None else t.index_select(0, source)
-        hidden_rows = image_rows(source, out.hidden.shape[0] // k)     # (with CFG two rows an image)
-        return Outputs(spread(out.cond), spread(out.uncond), out.hidden.index_select(0, hidden_rows),
-                       spread(out.probs))
+        return out.images(source)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """`forward` over every row of the cache."""

@@ -301,7 +301,7 @@ class SSDRows(RowPolicy):
         # (the rows judged first: the [N, V] work of the other rows, at light load every row but
         # a few, is left out)
         index = to_device(judging, dev, torch.long)
-        p_rows = self.runner.probs(out).index_select(0, index)                                 # [R, N, V]
+        p_rows = self.runner.probs(out.images(index))                                          # [R, N, V]
         offset = (N - count_t).index_select(0, index)
         p = p_rows.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_rows.shape[-1]))
         return self._verdict(judging, index, p, hi, N)

@@ -101,13 +101,10 @@ class ImageStreams:
     def __len__(self) -> int:
         return len(self.generators)
 
-    def _draw(self, b: int, count: int) -> torch.Tensor:
-        return torch.rand((count,), generator=self.generators[b], dtype=torch.float32)
-
     def _fill(self, b: int, row: torch.Tensor) -> None:
-        """Image b's next uniforms written into `row` (a contiguous float32 view): the numbers
-        `_draw(b, row.numel())` gives (torch.rand is `uniform_` on a new tensor), without a
-        tensor of their own to be copied."""
+        """Image b's next uniforms written into `row` (a contiguous float32 view of a draw's
+        tensor): the numbers `torch.rand(row.numel(), generator=...)` gives (it is `uniform_` on a
+        new tensor), without a tensor per image to be copied together afterwards."""
         row.uniform_(generator=self.generators[b])
 
     def rand(self, shape) -> torch.Tensor:
@@ -117,14 +114,17 @@ class ImageStreams:
         if not shape or shape[0] % n:
             raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
         out = torch.empty(shape, dtype=torch.float32)
-        for b, row in enumerate(out.view(n, -1)):
+        for b, row in enumerate(out.view(n, out.numel() // n)):
             self._fill(b, row)
         return out
 
     def rand_counts(self, counts: Sequence[int]) -> torch.Tensor:
         """counts[b] uniforms from image b's stream, concatenated (host counts: no read-back)."""
         self._check(counts)
-        return torch.cat([self._draw(b, c) for b, c in enumerate(counts)])
+        out = torch.empty(sum(counts))
+        for b, row in enumerate(out.split(list(counts))):
+            self._fill(b, row)
+        return out
 
     def rand_padded(self, counts: Sequence[int], width: int, *, right: bool = False) -> torch.Tensor:
         """[B, width]: row b holds counts[b] uniforms from image b's stream, then zeros (padding
