@@ -52,15 +52,21 @@ def own_code(fn: Callable) -> Callable:
 
 
 def bucket_width(n: int) -> int:
-    """The padded width of a pass of n tokens: the smallest of 1, 2, 4, 8, 16, 24, 32, 48, 64, 96,
-    ... (powers of two, and 1.5 times them from 16 on) that holds n. Beyond 16 tokens at most a
-    third of a padded pass is padding, and a decode meets a handful of widths (SSD's 3-39-token
-    spans: 6)."""
+    """The padded width of a pass of n tokens: the smallest of 1, 2, 4, 8, then the multiples of 8
+    up to 64, then 96, 128, 192, 256, ... (powers of two and 1.5 times them) that holds n, as a
+    serving engine pads its batches to a few graph sizes. Up to 64 tokens at most 7 are padding
+    (SSD's spans of 17-64 tokens, where the 1.5x steps padded up to a third: 9-11% of its
+    compiled time on a 2-core CPU, docs/experiments.md), beyond it at most a third, and a decode
+    meets a handful of widths."""
     if n < 1:
         raise ValueError(f"a pass needs at least one token, got {n}")
-    width = 1
+    if n <= 8:
+        return 1 << (n - 1).bit_length()
+    if n <= 64:
+        return -(-n // 8) * 8
+    width = 64
     while True:
-        for w in (width, width * 3 // 2) if width >= 16 else (width,):
+        for w in (width * 3 // 2, width * 2):
             if w >= n:
                 return w
         width *= 2

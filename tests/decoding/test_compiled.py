@@ -19,15 +19,15 @@ def fam():
     return TinyFamily()
 
 
-def test_bucket_widths_hold_the_pass_and_pad_at_most_a_third_beyond_16():
+def test_bucket_widths_hold_the_pass_pad_at_most_7_up_to_64_and_a_third_beyond():
     widths = {bucket_width(n) for n in range(1, 1025)}
     for n in range(1, 1025):
         w = bucket_width(n)
         assert w >= n and bucket_width(w) == w
         assert w < 2 * n
-        assert 3 * (w - n) <= w or n <= 16
-    assert sorted({bucket_width(n) for n in range(1, 65)}) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
-    assert len(widths) < 25
+        assert (w - n <= 7) if 8 < n <= 64 else (3 * (w - n) <= w or n <= 8)
+    assert sorted({bucket_width(n) for n in range(1, 65)}) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert sorted(widths)[11:] == [96, 128, 192, 256, 384, 512, 768, 1024]
     with pytest.raises(ValueError, match="at least one token"):
         bucket_width(0)
 
