@@ -30,9 +30,8 @@ VARIANTS = {
     "ssd-heads2": ("ssd", dict(vertical_heads=2)), "ssd-exact": ("ssd", dict(max_tail=None, final_passes=None)),
     "ssd-share20": ("ssd", dict(max_tokens_per_pass=20)),
 }
-#: how each cell batches: name -> (decode's keywords, rows decoded at once)
-WAYS = {"concurrency 3": (dict(concurrency=3), 3), "concurrency 5": (dict(concurrency=5), 5),
-        "batches of 4": (dict(batch_size=4), 4)}
+#: how each cell batches: name -> decode's keyword (its value: the rows decoded at once)
+WAYS = {"concurrency 3": dict(concurrency=3), "concurrency 5": dict(concurrency=5), "batches of 4": dict(batch_size=4)}
 #: the stream's rows, the steps at which requests arrive, the request it cancels and when
 STREAM_ROWS, ARRIVALS, CANCELLED, CANCEL_AT = 4, {0: 2, 2: 1, 3: 2, 7: 2}, 4, 5
 
@@ -76,7 +75,8 @@ def check(decoding, fam, name: str, n: int, seed: int) -> int:
     with batch_invariant():
         alone = [decoding.decode(method, fam, classes[i:i + 1], first_index=i, max_tokens_per_pass=budget(1),
                                  **kw).tokens[0] for i in range(n)]
-        for way, (batching, rows) in WAYS.items():
+        for way, batching in WAYS.items():
+            rows, = batching.values()
             tokens = decoding.decode(method, fam, classes, max_tokens_per_pass=budget(rows), **batching, **kw).tokens
             wrong = [i for i in range(n) if not torch.equal(tokens[i], alone[i])]
             failures += bool(wrong)
