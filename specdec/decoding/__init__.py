@@ -6,18 +6,17 @@
     out = dec.decode("mulo", fam, classes=[0, 1, 2], seed=0, tau=0.05)
     out.tokens, out.images, out.stats          # grids, decoded images, DecodeStats
 
-Each method has its own module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`), a policy
-over the rows of one persistent batch (`policy.RowPolicy`), whose `decode(target, conditions, *, <its models>,
-options=<its options>, run=RunSettings(...))` takes the models explicitly; `decode(method,
-family, ...)` (specdec.decoding.api) picks the pieces a method needs from a model family through
-the module's hooks. `scheduler` is the one loop (admit -> step -> retire) that `decode`,
-`decode(batch_size=...)`, `decode(concurrency=...)` and `stream(...)` run on, `streaming` its
-streaming engine for a server; the rest is split by job: `engine` (the batch's round state:
-streams, runners, the read-accept-commit step, statistics), `runner` (a model with its cache),
-`compiled` (the same through torch.compile), `streams` (one random stream per image), `uploads`
-(host data to the device), `draws` (kernels with the streams' uniforms), `blocks` (the shapes of
-shared passes), `drafters` (what proposes tokens for raster speculation), `resampling`
-(MuLo-SD's resampling passes), `batching`, `results`.
+Each method is a module (`ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`): a policy over the
+rows of one persistent batch (`policy.RowPolicy`) and a `decode(target, conditions, *, <its
+models>, options=<its options>, run=RunSettings(...))` that takes its models explicitly;
+`decode(method, family, ...)` (specdec.decoding.api) takes them from a model family through the
+module's hooks. `decode` (with `batch_size=...` or `concurrency=...`) and `stream(...)` all run
+on `scheduler`'s one loop (admit -> step -> retire), `streaming` its engine for a server. The rest,
+by job: `engine` (the batch's round state: streams, runners, the read-accept-commit step,
+statistics), `runner` (a model with its cache), `compiled` (the same through torch.compile),
+`streams` (one random stream per image), `uploads` (host data to the device), `draws` (kernels
+with the streams' uniforms), `blocks` (the shapes of shared passes), `drafters` (what proposes
+tokens for raster speculation), `resampling` (MuLo-SD's resampling passes), `batching`, `results`.
 """
 from __future__ import annotations
 

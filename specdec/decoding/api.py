@@ -1,14 +1,11 @@
 """`decode(method, family, ...)`: the one-line face of the decoders.
 
-It splits the keyword arguments into run settings (`RunSettings`), models given explicitly, and
-the method's options (`resolve`: its frozen dataclass, `OPTIONS[method]`, whose defaults are the
-one table of defaults, under the family's own tuned values, `ModelFamily.options`; `preset=`
-applies a named variant such as the published reading), takes the models the method needs from a
-model family (`specdec.models.ModelFamily`) through its module's hooks, and calls the module.
-Nothing here knows a method: each module says what it takes (`TAKES`, `resources`), the defaults
+It splits the keyword arguments into run settings (`RunSettings`), models and the method's options
+(`resolve`: `OPTIONS[method]`'s defaults, then `ModelFamily.options`, a `preset=`, the caller's),
+takes the other models from the family (`specdec.models.ModelFamily`) and calls the method's
+module. Nothing here knows a method: each module says what it takes (`TAKES`, `resources`), what
 it derives from a family (`family_defaults`) and whether it decodes a preview stage itself
-(`decodes_preview`). A family with a preview stage (GLM-Image) is decoded in two stages
-(specdec.decoding.stages).
+(`decodes_preview`; two-stage decodes: specdec.decoding.stages).
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ from specdec.decoding.results import DecodeResult
 from specdec.models.conditions import Prompts
 from specdec.settings import RunSettings, Sampling, check_int
 
-#: The methods, each one module (its options, presets, the models it takes and its decode): adding
-#: a method is adding its module here.
+#: One module per method (its options, presets, the models it takes, its decode): add a method here.
 _MODULES = {"ar": ar, "sd": sd, "lantern": lantern, "sjd": sjd, "zipar": zipar, "mulo": mulo, "ssd": ssd}
 METHODS = tuple(_MODULES)
 
@@ -36,12 +32,10 @@ OPTIONS = {m: module.OPTIONS for m, module in _MODULES.items()}
 #: Named variants of a method's options where the published reading differs from the default.
 PRESETS: Dict[str, Dict[str, object]] = {m: module.PRESETS for m, module in _MODULES.items()}
 
-#: The models each method takes besides its target (keyword arguments of its module's decode):
-#: each module's `TAKES`.
+#: The models each method takes besides its target: its module's `TAKES`, keywords of its decode.
 RESOURCES = {m: tuple(module.TAKES) for m, module in _MODULES.items()}
 
-#: Sampling used when neither the run nor the family sets one (CFG as the embedded models were
-#: trained for it).
+#: The sampling when neither run nor family sets one (CFG: the embedded models were trained for it).
 DEFAULT_SAMPLING = Sampling(cfg_scale=2.0, temperature=1.0, top_k=0)
 
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSettings))
@@ -54,8 +48,7 @@ def check_method(method: str) -> str:
 
 
 def method_options(method: str) -> list:
-    """The names `decode(method, ...)` takes as options: the method's option fields and the
-    models it takes."""
+    """The option names `decode(method, ...)` takes: the method's option fields, then its models."""
     fields = [f.name for f in dataclasses.fields(OPTIONS[check_method(method)])]
     return fields + list(RESOURCES[method])
 
@@ -101,8 +94,7 @@ def _field(family, name: str):
 
 
 class _Family:
-    """What a method's hooks see of a family (a `ModelFamily` or a dict): its models and settings
-    by name, None where it has none."""
+    """A family (`ModelFamily` or dict) as hooks see it: models and settings by name, else None."""
 
     def __init__(self, family):
         self._family = family
@@ -123,11 +115,10 @@ class Resolved(NamedTuple):
 
 def resolve(method: str, family, *, run: Optional[RunSettings] = None, preset: Optional[str] = None,
             **kwargs) -> Resolved:
-    """Split `decode`'s keyword arguments into run settings (over `run`'s; the sampling defaults
-    to the family's own, else DEFAULT_SAMPLING), the models given explicitly, and the method's
-    options: its defaults, the defaults it derives from the family (its module's
-    `family_defaults` hook, if any), the family's own options, the preset, then the caller's
-    (`options_for`). `decode` and `specdec sample` resolve their settings here."""
+    """Split `decode`'s keyword arguments into run settings (over `run`'s; sampling: the family's,
+    else DEFAULT_SAMPLING), the models given explicitly, and the method's options: its defaults,
+    those its module's `family_defaults` hook derives from the family, the family's own, the
+    preset, then the caller's (`options_for`). `decode` and `specdec sample` resolve here."""
     module = _MODULES[check_method(method)]
     run = dataclasses.replace(run or RunSettings(), **{k: kwargs.pop(k) for k in RUN_FIELDS if k in kwargs})
     if run.sampling is None:
@@ -156,24 +147,22 @@ def _resources(module, family, given: dict, options) -> dict:
 def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None,
            run: Optional[RunSettings] = None, preset: Optional[str] = None, preview_method: str = "ar",
            preview_options: Optional[dict] = None, **options) -> DecodeResult:
-    """Run `method` on the family's target for `classes` (one image per entry), or, for a
-    text-conditional target, for `prompts` (one image per prompt: strings when the target has a
-    processor, else 1-D token-id tensors or whatever its prefill takes) with optional
-    `negative_prompts` (CFG's unconditional prompt per image; None: the model's own).
+    """Run `method` on the family's target: one image per entry of `classes`, or, for a
+    text-conditional target, of `prompts` (strings when the target has a processor, else 1-D
+    token-id tensors or whatever its prefill takes; `negative_prompts`: CFG's unconditional prompt
+    per image, None: the model's own). Pass exactly one of `classes` and `prompts`.
 
-    Keyword arguments are run settings (seed, first_index, sampling, backend, batch_size,
-    compile, progress: they override `run`'s), models that replace the family's (drafter,
-    heads, upsampler, codebook, neighbors, tokenizer), or the method's options (`OPTIONS[method]`;
-    `preset` starts from a named variant, `PRESETS[method]`). Image i depends only on (seed,
-    first_index + i). Sampling defaults to the family's own (`family.sampling`), else
-    DEFAULT_SAMPLING. Unknown options raise a ValueError listing the accepted ones.
+    The other keywords are run settings (`RunSettings`: seed, first_index, sampling, backend,
+    batch_size, concurrency, compile, progress, ...; overriding `run`'s), models that replace the
+    family's (drafter, heads, upsampler, codebook, neighbors, tokenizer), or the method's options
+    (`OPTIONS[method]`, starting from `PRESETS[method][preset]` if given); an unknown one is a
+    ValueError listing the accepted ones. Sampling defaults to `family.sampling`, else
+    DEFAULT_SAMPLING. Image i depends only on (seed, first_index + i).
 
-    A family with a preview stage (`family.preview`, GLM-Image) is decoded in two stages: the
-    preview grid with `preview_method` (default "ar"; its options in `preview_options`), then
-    the target grid with `method`; a method that decodes the preview itself (its module's
-    `decodes_preview(options)`: `mulo` with draft="preview", the default on such a family
-    without a drafter model) runs both. The result's `preview` holds the preview grids
-    (specdec.decoding.stages)."""
+    A family with a preview stage (`family.preview`, GLM-Image; specdec.decoding.stages) is decoded
+    in two: the preview grid with `preview_method` (options: `preview_options`), then the target
+    grid with `method`, unless the method decodes the preview itself (`mulo` with draft="preview",
+    its default there without a drafter model). The result's `preview` holds the preview grids."""
     check_method(preview_method)
     module = _MODULES[check_method(method)]
     target = _field(family, "target")
@@ -208,14 +197,13 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
 
 def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] = None, preset: Optional[str] = None,
            **options) -> StreamingEngine:
-    """A streaming engine of `method` on the family's target, for a server: the scheduler's
-    (`specdec.decoding.streaming.StreamingEngine`); `submit(class_id)` or `submit(prompt=...)` requests
-    as they arrive, `step()` and take the images it returns as they finish (or iterate
-    `results()`). `concurrency` images decode at once; the other keyword arguments are `decode`'s
-    (run settings, models, the method's options), and image i (its index: by default the order
-    of submission, from `first_index`) is the image `decode` gives it. A family with a preview
-    stage (GLM-Image) streams with a method that decodes the preview itself (`mulo`'s
-    draft="preview"); its two-stage decodes run through `decode`."""
+    """A streaming engine of `method` on the family's target, for a server
+    (`specdec.decoding.streaming.StreamingEngine`): `submit(class_id)` or `submit(prompt=...)`
+    requests as they arrive, `step()` and take the images it returns as they finish (or iterate
+    `results()`). `concurrency` images decode at once; the other keywords are `decode`'s, and image
+    i (by default the i-th submitted, counted from `first_index`) is the image `decode` gives it. A
+    family with a preview stage (GLM-Image) streams only with a method that decodes the preview
+    itself (`mulo`'s draft="preview"; else a ValueError): two-stage decodes run through `decode`."""
     module = _MODULES[check_method(method)]
     target, preview = _field(family, "target"), _field(family, "preview")
     run, given, opts = resolve(method, family, run=run, preset=preset, **options)

@@ -1,10 +1,9 @@
 """`ar`: plain autoregressive decoding, one target pass per token, CFG batched (the baseline).
 
-As fast as a careful user would make it: the prefix is never recomputed (slot KV cache), the
-conditional and unconditional rows run in one batch, and the only Python work per token is the
-sampling (the fused `sampling_probs` + `sample_residual` kernels). No host round trip per token
-after the prefill; `compile=True` compiles the step (model pass + sampling) with torch.compile,
-CUDA graphs on a GPU: the same treatment any compiled speculative method gets.
+As fast as a careful user would make it: the prefix is never recomputed (slot KV cache), the only
+Python work per token is the sampling (the fused `sampling_probs` + `sample_residual` kernels), and
+there is no host round trip per token after the prefill. `run.compile` gives the step the treatment
+any compiled speculative method gets (`decode`).
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding.batching import run_rows
-from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner
 from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
@@ -26,13 +24,12 @@ class AROptions:
 
 
 class ARRows(RowPolicy):
-    """`ar` over the scheduler's rows: each row at its own raster position, one AR step over every
-    row per scheduler step (each row feeds its last token and draws the next). A row's uniforms
-    for its whole grid are drawn from its stream when it starts (the same numbers, in the same
-    order, as drawn step by step), and the positions advance on the device: no host work and no
-    host read per token. Rows done or without an image re-feed their last token at its own slot
-    (the same keys and values) and keep their grid. `runner`: the engine's runner it steps (the
-    target's; MuLo-SD's drafter drafts with it too)."""
+    """`ar` over the scheduler's rows: one AR step over every row per scheduler step, each row at
+    its own raster position (feeding its last token, drawing the next). A row's uniforms for its
+    whole grid are drawn when it starts (the numbers it would draw step by step) and positions
+    advance on the device: no host work and no host read per token. Rows done or without an image
+    re-feed their last token at its own slot (the same keys and values) and keep their grid.
+    `runner`: the runner it steps (the target's; MuLo-SD drafts with the drafter's)."""
 
     def __init__(self, engine, runner: ModelRunner):
         super().__init__(engine)
@@ -40,8 +37,7 @@ class ARRows(RowPolicy):
         B, self.HW = engine.batch, self.runner.H * self.runner.W
         dev = self.runner.device
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
-        #: each row's position fed by the next step (its last drawn token's), [B, 1]; the host
-        #: mirror says when a row is done (its last position fed)
+        #: each row's position fed by the next step, [B, 1]; `at` its host mirror (when a row is done)
         self.position = torch.full((B, 1), self.HW - 1, dtype=torch.long, device=dev)
         self.at = [self.HW - 1] * B
         self.exact = engine.streams.exact
@@ -50,19 +46,15 @@ class ARRows(RowPolicy):
                                                                                                       device=dev)
 
     def start(self, rows, conditions):
-        e, runner, HW = self.engine, self.runner, self.HW
-        _, p0 = e.prefill_rows(runner, rows, conditions)
-        streams = e.streams.rows(rows)
-        index = to_device(rows, runner.device, torch.long)
-        grids = torch.zeros(len(rows), HW, dtype=torch.long, device=runner.device)
-        grids[:, 0] = draw(p0, streams, runner.backend, positions=torch.zeros_like(index))
-        self.tokens.index_copy_(0, index, grids)
+        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
+        index = self.begin_grids(self.runner, rows, p0)
+        streams = self.engine.streams.rows(rows)
         if self.exact:
             u = torch.tensor(streams.keys, dtype=torch.long)[:, None]
         else:
-            u = torch.zeros(len(rows), HW)
-            u[:, 1:] = streams.rand((len(rows) * (HW - 1),)).view(len(rows), HW - 1)
-        self.uniforms.index_copy_(0, index, to_device(u, runner.device))
+            u = torch.zeros(len(rows), self.HW)
+            u[:, 1:] = streams.rand((len(rows) * (self.HW - 1),)).view(len(rows), self.HW - 1)
+        self.uniforms.index_copy_(0, index, to_device(u, self.runner.device))
         self.position.index_fill_(0, index, 0)
         for b in rows:
             self.at[b] = 0
@@ -87,9 +79,10 @@ class ARRows(RowPolicy):
 def decode(target, conditions, *, tokenizer=None, options: AROptions = AROptions(), run: RunSettings = RunSettings()):
     """Plain AR on `target` for `conditions` (class ids, or a `Prompts` batch), on the scheduler
     (`specdec.decoding.scheduler`). With `run.compile` each step (model pass + sampling) runs
-    through torch.compile (specdec.decoding.compiled); the one-off compile time is reported in
-    stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is kept on the
-    model), and is part of wall_s."""
+    through torch.compile (specdec.decoding.compiled; CUDA graphs on a GPU are opt-in:
+    `specdec.decoding.scheduler.cuda_graphs`); the one-off compile time, part of wall_s, is
+    reported in stats.compile_s (0 for shapes compiled by an earlier call: the compiled step is
+    kept on the model)."""
     return run_rows("ar", target, conditions, lambda engine: ARRows(engine, engine.runner(target)), run, tokenizer)
 
 

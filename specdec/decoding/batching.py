@@ -1,6 +1,5 @@
-"""How a decode runs: `run_rows`, every method on the scheduler (`specdec.decoding.scheduler`);
-the checks of a decoder's common arguments (the model's protocol, the conditions) happen here,
-once per call."""
+"""How a decode runs: `run_rows`, every method on the scheduler (`specdec.decoding.scheduler`),
+after checking a decoder's common arguments (the model's protocol, the conditions) once per call."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,11 +42,10 @@ def check_classes(model, classes):
 
 
 def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSettings, tokenizer=None):
-    """Decode `conditions` (class ids, or a `Prompts` batch) on the scheduler, `make_policy(engine)`
-    the method's policy over its rows: `run.concurrency` rows, each refilled as soon as its image
-    is done; else lockstep batches of `run.batch_size` (rows refilled once all are free). Image i
-    depends only on (seed, first_index + i). Given `Requests(...)` it returns the streaming engine
-    (`StreamingEngine`) instead. The grids are decoded to images with `tokenizer` (not timed)."""
+    """Decode `conditions` (class ids, or a `Prompts` batch) on the scheduler with the method's
+    policy `make_policy(engine)`: `run.concurrency` rows, each refilled as its image is done, else
+    lockstep batches of `run.batch_size`. Image i depends only on (seed, first_index + i). Given
+    `Requests(...)`, returns a `StreamingEngine` instead. `tokenizer` makes images (untimed)."""
     check_grid_model(model, "target")
     if run.exact and method not in EXACT_METHODS:
         raise ValueError(f"exact: {method} is not lossless and cannot be exact; exact methods: "
@@ -63,9 +61,7 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, n), refill=run.concurrency is not None)
     for i in range(n):
         scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
-    # Decoding is inference: without no_grad a model whose parameters require grad (a
-    # transformers checkpoint, say) would record autograd graphs in eager passes, and
-    # torch.compile would trace a training graph (a backward beside every compiled pass).
+    # Inference: autograd off, for the reason `StreamingEngine.step` gives.
     with torch.no_grad():
         while not scheduler.idle:
             for image in scheduler.step():

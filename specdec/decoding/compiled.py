@@ -4,12 +4,11 @@ function of tensors only, so the compiler sees the whole step as one graph.
 On CPU the step is compiled by inductor (C++ kernels, the specdec ops called from the graph
 through their registered fake implementations); on CUDA with CUDA graphs (`triton.cudagraphs`,
 what mode="reduce-overhead" turns on), with the KV cache marked as a static address so that its
-in-place writes can be replayed.
-Shapes are static: the AR step feeds one token per row against the whole slot cache, so one graph
-serves every step of a decode; the speculative methods' target passes (`CompiledForward`) are
-padded to a few bucket widths (`bucket_width`), one graph per width. Inductor's on-disk cache
-(`TORCHINDUCTOR_CACHE_DIR`, by default under the system temporary directory) makes later runs
-skip most of the compilation.
+in-place writes can be replayed. Shapes are static: the AR step feeds one token per row against
+the whole slot cache, so one graph serves every step of a decode; the speculative methods' target
+passes (`CompiledForward`) are padded to a few bucket widths (`bucket_width`), one graph per
+width. Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default under the system temporary
+directory) makes later runs skip most of the compilation.
 
 Every compiled function here is made for one shape and one cache, and is called only with that
 shape (the key of the store that holds it): it is compiled with Dynamo's guards dropped
@@ -37,9 +36,8 @@ def compile_step(fn: Callable, device: torch.device, graphs: bool = True) -> Cal
 
 
 def compile_options(device: torch.device, graphs: bool = True) -> dict:
-    """torch.compile's options for a step on `device`: no guards, and on CUDA (with `graphs`) what
-    mode="reduce-overhead" stands for (CUDA graphs; torch.compile takes a mode or options, not
-    both)."""
+    """torch.compile's options for a step on `device`: no guards, and on CUDA with `graphs` the CUDA
+    graphs of mode="reduce-overhead" (torch.compile takes a mode or options, not both)."""
     options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
     if device.type == "cuda" and graphs:
         options["triton.cudagraphs"] = True
@@ -73,15 +71,13 @@ def bucket_width(n: int) -> int:
 
 
 def mark_cache_static(cache) -> None:
-    """Tell the compiler that the cache tensors keep their addresses (CUDA graphs replay writes
-    into them)."""
+    """Mark the cache tensors as static addresses (CUDA graphs replay writes into them)."""
     for t in list(cache.k) + list(cache.v) + [cache.valid]:
         torch._dynamo.mark_static_address(t)
 
 
 class _CompileClock:
-    """The one-off compile time of an object's compiled functions (their first calls), reported
-    once."""
+    """The one-off compile time of an object's compiled functions (their first calls)."""
 
     compile_s = 0.0
 
@@ -121,8 +117,7 @@ def _visible_columns(real: int, width: int, device) -> torch.Tensor:
 
 class CompiledForward(_CompileClock):
     """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
-    (padded width, tree mask or not, write or not), made on first use
-    and kept.
+    (padded width, tree mask or not, write or not), made on first use and kept.
 
     A pass of N tokens is padded to `bucket_width(N)` by feeding its last token again at its own
     position, with that token's view: written in place, a copy sees what the token sees (the cache
@@ -144,9 +139,8 @@ class CompiledForward(_CompileClock):
         # (the runner's `probs` of its `outputs_at`): one eager call less per pass.
         self.distribution = distribution
         self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
-        # `compiler(fn, device)`: compile_step; the tests pass the identity to check the padding
-        # with eager numerics.
         self.graphs = graphs and cache.device.type == "cuda"   #: passes replayed as CUDA graphs
+        # `compiler(fn, device)`: as `CompiledRunner`'s
         self.compiler = compiler or (lambda fn, device: compile_step(fn, device, graphs))
         self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
@@ -168,9 +162,8 @@ class CompiledForward(_CompileClock):
         return graph
 
     def _tree_mask(self, tree_mask, rows: int, n: int, width: int):
-        """The mask of the padded block: the caller's rows (or, without one, every real column)
-        restricted to the real columns; a padding row is a copy of the last real row, so that it
-        computes that row's keys and values, which it writes at the same slot."""
+        """The mask of the padded block: the caller's rows (without one: every real column)
+        restricted to the real columns; padding rows copy the last real row (class docstring)."""
         key = (n, width)
         if key not in self._columns:
             self._columns[key] = _visible_columns(n, width, self.cache.device)
@@ -235,8 +228,7 @@ class CompiledRunner(ModelRunner):
         self.functions: Dict[object, CompiledFunction] = {}
 
     def _distribution(self, logits, hidden, positions):
-        """What a compiled pass makes inside its graph beside its logits: the runner's sampling
-        distribution of those outputs (`probs` of `outputs_at`)."""
+        """What a compiled pass makes in its graph beside its logits: `probs` of `outputs_at`."""
         return self.probs(self.outputs_at(logits, hidden, positions))
 
     def prefill(self, classes):

@@ -1,7 +1,6 @@
 """Drafters of raster speculation (`sd`, `lantern`, SSD's first row): what proposes the next
-tokens after each image's committed prefix.
+tokens after each image's committed prefix, behind one interface, `Drafter`:
 
-Both kinds implement one interface, `Drafter`:
 - `ModelDrafter`: a second ARImageModel on the same grid and vocabulary, sampled serially, with a
   runner and cache of its own;
 - `HeadsDrafter`: SSD's horizontal heads on the target (Medusa-style: all n drafts from the
@@ -23,9 +22,7 @@ from specdec.models.protocol import cfg_rows
 
 
 class Drafter(abc.ABC):
-    """What raster speculation asks of a drafter, each round: `observe` the target's hidden state
-    that gave each image's last committed token, `draft` n tokens after each committed prefix,
-    then hear how many were kept (`accepted`)."""
+    """What raster speculation asks of a drafter; each round: `observe`, `draft`, `accepted`."""
 
     #: whether `observe`'s hidden states are what it drafts from (SSD's heads)
     reads_hidden = False

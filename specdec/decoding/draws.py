@@ -15,14 +15,13 @@ from specdec.ops.verification import sample_residual_unchecked
 
 def draw(probs: torch.Tensor, streams: ImageStreams, backend=None, *,
          counts: Optional[Sequence[int]] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One token per row of probs [M, V] (inverse CDF) -> int64 [M]. The rows are split evenly
-    between the images, image b's from its own stream; with `counts` (host ints, one per image)
-    image b draws only the first counts[b] of its M / B rows, the others get zeros (rows of an
-    image that has finished a phase while others go on: its stream stays where it is).
+    """One token per row of probs [M, V] (inverse CDF) -> int64 [M], the rows split evenly between
+    the images, each drawing from its own stream. With `counts` (host ints, one per image) image b
+    draws only its first counts[b] rows, the others get zeros (`ImageStreams.rand_padded`).
 
     Exact streams (`ImageStreams.exact`) draw each row's token with the noise of its image's key
-    at its raster position instead (`positions`, int64 with M entries; `race`): nothing is
-    consumed, and `counts` changes nothing (the rows past an image's count are not read)."""
+    at its raster position instead (`positions`, int64 [M]; `race`): nothing is consumed, and
+    `counts` changes nothing (the rows past an image's count are not read)."""
     if probs.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=probs.device)
     if streams.exact:
@@ -46,10 +45,8 @@ def race(probs: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, backe
 def draw_residual(p: torch.Tensor, q: Optional[torch.Tensor], u: torch.Tensor, backend=None, *,
                   with_distribution: bool = False):
     """One token per row from norm(max(0, p - q)) (p where that is zero, or q None) with the
-    uniforms u [M] -> int64 [M].
-
-    with_distribution=True also returns that residual distribution [M, V]: SSD's later rounds use
-    it as the q of the token (the others skip the [M, V] work)."""
+    uniforms u [M] -> int64 [M]; `with_distribution=True` also returns that distribution [M, V]
+    (SSD's later rounds use it as the token's q; the others skip the [M, V] work)."""
     out = sample_residual_unchecked(p, q, to_device(u, p.device), backend)
     if not with_distribution:
         return out.tokens.long()

@@ -5,14 +5,13 @@ feeds, how the target judges the drafts (a rule and mode of `verify_grid`) and w
 Everything else of a round is here, written once:
 
 - the images' random streams (`ImageStreams`: image i draws only from its own stream);
-- the runners (`runner`): made for the batch, eager or compiled, each with its role (target,
-  drafter, preview), whose passes the scheduler counts per image;
+- the runners (`runner`): made for the batch, eager or compiled, each with a role (target,
+  drafter, preview) under which the scheduler counts its passes per image;
 - committed lengths (`Lengths`: on the device for the passes, mirrored on the host for the loop's
   control, the passes' shapes and the streams' consumption);
-- the read-accept-commit step: `judge` runs `verify_grid` on the drafts, makes the pass's one host
-  read (kept and resampled positions, and MuLo-SD's islands) and records the acceptance map and
-  the drafted and kept counts; `redraw` draws the replacements of rejected drafts from the
-  residual norm(max(0, p - q)) with each image's own uniforms and writes them into the grid.
+- the read-accept-commit step: `judge` (the drafts' verdict, the pass's one host read, the
+  statistics) and `redraw` (rejected drafts drawn again from the residual, with each image's own
+  uniforms).
 
     engine = Engine(run, streams, grid)            # the scheduler makes one for its rows
     target = engine.runner(model)
@@ -105,17 +104,13 @@ class Engine:
         #: drafter passes made without a runner of their own (SSD's heads on the target)
         self.head_passes = 0
         self.reads = 0      #: host reads made (`read`: one per judgement)
-        #: the scheduler whose rows this batch is (`specdec.decoding.scheduler.Scheduler`): its
-        #: statistics are then kept per image, each row's part to the image it holds
+        #: the scheduler whose rows these are (`specdec.decoding.scheduler.Scheduler`; see `record`)
         self.rows = None
-        #: prefills of some rows (on a runner of that many images, copied in): target passes of
-        #: their own, besides the runners' (`prefill_rows`)
+        #: target passes of prefills of some rows (`prefill_rows`), besides the runners' own
         self.prefill_passes = 0
-        #: compiled passes replayed as CUDA graphs on CUDA (the scheduler's only with the switch
-        #: SPECDEC_CONTINUOUS_GRAPHS=1: its per-row steps have not run on a GPU)
+        #: compiled passes replayed as CUDA graphs on CUDA (a scheduler's: `scheduler.cuda_graphs`)
         self.graphs = True
-        #: where compiled runners are kept (None: on the model, reused by every decode); a streaming
-        #: engine's batch lives across steps, between which other decodes may run, so it keeps its own
+        #: where compiled runners are kept (None: on the model; see `compiled.compiled_runner`)
         self.kept_runners: Optional[dict] = None
 
     @property
@@ -152,10 +147,9 @@ class Engine:
 
     def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> Tuple[Outputs, torch.Tensor]:
         """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache; returns
-        the prefill's outputs and the distribution of each one's token 0 ([k, V]). Every row at once: one prefill
-        of the runner itself (its cache emptied first); some rows: a prefill on a runner of that
-        many images, copied into their rows (`SlotKVCache.put_images`), the other rows untouched.
-        Each row's image is counted one pass of the runner's role."""
+        the outputs and each row's distribution of token 0 ([k, V]). Some rows are prefilled on a
+        runner of that many images (`part`) and copied in (`SlotKVCache.put_images`), the other rows
+        untouched. Each row's image is counted one pass of the runner's role."""
         role = next(rr for r, rr in self._runners if r is runner)
         if len(rows) == self.batch:
             runner.cache.reset()

@@ -1,15 +1,14 @@
 """SSD's spatial heads: predict the target's pre-norm hidden state of a neighbouring token.
 
-Each head maps `[h ; e]` -> a predicted hidden state, where `h` is the target's last-layer hidden
-state (before the final RMSNorm) whose distribution produced token `x` at raster index `t`, and `e`
-the input embedding of `x`. Horizontal head `k` (k = 1..5) predicts the hidden state giving the
-distribution of token `t + k`, vertical head `k` (k = 1..2) that of token `t + k * W`. The draft
-distribution is the target's own final norm + LM head on the prediction (docs/decoders.md, "ssd"):
+Each head maps `[h ; e]` to a predicted hidden state: `h` is the target's last-layer hidden state
+(before the final RMSNorm) that gave token `x` at raster index `t`, `e` the input embedding of `x`.
+Horizontal head `k` (k = 1..5) predicts the hidden state giving token `t + k`'s distribution,
+vertical head `k` (k = 1..2) token `t + k * W`'s (docs/decoders.md, "ssd"); each computes
 
     f(z) = W0 z + SwiGLU(RMSNorm(W0 z)),   z = [h ; e]
 
-The heads themselves live in `specdec.models.ssd_heads` (`SSDHeads`); any module with
-`horizontal` and `vertical` sequences of heads taking `[h ; e]` (or `(h, e)`) works here.
+The heads live in `specdec.models.ssd_heads` (`SSDHeads`); any module with `horizontal` and
+`vertical` sequences of heads taking `[h ; e]` (or `(h, e)`) works here.
 """
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ _TAKES_H_AND_E = {}   # head class -> whether its forward is f(h, e); inspect is
 
 
 def _call(head, h, e):
-    # Accept heads written as f(z) with z = [h ; e] as well as f(h, e).
     kind = type(head)
     if kind not in _TAKES_H_AND_E:
         params = [p for p in inspect.signature(head.forward).parameters.values()
@@ -63,17 +61,16 @@ def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torc
 
 def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor,
           rows: Optional[Sequence[int]] = None) -> torch.Tensor:
-    """SSD's draft distributions from heads `kind` number `offsets` (1-based) of the target
-    `runner`: h [rows, ..., dim] the target's hidden states that gave `tokens` [rows, ...] (CFG rows
-    included), over the runner's B images. Returns q [B, n * ..., V] (head offsets[0]'s block
-    first): the target's final norm, LM head and sampling on the predicted hidden states. On a
-    compiled runner this is one compiled graph per shape (kept with the runner, keyed by the heads
-    module too), instead of some twenty eager ops.
+    """SSD's draft distributions q [B, n * ..., V] (head offsets[0]'s block first) from heads `kind`
+    number `offsets` (1-based): the target `runner`'s final norm, LM head and sampling on the heads'
+    predictions from h [rows, ..., dim], the target's hidden states that gave `tokens` [rows, ...]
+    (CFG rows included). On a compiled runner, one compiled graph per shape instead of some twenty
+    eager ops.
 
     The heads run over the images `rows` alone (sorted; None: those the runner's passes cover,
-    `ModelRunner.cover`), padded to a power of two with copies of the first, so that a compiled
-    runner meets a few shapes; every other image takes the first one's q (a valid distribution,
-    for rows that draw nothing from it)."""
+    `ModelRunner.cover`), padded to a power of two with copies of the first so that a compiled
+    runner meets few shapes; every other image gets the first one's q (a valid distribution, for
+    rows that draw nothing from it)."""
     offsets = tuple(offsets)
     B = runner.batch
     if rows is None:

@@ -22,17 +22,15 @@ from specdec.neighbors import knn_table
 from specdec.settings import RunSettings, check_int
 
 
-# The tables of the last few codebooks: a decoder call builds its table from the codebook, and
-# decoding image by image would rebuild it for every image (a sort over V x V distances, a
-# sizeable share of a compiled MuLo-SD image on a small model). Keyed by the codebook's contents (a
-# digest of its bytes: families hand out a freshly normalised tensor on every call, so its
-# storage says nothing), shape, dtype and device.
+# The tables of the last few codebooks: decoding image by image would otherwise rebuild one per
+# image (a sort over V x V distances, a sizeable share of a compiled MuLo-SD image on a small
+# model). Keyed by a digest of the codebook's bytes (families hand out a freshly normalised tensor
+# on every call, so its storage says nothing), shape, dtype, device and k.
 _TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
 
 
 def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
-    """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token (kept for the
-    last few codebooks asked)."""
+    """LANTERN's table: the min(k, V - 1) nearest codebook entries of each token (`_TABLES`)."""
     check_k(k)
     if not isinstance(codebook, torch.Tensor) or codebook.dim() != 2:
         return knn_table(codebook, k)   # knn_table names the bad argument
@@ -87,8 +85,7 @@ def decode(target, conditions, *, drafter=None, heads=None, codebook=None, neigh
 
 OPTIONS = LanternOptions
 PRESETS = {}
-#: The models lantern takes besides its target: sd's drafter or heads, and the codebook (or a
-#: precomputed neighbour table).
+#: The models lantern takes besides its target: sd's drafter or heads, and the codebook or neighbours.
 TAKES = ("drafter", "heads", "codebook", "neighbors")
 
 

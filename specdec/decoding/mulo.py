@@ -1,8 +1,7 @@
 """`mulo`: MuLo-SD, multi-scale local speculative decoding (docs/decoders.md, "mulo"), lossy by design.
 
-1. Draft: a same-family drafter on the low-resolution grid (H/r x W/r) samples the whole
-   low-resolution image, serially (`drafting="serial"`, v1) or row-staggered (`drafting="zipar"`,
-   v2's drafter).
+1. Draft: a same-family drafter samples the whole low-resolution (H/r x W/r) image, serially
+   (`drafting="serial"`, v1) or row-staggered (`drafting="zipar"`, v2's drafter).
 2. Up-sample it to a high-resolution draft x~ (`upsample="pixel" | "learned" | "nearest"`).
 3. Verify: one target pass over x~ (a chunked causal prefill that keeps the keys and values).
 4. Accept x~_i iff the pooled target probability p(x~_i) + moved neighbour mass >= tau
@@ -16,22 +15,19 @@
    Reading: kept tokens' keys and values from the verification pass are reused; the first token
    of the first island is sampled from the verification logits (its context is all accepted).
 
-On a model that writes its own low-resolution preview first (GLM-Image: `family.preview`),
-`draft="preview"` makes that preview the draft: the preview stage (the target model itself on the
-preview grid) samples it, the target stage is conditioned on it (`target.condition_on_preview`),
-and it is up-sampled to the target grid (token-space `nearest` for any ratio, `learned` for an
-integer one) and verified as above. No drafter model: the preview passes are the target model's
-own and count as target passes; the preview grids come back as `DecodeResult.preview`.
+`draft="preview"`, on a model that writes its own low-resolution preview first (GLM-Image:
+`family.preview`): the preview stage (the target model itself on the preview grid) samples the
+draft, the target stage is conditioned on it (`target.condition_on_preview`), and it is
+up-sampled and verified as above. No drafter model: the preview passes count as target passes;
+the preview grids come back as `DecodeResult.preview`.
 
-Grids need not be square, nor divide: a drafter or preview grid (h, w) of a target (H, W) with
-h <= H, w <= W is up-sampled by `nearest` or `pixel` whatever the ratio; `learned` needs
-H = r h and W = r w.
+Grids need not be square nor divide: a drafter or preview grid (h, w) <= (H, W) per side is
+up-sampled by `nearest` or `pixel` at any ratio; `learned` needs H = r h and W = r w.
 
 Target passes per image: prefill + one verification + the resampling passes. On the scheduler
-each row is in its own phase (`specdec.decoding.mulo_rows.MuloRows`); each image draws from its
-own stream. The method's own figures per image (islands, resampled positions, the
-low-resolution drafts) are `MuloStats`, in `DecodeStats.method_stats`; the acceptance maps are
-the engine's (one [H, W] map per image).
+each row is in its own phase (`specdec.decoding.mulo_rows.MuloRows`) and each image draws from its
+own stream. Per-image figures (islands, resampled positions, low-resolution drafts): `MuloStats`,
+in `DecodeStats.method_stats`; acceptance maps: the engine's, one [H, W] map per image.
 """
 from __future__ import annotations
 
@@ -48,7 +44,6 @@ from specdec.settings import RunSettings, Sampling, check_int
 
 DRAFTING = ("serial", "zipar")
 RESAMPLING = ("islands", "raster")
-#: where the low-resolution draft comes from: a drafter model, or the target's own preview stage
 DRAFTS = ("drafter", "preview")
 
 
@@ -95,9 +90,8 @@ class MuloOptions:
 
 
 def check_models(target, drafter, upsample: str = "nearest"):
-    """The drafter's fit for the target: same vocabulary, a grid no larger per side; returns the
-    integer factor r (H = r h, W = r w) or None when the grids do not divide, which only the
-    `nearest` and `pixel` up-samplers take."""
+    """The drafter's fit for the target (same vocabulary, a grid no larger per side); returns r
+    (H = r h, W = r w), or None where the grids do not divide (`nearest` and `pixel` only)."""
     check_grid_model(target, "target")
     check_grid_model(drafter, "drafter")
     (H, W), (h, w) = tuple(target.grid), tuple(drafter.grid)
@@ -114,8 +108,7 @@ def check_models(target, drafter, upsample: str = "nearest"):
 
 
 def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions):
-    """The models' fit for these options (a ValueError naming what is missing); returns r (None:
-    the grids do not divide)."""
+    """A ValueError naming what `options` need and the models lack; returns `check_models`' r."""
     if drafter is None:
         if options.draft == "preview":
             raise ValueError("mulo with draft='preview' needs the target's preview stage (drafter=family.preview); "
@@ -147,12 +140,11 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
     upsample="learned", the VQ `tokenizer` for "pixel", the pooling neighbours from `neighbors`
     [V, K] or built from `codebook` [V, D].
 
-    The rows decoded at once share their passes (`resampling.resample_step`: islands differ per
-    image, so a resampling step may take more than one pass); each image draws from its own
-    stream. With
-    `run.compile` every target and drafter pass runs through compiled graphs padded to bucket
-    widths (specdec.decoding.compiled), the drafter's serial steps through the compiled AR step
-    `ar` runs, and both prefills when the models allow it; the up-sampler stays eager."""
+    The rows decoded at once share their passes (islands differ per image, so a resampling step
+    may take more than one: `resampling.resample_step`). With `run.compile` every target and
+    drafter pass runs through compiled graphs padded to bucket widths (specdec.decoding.compiled),
+    the drafter's serial steps through `ar`'s compiled AR step, and both prefills when the models
+    allow it; the up-sampler stays eager."""
     _check_resources(target, drafter, tokenizer, upsampler, options)
     if neighbors is None and codebook is not None and options.k > 0:
         neighbors = neighbor_table(codebook, options.k)
@@ -186,11 +178,10 @@ def resources(family, given: dict, options: MuloOptions) -> dict:
 
 
 def family_defaults(family, given: dict, options: dict, preset: Optional[str]) -> None:
-    """The option defaults that depend on the family, set in `options` (the caller's) unless
-    chosen there, in the family's own options or by a preset: on a family with a preview stage
-    and no drafter model, the preview is the draft (draft="preview"); without a trained
-    up-sampler that fits the grids the draft is up-sampled in pixel space through the family's VQ
-    (the paper's pipeline), or by token-space nearest when the family has no pixel decoder."""
+    """Sets in `options` (the caller's) the family-dependent defaults not chosen there, in the
+    family's own options or by a preset: draft="preview" on a family with a preview stage and no
+    drafter model; without a trained up-sampler that fits the grids, upsample="pixel" through the
+    family's VQ (the paper's pipeline), or "nearest" when the family has no pixel decoder."""
     own = dict((family.options or {}).get("mulo", {}))
     chosen = {**own, **options}
     if "draft" not in chosen and given.get("drafter") is None and family.drafter is None and family.preview is not None:
@@ -199,8 +190,8 @@ def family_defaults(family, given: dict, options: dict, preset: Optional[str]) -
         return
     net = given.get("upsampler", family.upsampler)
     if net is not None and options.get("draft", own.get("draft")) == "preview":
-        # A family's up-sampler serves the preview/target sizes whose ratio is its factor; at
-        # other sizes (GLM-Image 19x13 -> 36x24) the preview is up-sampled token by token.
+        # The family's up-sampler fits only a preview/target ratio equal to its factor (not
+        # GLM-Image's 19x13 -> 36x24).
         factor = _up.target_grid(tuple(family.preview.grid), tuple(family.target.grid))[1]
         if factor is None or factor != getattr(net, "factor", None):
             net = None
@@ -209,6 +200,5 @@ def family_defaults(family, given: dict, options: dict, preset: Optional[str]) -
 
 
 def decodes_preview(options: MuloOptions) -> bool:
-    """Whether MuLo-SD decodes a family's preview stage itself (draft="preview": the preview is
-    its draft), so that a two-stage decode is one call of `decode`."""
+    """Whether `decode` runs the preview stage itself (draft="preview"): two stages in one call."""
     return options.draft == "preview"

@@ -1,6 +1,4 @@
-"""MuLo-SD's rows (`MuloRows`): the scheduler's policy for `mulo` (specdec.decoding.mulo), each
-row in its own phase: drafting its low-resolution image, then verified and resampled.
-"""
+"""MuLo-SD's rows (`MuloRows`): the scheduler's policy for `mulo` (specdec.decoding.mulo)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,13 +34,12 @@ IDLE, DRAFT, RESAMPLE, AR = "idle", "draft", "resample", "ar"
 class MuloRows(RowPolicy):
     """MuLo-SD over the scheduler's rows, each row in its own phase (`phase[b]`):
 
-    - "draft": its low-resolution draft, one step of the drafting policy (`ARRows` for serial
-      drafting, `ZipARRows` for v2's) on the drafter's runner per scheduler step, the drafting
-      rows in one pass;
-    - in the step its draft is complete: up-sampled, its target prefill, one verification pass
-      over the rows that completed theirs in that step (on a runner of those rows alone when
-      others are in other phases: `ModelRunner.apart`), the judgement (one host read) and the
-      first resampled token (`_verify`); then "resample", or done;
+    - "draft": its low-resolution draft, one step of the drafting policy (`ARRows` serial,
+      `ZipARRows` v2) on the drafter's runner per scheduler step, the drafting rows in one pass;
+    - the step its draft completes: up-sampled, its target prefill, one verification pass shared
+      with the rows completing theirs (on a runner of those rows alone when others are in other
+      phases: `ModelRunner.apart`), the judgement (one host read) and the first resampled token
+      (`_verify`); then "resample", or done;
     - "resample": the next pass of its `ResamplePlan` per step, the rows' passes shared
       (`resampling.resample_step`);
     - "ar": at a share of one token per pass, plain AR steps on the target (`ARRows`), after the
@@ -140,8 +137,7 @@ class MuloRows(RowPolicy):
         credit([], "target", 0, 0, 0)     # (every target pass above is credited to its rows)
 
     def _draft_done(self, rows: List[int]) -> None:
-        """Rows whose draft is complete: plain AR from here at a share of one token, else the
-        draft up-sampled and verified."""
+        """Rows whose draft is complete: up-sampled and verified (a share of one token: plain AR)."""
         e, dev = self.engine, self.runner.device
         h, w = self.drunner.H, self.drunner.W
         index = to_device(rows, dev, torch.long)

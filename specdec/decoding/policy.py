@@ -1,6 +1,5 @@
-"""A method as a policy over the rows of the scheduler's persistent batch (`RowPolicy`): what
-the scheduler (`specdec.decoding.scheduler`) asks of every method, and `move_rows`, how a policy
-moves a row's tensors (`specdec.models.protocol.move_rows`)."""
+"""What the scheduler (`specdec.decoding.scheduler`) asks of every method: `RowPolicy`, and
+`move_rows` (`specdec.models.protocol.move_rows`): how a policy's `move` moves its tensors."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,16 +7,17 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine
-from specdec.models.protocol import move_rows  # (a policy's `move` moves its tensors' rows with it)
+from specdec.decoding.uploads import to_device
+from specdec.models.protocol import move_rows
 
 
 class RowPolicy(ABC):
-    """A method as a policy over the rows of the scheduler's batch (the engine's `batch` rows).
-    It makes its runners in its constructor (`engine.runner(model, role=...)`), keeps its
-    per-row state explicit (one entry per row) and its grids in `tokens` [rows, H*W]. A row that
-    holds no image (never started, or done) rides along in the steps without changing anything
-    that a row with an image reads."""
+    """A method as a policy over the rows of the scheduler's batch (the engine's `batch` rows): it
+    makes its runners in its constructor (`engine.runner(model, role=...)`), keeps per-row state
+    explicit (one entry per row) and its grids in `tokens` [rows, H*W]. A row without an image
+    (never started, or done) rides along in the steps, changing nothing a row with an image reads."""
 
     tokens: torch.Tensor
 
@@ -27,7 +27,8 @@ class RowPolicy(ABC):
     @abstractmethod
     def start(self, rows: List[int], conditions) -> None:
         """Rows `rows` (sorted) begin the images of `conditions` (one each): their prefills
-        (`engine.prefill_rows`), token 0 from each row's own stream, their per-row state."""
+        (`engine.prefill_rows`), token 0 from each row's own stream (`begin_grids`), their per-row
+        state."""
 
     @abstractmethod
     def step(self) -> None:
@@ -42,6 +43,15 @@ class RowPolicy(ABC):
         """Row `src`'s image, in whatever phase, to row `dst` (free); row `src` is then free (its
         state a row's without an image). The scheduler moves the cache rows and the streams."""
 
+    def begin_grids(self, runner, rows: List[int], p0: torch.Tensor) -> torch.Tensor:
+        """Rows `rows` begin new grids in `tokens`: token 0 drawn from p0 [k, V] (their prefill's)
+        with each row's own stream, the rest zeros. Returns `rows` as a device index."""
+        index = to_device(rows, runner.device, torch.long)
+        grids = torch.zeros(len(rows), self.tokens.shape[1], dtype=torch.long, device=runner.device)
+        grids[:, 0] = draw(p0, self.engine.streams.rows(rows), runner.backend, positions=torch.zeros_like(index))
+        self.tokens.index_copy_(0, index, grids)
+        return index
+
     def preview(self, b: int) -> Optional[torch.Tensor]:
         """Row b's preview grid [h, w] when the method decoded one itself (MuLo-SD drafted by a
         model's own preview stage), else None."""
@@ -52,9 +62,8 @@ class RowPolicy(ABC):
         return None
 
     def final(self, b: int) -> int:
-        """How many of row b's raster positions are final now, a prefix of raster order known from
-        host state (no read): what a partial image of it may show. 0 where the method cannot say
-        before the end (its tokens may still change anywhere)."""
+        """How many of row b's raster positions are final now, a prefix known from host state (no
+        read): what a partial image of it may show; 0 while its tokens may still change anywhere."""
         return 0
 
     def draft(self, b: int) -> Optional[Tuple[torch.Tensor, int]]:

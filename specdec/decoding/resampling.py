@@ -1,17 +1,11 @@
 """MuLo-SD's step 6: the rejected region R_X of an image resampled with the target, pass by pass.
 
-An image's resampling is a `ResamplePlan` worked out on the host from its judgement alone (R_X
-and its island labels), so the passes read nothing back:
-
-- v1 (`raster_plan`): one position of R_X per pass, in raster order;
-- v2 (`island_plan`): every 8-connected island of R_X advances one position per pass, all
-  islands in one pass, unresolved positions of other islands hidden by a tree mask.
-
-The first position of R_X (the first rejection) is drawn from the verification pass's outputs:
-its context is all accepted. Each later pass m of an image feeds the positions it resolved last
-(their keys and values are written now) and the tokens just before the positions it resolves.
-`resample_step` makes one pass of every plan given, as few shared passes as the rows' blocks
-allow (see there).
+An image's resampling (v1 `raster_plan`, v2 `island_plan`: `specdec.decoding.mulo`, step 6) is a
+`ResamplePlan` worked out on the host from its judgement alone (R_X and its island labels), so the
+passes read nothing back. Its first position t0 is drawn from the verification outputs
+(`draw_first`); each later pass feeds the positions resolved last (writing their keys and values)
+and the tokens just before the positions it resolves. `resample_step` makes one pass of every
+plan, in as few shared passes as the rows' blocks allow.
 """
 from __future__ import annotations
 
@@ -27,9 +21,8 @@ from specdec.decoding.uploads import to_device
 
 
 def island_schedule(resample: list, islands: list) -> list:
-    """The passes of v2 from R_X (host bools over the grid) and its island labels (host ints):
-    pass m resolves the m-th position (raster order) of every island with more than m, the
-    islands in label order."""
+    """v2's passes from R_X (host bools over the grid) and its island labels (host ints): pass m
+    resolves the m-th position (raster order) of every island longer than m, in label order."""
     by_island = {}
     for t, r in enumerate(resample):
         if r:
@@ -41,9 +34,9 @@ def island_schedule(resample: list, islands: list) -> list:
 
 @dataclass
 class ResamplePlan:
-    """One image's resampling after its first position `t0` (drawn from the verification
-    outputs): the positions each later pass resolves, which positions of the grid are resolved
-    (host bools), the positions resolved last (keys not written yet) and the next pass."""
+    """One image's resampling after its first position `t0`: `steps[m]`, the positions pass m
+    resolves (`m`: the next); `resolved`, host bools over the grid; `last`, resolved last (keys not
+    yet written)."""
 
     t0: int
     steps: List[List[int]]
@@ -105,17 +98,15 @@ def draw_first(engine: Engine, runner: ModelRunner, x: torch.Tensor, ver: Output
 
 
 def _resample_pass(engine: Engine, runner: ModelRunner, x, work: dict, *, tree: bool, end: int) -> None:
-    """One shared resampling pass: work[b] = (positions to resolve now, the block of slots fed,
-    which of them are resolved) for the images in it (the others ride along at slot end - 1);
-    `tree`: the blocks hold another island's unresolved token, so a tree mask hides it."""
+    """One shared pass of the images `work` holds (b -> `ResamplePlan.block()`; the others ride
+    along); `tree`: a block holds another island's unresolved token, which a tree mask hides."""
     B, dev = x.shape[0], x.device
     N = max(len(block) for _, block, _ in work.values())
     pos = to_device([work[b][1] + [end - 1] * (N - len(work[b][1])) if b in work else [end - 1] * N
                      for b in range(B)], dev, torch.long)
     mask = None
     if tree:
-        # A query slot of another island's unresolved token: visible to its own query only
-        # (and rows riding along see themselves only).
+        # Another island's unresolved token is seen by its own query only; riders see themselves.
         dense = torch.eye(N, dtype=torch.bool).repeat(B, 1, 1)
         for b, (_, _, trusted) in work.items():
             dense[b] |= torch.tensor(trusted, dtype=torch.bool)[None, :]
@@ -137,13 +128,12 @@ def resample_step(engine: Engine, runner: ModelRunner, x: torch.Tensor, plans: D
     """The next pass of every plan (batch row -> plan, not done) into x [B, H*W]; returns each
     pass made as (its rows, its width).
 
-    A pass needs one width for all rows and one attention path: rows whose block is all resolved
-    take the in-place path (attention over the cache alone, whatever the width), rows with
-    another island's unresolved token need a tree mask, whose attention also reads the block, so
-    those share a pass only with rows of the same block width (a wider block would change the
-    length of that reduction, and so the logits' last bit). A row not in a pass rides along at
-    slot end - 1 (the block's last slot): only a query at that position sees it, whose output
-    predicts a position past the block, which nothing reads."""
+    A pass has one width and one attention path for all its rows. Rows whose block is all resolved
+    take the in-place path (attention over the cache alone, at any width); rows with another
+    island's unresolved token need a tree mask, whose attention also reads the block, so they share
+    a pass only with rows of the same block width (a wider block would change that reduction's
+    length, and so the logits' last bit). A row not in a pass rides along at slot end - 1, seen only
+    by a query there, whose output (past the block) nothing reads."""
     work = {b: plans[b].block() for b in sorted(plans)}
     groups: Dict[Optional[int], List[int]] = {}
     for b, (_, block, trusted) in work.items():

@@ -1,10 +1,9 @@
 """What a decode returns: the token grids, the images, and `DecodeStats`.
 
-`DecodeStats` is typed: every method reports the same per-image counts (target passes, tokens fed,
-drafter passes), the same per-judgement records (acceptance map, drafted and accepted counts), and
-its own figures in a small dataclass of per-image lists (`MuloStats`, `SSDStats`, ...) in
-`method_stats`. Joining the statistics of consecutive batches (`merge`) and of the two stages of a
-preview model (`add_stage`) goes field by field, so a new field is never dropped.
+`DecodeStats` is typed: every method reports the same per-image counts and per-judgement records,
+and its own figures in a small dataclass of per-image lists (`MuloStats`, `SSDStats`, ...) in
+`method_stats`. Consecutive batches (`merge`) and the two stages of a preview model (`add_stage`)
+are joined field by field, so a new field is never dropped.
 """
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ class DecodeStats:
     method: str
     images: int = 0
     tokens: int = 0                     #: tokens committed (images * H * W, the preview's too)
-    #: per image: the target passes it took part in (the prefill included; a pass shared by a
-    #: batch counts once for each of its images)
+    #: per image: target passes it was in (prefill included; a shared pass counts for each image)
     target_passes: List[int] = field(default_factory=list)
     #: per image: image tokens fed to the target for it (the prefix not counted)
     tokens_fed: List[int] = field(default_factory=list)
@@ -41,16 +39,13 @@ class DecodeStats:
     widest_feed: List[int] = field(default_factory=list)
     #: per image: drafter passes (a drafter model's or SSD's heads'; 0 without a drafter)
     draft_passes: List[int] = field(default_factory=list)
-    #: per image of a two-stage decode (GLM-Image): the preview stage's target passes (counted
-    #: in target_passes too)
+    #: per image of a two-stage decode: the preview stage's target passes (in target_passes too)
     preview_passes: List[int] = field(default_factory=list)
-    #: target passes the decode made, a pass shared by images counted once (what its time goes
-    #: to where a pass costs about the same for one image as for all: lockstep batches make a
-    #: batch's passes once, continuous batching one pass per engine step and model)
+    #: target passes made, a shared pass counted once (what the time goes to where a pass costs
+    #: about as much for one image as for all; continuous batching: one per engine step and model)
     passes_made: int = 0
     wall_s: float = 0.0
-    #: per batch: seconds spent compiling graphs (0 for graphs an earlier decode compiled; empty
-    #: when eager)
+    #: per batch: seconds compiling graphs (0 where an earlier decode compiled them; empty if eager)
     compile_s: List[float] = field(default_factory=list)
     #: per judgement (a verification of a batch's drafts): bool [B, H, W] maps of the drafted
     #: positions kept (MuLo-SD: one [H, W] map per image)
@@ -86,8 +81,7 @@ class DecodeStats:
         self.extend([other])
 
     def extend(self, others: List["DecodeStats"]) -> None:
-        """Append the statistics of each of `others` in turn (the images decoded after these), in
-        time linear in their sizes (a scheduler joins one per image)."""
+        """`merge` each of `others` in turn, in linear time (a scheduler joins one per image)."""
         for f in dataclasses.fields(self):
             if f.name == "method":
                 continue
@@ -102,9 +96,9 @@ class DecodeStats:
             setattr(self, f.name, mine)
 
     def add_stage(self, preview: "DecodeStats") -> "DecodeStats":
-        """These statistics (a target stage) with those of the preview stage of the same images
-        before them: per-image counts added image by image, totals added, per-judgement records
-        and compile times of both kept; `preview_passes` gets the preview stage's passes."""
+        """These statistics (a target stage) joined with the preview stage's of the same images:
+        counts added (per image: image by image, `widest_feed` the larger), per-judgement records
+        and compile times of both kept, `preview_passes` the preview stage's target passes."""
         if preview.images != self.images:
             raise ValueError(f"a preview stage of {preview.images} images for {self.images}")
         out = DecodeStats(self.method)

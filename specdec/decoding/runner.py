@@ -78,8 +78,7 @@ def weights_key(module):
 
 
 def count_pass(runner, width: int, passes: int = 1) -> None:
-    """`passes` passes of `width` image tokens per row each into a runner's counters (every
-    runner kind counts its passes so: the eager and compiled ones)."""
+    """Count `passes` passes of `width` image tokens per row in a runner's counters (any kind)."""
     runner.forwards += passes
     runner.fed += passes * width
     runner.widest = max(runner.widest, width)
@@ -128,14 +127,13 @@ class ModelRunner:
         self.cover(None)
 
     def cover(self, k: Optional[int]) -> None:
-        """Let later passes of all B rows go over the first k images only (None: every one). The
-        scheduler decides k (`specdec.decoding.scheduler.covered_images`: the images it holds,
-        rounded up to a bucket) and calls this whenever it changes. A pass then runs on a view of
-        the cache's first rows (`prefix`: nothing is copied); the outputs of an image left out are
-        a copy of image 0's (a valid distribution: its stand-in goes on drawing tokens) and its
-        cache is not written. An image's outputs do not depend on which others share its pass
-        (bit for bit under `batch_invariant()`), so the images are unchanged. A cache that serves
-        no views (a transformers adapter's) keeps every image covered."""
+        """Let later passes of all B rows go over the first k images only (None: every one); the
+        scheduler sets k whenever it changes (`specdec.decoding.scheduler.covered_images`). A pass
+        then runs on a view of the cache's first rows (`prefix`: nothing is copied); an image left
+        out gets a copy of image 0's outputs (a valid distribution: its stand-in goes on drawing
+        tokens) and its cache is not written. An image's outputs do not depend on which others
+        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged. A
+        cache that serves no views (a transformers adapter's) keeps every image covered."""
         self.covered = None if k is None or k >= self.batch or not self.views else k
 
     def prefix(self, k: int) -> "ModelRunner":
@@ -160,10 +158,10 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def apart(self, rows: List[int]):
-        """A runner of len(rows) images (`part`) holding a copy of images `rows` (sorted) of this
-        cache while the block runs, copied back when it ends: passes over those images alone
-        (MuLo-SD verifying the images whose drafts are done while others draft). Every image: this
-        runner; the first k: `prefix` (a view, nothing copied)."""
+        """While the block runs, a runner of images `rows` (sorted) alone, for passes over them
+        (MuLo-SD verifying the images whose drafts are done while others draft): a `part` holding
+        a copy of their rows, copied back at the end; this runner for every image, and `prefix` (a
+        view, nothing copied) for the first k."""
         if len(rows) == self.batch:
             yield self
             return
@@ -195,9 +193,8 @@ class ModelRunner:
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, *, tree_mask=None, write=True) -> Outputs:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
-        token that follows position i in raster order. Set by `cover`, a pass of all B rows goes
-        over the first images alone (on a view of their rows: `prefix`), and its outputs are
-        spread back to B rows."""
+        token that follows position i in raster order. Under `cover` (and without a tree mask) the
+        pass goes over the first k images alone, its outputs spread back to B rows."""
         k = self.covered if tree_mask is None else None
         if k is None:
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
@@ -223,9 +220,8 @@ class ModelRunner:
         return self.outputs_at(out.logits, out.hidden, positions)
 
     def outputs_at(self, logits: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor) -> Outputs:
-        """Outputs of a pass's raw logits [rows, N, V] fed at raster `positions` ([N] or [B, N]):
-        `outputs`, with LlamaGen's cfg_interval applied at each output's position. A compiled pass
-        calls it inside its graph too, to make `probs` of the same outputs."""
+        """`outputs` of a pass's raw logits [rows, N, V] fed at raster `positions` ([N] or [B, N]),
+        with LlamaGen's cfg_interval applied (a compiled pass calls it in its graph for `probs`)."""
         o = self.outputs(logits, hidden)
         if self.sampling.has_cfg_interval:
             o = o._replace(uncond=unguided_after_interval(self.sampling, o.cond, o.uncond, positions))
@@ -256,10 +252,8 @@ class ModelRunner:
 
     def ar_step(self, grid: torch.Tensor, position: torch.Tensor, rand: torch.Tensor, *, exact: bool = False,
                 reach: Optional[int] = None) -> torch.Tensor:
-        """One AR step of every row of `grid` [B, H*W] in place, each row at its position [B, 1]
-        with its uniforms [B, H*W] (exact: its key [B, 1]); returns the positions advanced
-        (`TokenStep.on_grid`). While `cover` has set k, the step goes over the first k images
-        alone (`prefix`)."""
+        """`TokenStep.on_grid` over `grid` [B, H*W] (`rand`: its `uniforms`), the values written
+        in place; returns the positions advanced. Under `cover` only the first k images step."""
         k = self.covered
         if k is None:
             values, written, moved = self.token_step(exact).on_grid(grid, position, rand, reach=reach)
@@ -296,11 +290,10 @@ class ModelRunner:
 
 
 class TokenStep:
-    """One AR step of every row of a grid, each row at its own raster position: it feeds its last
-    drawn token and samples the next (`on_grid`). `compiler(fn, device)`: how the step is compiled
-    (None: eager, op by op); `specdec.decoding.compiled.CompiledRunner` passes its
-    `CompiledFunction`. `exact`: the token is the race winner of its row's key at its position
-    (`draws.race`) rather than the inverse CDF of its uniform."""
+    """One AR step of every row of a grid, each at its own raster position (`on_grid`), compiled
+    by `compiler(fn, device)` (None: eager; `specdec.decoding.compiled.CompiledRunner` passes its
+    `CompiledFunction`). `exact`: the token is the race winner of its row's key at its position
+    (`draws.race`), not the inverse CDF of its uniform."""
 
     def __init__(self, runner: ModelRunner, compiler: Optional[Callable] = None, exact: bool = False):
         self.runner = runner
@@ -330,16 +323,14 @@ class TokenStep:
         self._grid_step = grid_step if compiler is None else compiler(grid_step, cache.device)
 
     def on_grid(self, grid, position, uniforms, reach: Optional[int] = None):
-        """One AR step of every row of `grid` [B, H*W] int64, each at its own position [B, 1] (its
-        last drawn token's; a row at the grid's last position feeds it again and keeps its grid),
-        with its uniform for the position it draws from `uniforms` [B, H*W] (exact: its key,
-        int64 [B, 1]). Returns (values,
-        positions [B, 1] written, positions advanced): the caller scatters the values into its
-        grid. The gathers and the choice of values are part of the step (compiled: one graph), so
-        a step is one call whatever the rows' positions. `reach`: the furthest position fed, as a
-        host int, when the caller knows it: the eager step then reads only the cache prefix up to
-        it; the compiled step ignores it and reads the whole cache (one shape for every step, so
-        one graph)."""
+        """Each row of `grid` [B, H*W] int64 feeds its last drawn token at its position [B, 1] (a
+        row at the grid's last position feeds it again and keeps its grid) and draws the next with
+        its uniform for that position in `uniforms` [B, H*W] (exact: its key, int64 [B, 1]).
+        Returns (values, positions [B, 1] written, positions advanced) for the caller to scatter
+        into its grid. The gathers and the choice of values are part of the step (compiled: one
+        graph), so a step is one call whatever the rows' positions. `reach`: the furthest position
+        fed, as a host int, when known; the eager step then reads only the cache prefix up to it,
+        the compiled one the whole cache (one shape for every step, so one graph)."""
         count_pass(self.runner, 1)
         if self.compiled:
             return self._grid_step(grid, position, uniforms)

@@ -1,14 +1,14 @@
 """The scheduler: one loop, `admit -> step -> retire`, over one persistent batch of rows.
 
-A method is a policy over the batch's rows (`RowPolicy`): it starts some rows on their images
-(`start`: their prefills, token 0, their per-row state), makes one step over every row (`step`:
-each op once over all the rows that need it, one pass per model) and says which rows are done.
-The scheduler owns everything else: the queue of requests, which row holds which image, each
-image's random stream (restarted when a row takes it) and its counters, and when rows are given
-new images. A lockstep batch is the case where every request arrives at once:
+A method is a policy over the batch's rows (`RowPolicy`): it starts rows on their images (`start`:
+prefills, token 0, per-row state), makes one step over every row (`step`: each op once over the
+rows that need it, one pass per model) and says which rows are done. The scheduler owns the rest:
+the request queue, which row holds which image, each image's random stream (restarted when a row
+takes it) and counters, and when rows take new images. A lockstep batch is the case where every
+request arrives at once:
 
-- `decode(..., batch_size=B)`: every request is queued at the start and rows are refilled only
-  when all of them are free (groups of B images that start together);
+- `decode(..., batch_size=B)`: every request queued at the start, rows refilled only when all are
+  free (groups of B images that start together);
 - `decode(..., concurrency=C)`: the same requests, each free row refilled at once;
 - `stream(..., concurrency=C)`: requests queued as they arrive (`submit`), one `step()` at a time.
 
@@ -22,12 +22,10 @@ Image i depends only on (seed, i): its row's stream is its own from the start (`
 .restart`) and a row's computation never reads another row's, so under `batch_invariant()` its
 tokens are bit for bit those of its decode alone, whatever the concurrency or its neighbours.
 
-Which rows a step's passes cover is decided here, in one place (`covered_images`, called whenever
-the rows that hold images change): the first rows up to the last that holds an image, rounded up
-to a bucket, as a serving engine pads its batch to its graph sizes; rows without an image ride
-along otherwise. A request takes the lowest free row, and when none will take a free row at the
-next step the busy rows past the bucket move down into free ones (`_compact`), so the busy rows
-stay the first ones.
+Which rows a step's passes cover is decided here, in one place (`covered_images`, whenever the
+rows that hold images change), as a serving engine pads its batch to its graph sizes; a row
+without an image inside the bucket rides along, changing no image (`ModelRunner.cover`). A request
+takes the lowest free row, and `_compact` keeps the busy rows the first ones.
 """
 from __future__ import annotations
 
@@ -80,10 +78,9 @@ class Finished:
 
 
 class RowCounts:
-    """One live image's counters: the passes it took part in by role (its prefills included), the
-    image tokens they fed its row, the widest of them, and its judgements (acceptance maps,
-    drafted and kept counts). The scheduler adds each step's passes to the rows that took part
-    (`Scheduler.credit`; by default every row that holds an image)."""
+    """One live image's counters: the passes it took part in by role (prefills included), the image
+    tokens they fed its row and the widest feed, and its judgements (acceptance maps, drafted and
+    kept counts). Which rows took part in a step's passes: `Scheduler.credit`."""
 
     __slots__ = ("passes", "fed", "widest", "maps", "drafted", "accepted")
 
@@ -115,10 +112,10 @@ class Scheduler:
 
     def __init__(self, method: str, make_policy: Callable[[Engine], RowPolicy], run: RunSettings,
                  grid: Tuple[int, int], capacity: int, *, refill: bool = True, kept_runners: Optional[dict] = None):
-        """`make_policy(engine) -> RowPolicy`: the method's policy over the engine's rows;
-        `refill`: a free row takes the next request at once (False: only once every row is free,
-        lockstep batches); `kept_runners`: where compiled runners are kept (None: on the model;
-        a stream keeps its own, its caches living across steps while other decodes may run)."""
+        """`make_policy(engine) -> RowPolicy`: the method's policy over the engine's rows; `refill`:
+        a free row takes the next request at once (False: only once every row is free, lockstep
+        batches); `kept_runners`: where compiled runners are kept (None: on the model; a stream
+        keeps its own: `specdec.decoding.compiled.compiled_runner`)."""
         self.method, self.grid, self.refill = method, tuple(grid), refill
         streams = ImageStreams(run.seed, [-1 - b for b in range(capacity)], exact=run.exact)
         self.engine = Engine(run, streams, grid)
@@ -130,8 +127,8 @@ class Scheduler:
         self.rows: List[Optional[RowCounts]] = [None] * capacity
         self.requests: List[Optional[Request]] = [None] * capacity   #: the request each row holds
         self.steps = 0      #: steps made
-        # Each runner's counts at the last tick (a step's passes are the differences), and the
-        # rows that took part in passes of a role this step, when the policy says (`credit`).
+        # `_tick`: each runner's counts at the last tick (a step's passes are the differences), and
+        # the rows the policy credited this step (`credit`).
         self._seen: Dict[int, Tuple[int, int]] = {}
         self._head_passes = 0
         self._credited: Dict[str, List[Tuple[List[int], int, int, int]]] = {}
@@ -153,7 +150,9 @@ class Scheduler:
         return self.engine.reads
 
     def submit(self, condition, index: int, seed: Optional[int] = None, tag: Hashable = None) -> None:
-        """Queue a request: `condition` one class id (a 0-d tensor) or a `Prompts` of one prompt."""
+        """Queue a request: `condition` one class id (a 0-d tensor) or a `Prompts` of one prompt,
+        drawing from the stream of image `index` of `seed` (None: the run's); `tag`: what `cancel`
+        knows it by (None: its index)."""
         self.queue.append(Request(condition, index, seed, index if tag is None else tag))
 
     def cancel(self, tag: Hashable) -> int:
@@ -240,11 +239,10 @@ class Scheduler:
         return done
 
     def _compact(self) -> None:
-        """Keep the busy rows the first ones, so that the passes go over as few as they can
-        (`covered_images`): when no request will take a free row at the next step, each busy row
-        at or past the bucket of the busy count moves into a free row below it (its cache rows
-        copied, its stream and the policy's state moved). Only where passes cover some rows (a
-        CPU, the slot cache): elsewhere every row is passed anyway."""
+        """Keep the busy rows the first ones, so that passes go over as few rows as they can
+        (`covered_images`): once no request will take a free row at the next step, each busy row at
+        or past the bucket of the busy count moves into a free row below it. Only where passes cover
+        some rows (a CPU, the slot cache); elsewhere every row is passed anyway."""
         if self.refill and self.queue:
             return
         if any(r.device.type != "cpu" or not r.views for r, _ in self.engine.runners):
@@ -278,9 +276,8 @@ class Scheduler:
         self._credited.setdefault(role, []).append((list(rows), passes, fed, widest))
 
     def _tick(self, count: bool = True) -> None:
-        """The passes the runners made since the last tick into the counters of the rows that took
-        part: those the policy credited, else every row that holds an image (`count=False`: none;
-        the prefills of rows that start are counted per row)."""
+        """Credit the runners' passes since the last tick to the rows that took part (`credit`;
+        by default every row holding an image). `count=False`: none (prefills count per row)."""
         e = self.engine
         made: Dict[str, List[int]] = {}
         for runner, role in e.runners:
@@ -329,10 +326,9 @@ class Scheduler:
 
 def covered_images(held: List[int], capacity: int, device: torch.device) -> Optional[int]:
     """How many of the first rows a step's passes go over while rows `held` (sorted) hold images:
-    the last of them and the rows before it, rounded up to a power of two, or None: every row
-    (none or all of them hold images, or the bucket is the whole batch). On the CPU a pass costs
-    about its tokens, so a lone request in a batch of 16 would otherwise pay for 16; on a GPU,
-    where this has not run yet, every row is passed."""
+    up to the last of them, rounded up to a power of two (None: every row). On the CPU a pass costs
+    about its tokens, so a lone request in a batch of 16 would otherwise pay for 16; on a GPU, where
+    this has not run yet, every row is passed."""
     if not held or device.type != "cpu":
         return None
     k = 1 << held[-1].bit_length()
@@ -340,9 +336,8 @@ def covered_images(held: List[int], capacity: int, device: torch.device) -> Opti
 
 
 def cuda_graphs() -> bool:
-    """Whether compiled passes of the scheduler replay CUDA graphs on CUDA:
-    opt-in by the switch SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU
-    (`specdec.switches`)."""
+    """Whether the scheduler's compiled passes replay CUDA graphs on CUDA: opt-in by the switch
+    SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU (`specdec.switches`)."""
     return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
 
 

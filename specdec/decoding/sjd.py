@@ -9,12 +9,11 @@ is committed, and the rest of the window is redrawn from p^(j) (Jacobi iteration
 appended at the end uniformly at random. When the whole window is accepted a bonus token is
 drawn from the last output.
 
-Batched: every image has its own window start c_b and window length n_b (shorter near the end
-of the grid, 0 once finished), and the images share their target passes. A pass is as wide as the
-longest window; a row with a shorter window is padded with *re-feeds* (committed tokens fed again
-at their own slots, whose keys and values come out as they were: `blocks.padded_block`),
-a finished image rides along on re-feeds only. Padded entries are never judged and draw no
-uniforms: every image consumes its stream exactly as decoded alone.
+Batched: every image has its own window start c_b and length n_b (shorter near the end of the grid,
+0 once finished); the images share target passes as wide as the longest window, shorter windows
+padded with *re-feeds* (committed tokens fed again at their own slots, whose keys and values come
+out as they were: `blocks.padded_block`) and a finished image riding along on them. Padded entries
+are never judged and draw no uniforms: every image consumes its stream exactly as decoded alone.
 """
 from __future__ import annotations
 
@@ -43,17 +42,14 @@ class SJDOptions:
 
 
 def _long(values, device) -> torch.Tensor:
-    """Host ints -> an int64 tensor on `device` (a host-to-device copy, no read-back)."""
     return to_device(values, device, torch.long)
 
 
 class JacobiRows(RowPolicy):
-    """Every row's window, as a policy over the scheduler's rows (`specdec.decoding.scheduler`):
-    guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the distribution q [B, L, V] each was
-    drawn from (entries beyond n_b are padding, never judged); a row without an image, or done,
-    has n_b = 0 and rides along on re-feeds. A step is one Jacobi iteration of every row, its
-    window `window` (with `adaptive`, chosen each step up to that: `widths`; 0 is a plain AR
-    step)."""
+    """SJD over the scheduler's rows: guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the
+    distribution q [B, L, V] each was drawn from (beyond n_b: padding); a row without an image, or
+    done, has n_b = 0. A step is one Jacobi iteration of every row with window `window` (`adaptive`:
+    chosen each step up to that by `widths`, 0 meaning a plain AR step)."""
 
     def __init__(self, engine: Engine, target, window: int, adaptive: bool = False):
         super().__init__(engine)
@@ -70,14 +66,9 @@ class JacobiRows(RowPolicy):
         self.widths = widths_for(engine, min(window, self.HW - 1), runner, all_or_none=True) if adaptive else None
 
     def start(self, rows, conditions):
-        """Rows `rows` start as images start alone: their prefills and token 0 from each row's own
-        stream (their windows of uniform guesses are drawn by the next step: `_fit_windows`)."""
-        e, dev = self.engine, self.tokens.device
-        _, p0 = e.prefill_rows(self.runner, rows, conditions)
-        index = to_device(rows, dev, torch.long)
-        grids = torch.zeros(len(rows), self.HW, dtype=torch.long, device=dev)
-        grids[:, 0] = draw(p0, e.streams.rows(rows), self.runner.backend, positions=torch.zeros_like(index))
-        self.tokens.index_copy_(0, index, grids)
+        """Their windows of uniform guesses come with the next step (`_fit_windows`)."""
+        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
+        self.begin_grids(self.runner, rows, p0)
         self.c.reset_rows(rows, 1)
         for b in rows:
             self.n_host[b] = 0
@@ -94,14 +85,13 @@ class JacobiRows(RowPolicy):
         return self.c.host[b]
 
     def _fit_windows(self, n: int) -> None:
-        """Every unfinished row's window to n slots (fewer near the end of the grid): cut, or
-        grown by fresh uniform guesses drawn from the row's own stream (exact: keyed by their
-        positions)."""
+        """Every unfinished row's window to n slots (fewer near the end of the grid): cut, or grown
+        by fresh uniform guesses from the row's own stream (exact: keyed by their positions)."""
         want = [min(n, self.HW - cb) for cb in self.c.host]
         if want == self.n_host:
             return
         B, L, V = self.q.shape
-        if max(want) > L:      # (room for the widest window)
+        if max(want) > L:
             self.y = torch.cat([self.y, self.y.new_zeros(B, max(want) - L)], 1)
             self.q = torch.cat([self.q, self.uniform.expand(B, max(want) - L, V)], 1)
             L = max(want)
@@ -115,15 +105,6 @@ class JacobiRows(RowPolicy):
         self.y = torch.where(fresh, fresh_y.gather(1, (j - have[:, None]).clamp(0, k - 1)), self.y)
         self.q = torch.where(fresh[..., None], self.uniform, self.q)
         self.n_host = want
-
-    def _draw_rows(self, probs, counts):
-        """One token per entry of probs [B, L, V] (the window's slots after the committed
-        lengths), the first counts[b] rows of image b from its own stream (the rest are padding,
-        drawn with zeros that consume nothing) -> int64 [B, L]."""
-        B, L, V = probs.shape
-        positions = (self.c.device[:, None] + torch.arange(L, device=probs.device)).clamp(max=self.HW - 1)
-        return draw(probs.reshape(-1, V), self.engine.streams, self.runner.backend, counts=counts,
-                    positions=positions).view(B, L)
 
     def step(self) -> None:
         """One pass: feed, judge, commit, and the next windows."""
@@ -201,13 +182,16 @@ class JacobiRows(RowPolicy):
     def _next_windows(self, p, a, n, new_n) -> None:
         """Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
         this pass's p (outputs a + 1 .. n); slots beyond (and after a bonus token) are fresh."""
-        L = self.y.shape[1]
-        B = self.y.shape[0]
+        B, L = self.y.shape
         jn = torch.arange(max(new_n), device=p.device)[None]
         from_p = (a < n)[:, None] & (jn < (n - a)[:, None])
         src = (a[:, None] + 1 + jn).clamp(max=L)
         self.q = torch.where(from_p[..., None], p[torch.arange(B, device=p.device)[:, None], src], self.uniform)
-        self.y = self._draw_rows(self.q, new_n)
+        # row b's first new_n[b] slots draw from its stream; the rest are padding and draw nothing
+        positions = (self.c.device[:, None] + jn).clamp(max=self.HW - 1)
+        V = self.q.shape[-1]
+        self.y = draw(self.q.reshape(-1, V), self.engine.streams, self.runner.backend, counts=new_n,
+                      positions=positions).view(B, -1)
         self.n_host = new_n
 
 

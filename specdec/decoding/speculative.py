@@ -1,11 +1,8 @@
-"""Raster speculative decoding, the policy shared by `sd`, `lantern` and SSD's first row.
-
-Each round a drafter (`specdec.decoding.drafters`) proposes `n` tokens after each image's
-committed prefix; one target pass scores [last committed token ; drafts]; the engine judges them
-with `verify_grid(rule="ratio", mode="raster")` (the first rejection ends what is kept) and draws
-the correction from norm(max(0, p - q)) there, or a bonus token from p when every draft was kept.
-The kept prefix is lossless for any q that depends only on the committed prefix and earlier
-drafts (Leviathan et al.).
+"""Raster speculative decoding (the algorithm: `specdec.decoding.sd`), the policy shared by `sd`,
+`lantern` and SSD's first row. A drafter (`specdec.decoding.drafters`) proposes `n` tokens after
+each image's committed prefix and one target pass scores [last committed token ; drafts]. The kept
+prefix is lossless for any q that depends only on the committed prefix and earlier drafts
+(Leviathan et al.).
 
 Batched: every image has its own committed length; a pass is as wide as the widest block, shorter
 rows padded with re-feeds (`specdec.decoding.blocks`). An image that reaches `end` draws nothing
@@ -48,9 +45,8 @@ class Round(NamedTuple):
 
 
 def own_tokens(engine: Engine, target: ModelRunner, probs: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """Exact mode: the target's own token at every output of a pass, int64 [B, N] from its
-    distributions probs [B, N, V] (output j of row b: raster position starts[b] + j, clamped to
-    the grid), drawn with each image's key."""
+    """Exact mode: the target's own token at every output of a pass, int64 [B, N] (output j of row
+    b: raster position starts[b] + j, clamped to the grid), drawn with each image's key."""
     B, N, V = probs.shape
     positions = (starts[:, None] + torch.arange(N, device=starts.device)).clamp(max=target.H * target.W - 1)
     return draw(probs.reshape(-1, V), engine.streams, target.backend, positions=positions).view(B, N)
@@ -73,11 +69,10 @@ def put_own(x: torch.Tensor, own: torch.Tensor, picks, kept) -> None:
 
 def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths, end: int, *,
                 hidden: bool = False):
-    """A round without drafts (the width rule's choice under load): each image before `end` feeds
-    its last committed token and draws the next from the target as `ar` draws it (from its stream,
-    or exact: the target's own token), committed at once; no judgement and no host read. Images at
-    `end` ride along at the grid's last slot. Returns the pass's outputs (None where an exact round
-    was `ar`'s own step, without `hidden`: one compiled graph, the draw inside) and which rows drew."""
+    """A round without drafts (the width rule's choice under load): each image before `end` draws
+    its next token as `ar` does, committed at once (no judgement, no host read); images at `end`
+    ride along at the grid's last slot. Returns the pass's outputs and which rows drew; (None, None)
+    where an exact round without `hidden` ran `ar`'s step (one compiled graph, the draw inside)."""
     counts = [int(cb < end) for cb in c.host]
     if engine.streams.exact and not hidden and end == x.shape[1]:
         # (a row at the end, or without an image, feeds the grid's last slot again: its c - 1)
@@ -96,13 +91,12 @@ def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths
 
 
 class RasterSpeculation(RowPolicy):
-    """Raster speculation with `drafter` on the `target` runner of `engine`'s batch, as a policy
-    over its rows (`specdec.decoding.scheduler`): each row's committed length `c` and the hidden
-    state that gave its last token; a step is one round of every row (draft, one target pass,
-    judge, commit), a row at `end` riding along on re-feeds. `relax`: LANTERN's pooled acceptance
-    (None: plain `sd`). SSD decodes its first row with it (end = W) and sets `hidden_out` [rows,
-    end, dim]: the exact target hidden state that gave each token's distribution of a round is
-    stored there (its vertical heads need row 0's; token 0's is SSD's to store)."""
+    """Raster speculation with `drafter` on `target`, over the scheduler's rows: per row, its
+    committed length `c` and the hidden state that gave its last token. A step is one round of
+    every row (draft, one target pass, judge, commit); a row at `end` rides along at the grid's last
+    slot (`_feed`). `relax`: LANTERN's pooled acceptance (None: plain `sd`). SSD decodes row 0 with
+    it (end = W) and sets `hidden_out` [rows, end, dim]: each round stores there the exact target
+    state behind each token's distribution (for SSD's vertical heads; SSD stores token 0's)."""
 
     def __init__(self, engine: Engine, target: ModelRunner, drafter: Drafter, *, end: int, chunk: int,
                  relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None,
@@ -129,13 +123,9 @@ class RasterSpeculation(RowPolicy):
         self._begin(rows, p0, out.hidden[:, 0])
 
     def _begin(self, rows: List[int], p0: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Rows `rows` start: token 0 drawn from p0 [k, V] with each row's own stream, the hidden
-        state that gave it (hidden [k or 2k (CFG), dim]) kept, committed length 1."""
-        x, B, dev = self.tokens, self.tokens.shape[0], self.tokens.device
-        index = to_device(rows, dev, torch.long)
-        grids = torch.zeros(len(rows), x.shape[1], dtype=torch.long, device=dev)
-        grids[:, 0] = draw(p0, self.engine.streams.rows(rows), self.target.backend, positions=torch.zeros_like(index))
-        x.index_copy_(0, index, grids)
+        """`begin_grids` plus the hidden state that gave token 0 (hidden [k or 2k (CFG), dim])."""
+        B = self.tokens.shape[0]
+        index = self.begin_grids(self.target, rows, p0)
         halves = hidden.shape[0] // len(rows)            # (CFG: image b's rows 2b and 2b + 1)
         if self.hid_prev is None:
             self.hid_prev = hidden.new_zeros(halves * B, hidden.shape[-1])
@@ -166,9 +156,8 @@ class RasterSpeculation(RowPolicy):
 
     def begin_round(self, forward: Optional[Callable] = None) -> Verdict:
         """A round's device half: draft, one target pass, the verdict (not read yet: SSD reads it
-        with its later rows' verdict, `Engine.read_verdicts`). `forward(tokens [B, n + 1],
-        positions [B, n + 1]) -> Outputs`: the pass (default: the target's; SSD's joins its later
-        rows' spans to it)."""
+        with its later rows', `Engine.read_verdicts`). `forward(tokens, positions [B, n + 1]) ->
+        Outputs`: the pass (default: the target's; SSD's joins its later rows' spans to it)."""
         c = self.c
         going = [cb < self.end for cb in c.host]
         self._nb_host = [min(max(self.end - cb, 0), self.n) for cb in c.host]
@@ -212,8 +201,7 @@ class RasterSpeculation(RowPolicy):
         return Round(n, nb, d, q, dpos, forward(work.gather(1, pos), pos))
 
     def _judge(self, rnd: Round, c: Lengths, going, nb_host):
-        """The ratio test on each image's real drafts (LANTERN: with the pooled p); exact
-        (`ImageStreams.exact`): a draft is kept iff it is the target's own token there."""
+        """The ratio test on the real drafts (LANTERN: on the pooled p; exact: `own_verdict`)."""
         valid = torch.arange(rnd.n, device=rnd.drafts.device)[None] < rnd.nb[:, None]
         if self.engine.streams.exact:
             self._own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
@@ -228,8 +216,7 @@ class RasterSpeculation(RowPolicy):
                                    mode="raster")
 
     def _commit(self, x, c: Lengths, rnd: Round, a, a_host, nb_host, new_host) -> None:
-        """Write the kept drafts, forget the rejected ones' keys, draw each correction or bonus
-        token, and keep the hidden state that gave each image's last committed token."""
+        """`end_round`'s writes, and the hidden state behind each image's last committed token."""
         n, nb, d, dpos, out = rnd.n, rnd.nb, rnd.drafts, rnd.dpos, rnd.out
         j = torch.arange(n, device=x.device)[None]
         kept = j < a[:, None]

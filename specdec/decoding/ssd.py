@@ -6,10 +6,9 @@ distribution q is the target's own final norm + LM head on the prediction.
 
 - Row 0: raster speculative decoding with the horizontal heads as the drafter (lossless).
 - Every later row: the vertical head drafts the whole row at once from the row above (the columns
-  are independent); with `vertical_heads=2` the +W and +2W heads draft the next two rows at once
-  from the same row above. Then the rows are judged with u < min(1, p/q) position by position
-  (`verify_grid(rule="ratio", mode="independent")`) and rejected ones are replaced by residual
-  samples (`sample_residual`).
+  are independent; with `vertical_heads=2` the +W and +2W heads draft the next two rows from it);
+  each position is judged with u < min(1, p/q) (`verify_grid(rule="ratio", mode="independent")`)
+  and a rejected one is replaced by a residual sample (`sample_residual`).
 - `commit="write"` (the published rule, the `published` preset): `rounds` rounds of
   verify-and-correct over the group's rows, then one commit pass writes their keys, values and
   hidden states (which the next row's vertical drafts start from). Reading: in later rounds the q
@@ -29,14 +28,13 @@ distribution q is the target's own final norm + LM head on the prediction.
   values then follow the final tokens before them) but kept as last judged, and the last group
   closes its tail with at most `final_passes` passes. Both make the variant lossy again, but only
   in the tokens they keep (`SSDStats.kept_as_judged`).
-- On the scheduler (`specdec.decoding.ssd_rows.SSDRows`) each row is in its own phase and has
-  its own open span, settled up to its own first correction; a pass is as wide as the longest
-  open span, shorter spans padded with re-feeds of settled tokens (`specdec.decoding.blocks`),
-  padding never judged and drawing nothing, so image i's tokens do not depend on its neighbours.
+- On the scheduler (`specdec.decoding.ssd_rows.SSDRows`) each row has its own phase and open span,
+  settled up to its own first correction; a pass is as wide as the longest open span, shorter ones
+  padded with re-feeds of settled tokens (`specdec.decoding.blocks`) that are never judged and draw
+  nothing, so image i's tokens do not depend on its neighbours.
 
-Target passes per image: 1 + C0 (row 0) + ceil((H - 1) / vertical_heads)(rounds + 1) under
-commit="write"; under commit="verify" 1 + C0 + the groups' passes (1 to rounds + 1 each) + the
-final passes.
+Target passes per image, commit="write": 1 + C0 (row 0) + ceil((H - 1) / vertical_heads)(rounds + 1);
+commit="verify": 1 + C0 + the groups' passes (1 to rounds + 1 each) + the final passes.
 """
 from __future__ import annotations
 
@@ -88,10 +86,9 @@ class SSDOptions:
 
 def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),
            run: RunSettings = RunSettings()):
-    """SSD on `target` with its spatial `heads` (module docstring), on the scheduler. With
-    `run.compile` every target pass runs through compiled graphs padded to bucket widths
-    (specdec.decoding.compiled), and each head draft (embedding, heads, LM head, sampling) as one
-    compiled graph per shape."""
+    """SSD on `target` with its spatial `heads` (module docstring). With `run.compile` every target
+    pass runs through compiled graphs padded to bucket widths (specdec.decoding.compiled), and each
+    head draft (embedding, heads, LM head, sampling) as one compiled graph per shape."""
     check_grid_model(target, "target")
     if heads is None:
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
@@ -107,8 +104,7 @@ def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = S
 
 
 OPTIONS = SSDOptions
-#: The published reading where the family default differs: the commit pass only writes (and no
-#: bound on open tails applies).
+#: The published reading where the family default differs: the commit pass only writes, no tail bounds.
 PRESETS = {"published": SSDOptions(commit="write", max_tail=None, final_passes=None)}
 #: The models ssd takes besides its target: its spatial heads.
 TAKES = ("heads",)

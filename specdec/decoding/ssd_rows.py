@@ -1,7 +1,4 @@
-"""SSD's rows (`SSDRows`): the scheduler's policy for `ssd` (specdec.decoding.ssd), each row
-in its own phase: row 0 by raster speculation with the horizontal heads, then the rows below in
-groups drafted by the vertical heads, each row with its own open span.
-"""
+"""SSD's rows (`SSDRows`): the scheduler's policy for `ssd` (specdec.decoding.ssd)."""
 from __future__ import annotations
 
 import dataclasses
@@ -52,7 +49,7 @@ class Span:
 class RowState:
     """Where one row is in its rows after row 0 (the groups of `SSDRows.groups`)."""
 
-    group: int = 0                #: its group
+    group: int = 0                #: its group's index in `SSDRows.groups`
     drafted: bool = False         #: the group's rows are drafted (the vertical heads ran for it)
     passes: int = 0               #: passes made in the group (or, `final`, closing the tail)
     start: Optional[int] = None   #: commit="verify": the open span's first position (None: settled)
@@ -65,15 +62,14 @@ class SSDRows(RowPolicy):
     """SSD over the scheduler's rows, each row in its own phase (`phase[b]`):
 
     - "first": row 0 by raster speculation with the horizontal heads (`RasterSpeculation`, up to
-      `end`), one round per step; under a token budget too narrow for rows of drafts, the whole
-      grid that way (end = H*W), or by plain AR steps (`ARRows`) at a share of one token;
+      `end`), one round per step (under a narrow token budget the whole grid, or AR: `__init__`);
     - "rows": the later rows, group by group (`RowState`): the step a group begins, the vertical
-      heads draft it (one call for every row that begins one); every step, each row in this
-      phase feeds its own span (`_span_feed`).
+      heads draft it (`_draft`); every step, each row feeds its own span (`_span_feed`).
 
     A step makes one target pass over the rows of both phases (`_joint_forward`) and reads both
-    verdicts at once; each row's passes are credited to it alone (`Scheduler.credit`), so its
-    counts and figures are those of its decode alone."""
+    verdicts at once (a row whose row 0 completes begins its groups the next step); each row's
+    passes are credited to it alone (`Scheduler.credit`), so its counts and figures are those of
+    its decode alone."""
 
     def __init__(self, engine: Engine, target, heads, options):
         """`options`: the method's `ssd.SSDOptions` (`chunk` capped at the heads' count)."""
@@ -154,9 +150,6 @@ class SSDRows(RowPolicy):
         return lo if state.start is None else min(lo, state.start)
 
     def step(self):
-        """One target pass: the raster round of the rows in their first phase and the spans of
-        the rows after row 0, each row feeding its own positions; both verdicts read at once (a
-        row whose row 0 completes begins its groups next step)."""
         credit = self.engine.rows.credit
         first, rows = self._in(FIRST), self._in(ROWS)
         drafting = [b for b in rows if not self.state[b].drafted]
@@ -193,9 +186,9 @@ class SSDRows(RowPolicy):
 
     # ---- the later rows ----
     def _draft(self, rows: List[int]) -> None:
-        """The vertical heads draft the next group of each of `rows` from the row above it (one
-        call for all; head k drafts row lo / W + k - 1): the drafts into x, their q joined to
-        each row's open tokens' q, each row's span opened (`RowState.start`)."""
+        """The vertical heads draft the next group of each of `rows` from the row above it, in one
+        call (head k drafts row lo / W + k - 1); their q is joined to each row's open tokens' q and
+        each row's span opened (`RowState.start`)."""
         e, x, W, B = self.engine, self.x, self.W, self.engine.batch
         groups, o = self.groups(), self.o
         inside = set(rows)
@@ -226,10 +219,10 @@ class SSDRows(RowPolicy):
             if o.commit == "write" or st.start is None:
                 st.start = g_lo
                 continue
-            # The span goes on from the previous group's open tail (those tokens follow the p
-            # they were last judged against). Under a token budget a pass feeds at most `share`
-            # tokens per image: open tokens further back are kept as last judged and not fed
-            # again (their keys and values stay as their last pass wrote them).
+            # The span goes on from the previous group's open tail (tokens that follow the p they
+            # were last judged against). Under a token budget a pass feeds at most `share` tokens
+            # per image: open tokens further back are kept as last judged and not fed again (their
+            # keys and values stay as their last pass wrote them).
             if self.share is not None:
                 cut = max(st.start, g_hi - self.share)
                 st.stats.kept_as_judged[0] += cut - st.start
@@ -242,9 +235,7 @@ class SSDRows(RowPolicy):
     def _span_feed(self, rows: List[int]) -> "Span":
         """What each of `rows` feeds this step: its span [start - 1, hi - 1) (outputs: the
         distributions of [start, hi)). Padding and the other rows feed the grid's last slot, which
-        no query of a span reads (spans feed up to H*W - 2): a re-feed of earlier tokens would
-        write their keys again from a pass of another shape, and a row's query tiles (CPU kernel)
-        would differ from its decode alone, where the pass is as wide as its own span."""
+        no span reads (spans feed up to H*W - 2), not re-feeds (why: `RasterSpeculation._feed`)."""
         dev, B = self.x.device, self.engine.batch
         groups = self.groups()
         inside = set(rows)
@@ -257,9 +248,8 @@ class SSDRows(RowPolicy):
         return Span(pos, hi, count_t, to_device([b in inside for b in range(B)], dev, torch.bool))
 
     def _joint_forward(self, span: Optional["Span"]):
-        """The target pass of a raster round (`RasterSpeculation.begin_round`) with the later rows'
-        spans joined to it: one pass, each row feeding its own positions (the raster round's rows
-        theirs, the span's rows theirs), both padded at the grid's last slot to the wider."""
+        """`RasterSpeculation.begin_round`'s target pass with the later rows' spans joined to it:
+        each row feeds its own positions, both padded at the grid's last slot to the wider."""
         if span is None:
             return self.runner.forward
         x, last = self.x, self.HW - 1
@@ -278,12 +268,9 @@ class SSDRows(RowPolicy):
         return forward
 
     def _span_outputs(self, rows: List[int], span: "Span") -> Optional[Verdict]:
-        """The spans' outputs of `rows`. commit="verify": every fed token's hidden state is
-        written, the open tokens judged with SJD's rule (against the q they follow) and corrected;
-        a row is settled up to its first correction. commit="write": `rounds` passes judge the
-        group's rows against the heads' q (a resampled token then follows its residual
-        distribution), the last one writes their hidden states. Returns the verdict of the rows
-        it judges (`_correct` once read), or None."""
+        """The spans' outputs of `rows`: the fed tokens' hidden states written (commit="verify":
+        every pass; "write": the pass after the `rounds` judging ones) and the verdict of the rows
+        judged (`_verdict`; `_correct` once read), or None."""
         o, B, HW, dev = self.o, self.engine.batch, self.HW, self.x.device
         pos, hi, count_t, out = span.pos, span.hi, span.count, span.out
         inside = set(rows)
@@ -298,8 +285,7 @@ class SSDRows(RowPolicy):
         judging = [b for b in rows if o.commit == "verify" or self.state[b].passes < o.rounds]
         if not judging:
             return None
-        # (the rows judged first: the [N, V] work of the other rows, at light load every row but
-        # a few, is left out)
+        # (only the judged rows' [N, V] work: at light load the other rows are nearly all of them)
         index = to_device(judging, dev, torch.long)
         p_rows = self.runner.probs(out.images(index))                                          # [R, N, V]
         offset = (N - count_t).index_select(0, index)

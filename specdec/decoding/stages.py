@@ -1,14 +1,13 @@
 """Models that write a low-resolution preview grid before their target grid (GLM-Image: h x w,
 then H x W, in one sequence). `decode(method, family)` runs them in two stages, each a grid every
 method decodes: the preview stage (`family.preview`, the model on the preview grid, decoded with
-`preview_method`, "ar" by default) and the target stage (`family.target`, conditioned on the
-prompts and the preview grids through `target.condition_on_preview`, decoded with `method`).
-MuLo-SD with `draft="preview"` runs both itself: the preview is its draft.
+`preview_method`) and the target stage (`family.target`, conditioned on the prompts and the
+preview grids through `target.condition_on_preview`, decoded with `method`). MuLo-SD with
+`draft="preview"` runs both itself: the preview is its draft.
 
-The result: the target grids (`tokens`), the preview grids (`preview`), and statistics of the
-whole token stage (`DecodeStats.add_stage`): every count of both stages added (the preview's
-passes are the model's own: target passes), `preview_passes` the preview stage's per image.
-The target stage draws from streams of its own (seed + TARGET_STAGE_SEED), not the preview's.
+The result holds the target grids (`tokens`), the preview grids (`preview`) and both stages'
+statistics joined (`DecodeStats.add_stage`; the preview's passes are the model's own: target
+passes). The target stage draws from streams of its own (seed + TARGET_STAGE_SEED).
 """
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def combine(first: DecodeResult, second: DecodeResult) -> DecodeResult:
 
 
 def check_preview_stage(family_preview, target) -> None:
-    """A family's preview stage and target fit together: same vocabulary, and a target that is
-    conditioned on the preview."""
+    """A preview stage and its target fit: same vocabulary, a target with `condition_on_preview`."""
     if not callable(getattr(target, "condition_on_preview", None)):
         raise ValueError("a family with a preview stage needs a target with condition_on_preview(conditions, preview)")
     if family_preview.vocab_size != target.vocab_size:

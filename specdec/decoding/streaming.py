@@ -1,5 +1,4 @@
-"""Streaming engines, for a server: requests submitted as they arrive, images handed over as they
-finish.
+"""Streaming engines for a server: requests submitted as they arrive, images returned as they finish.
 
     engine = specdec.decoding.stream("sd", family, concurrency=16, seed=0)
     engine.submit(3)                      # a class id; image index 0
@@ -22,11 +21,10 @@ from specdec.settings import RunSettings, check_int
 
 
 class Requests:
-    """Conditions still to come: a method's `decode` given `Requests(...)` as its conditions
-    returns its streaming engine (requests submitted to it as they arrive) instead of decoding
-    (`specdec.decoding.stream` is how callers get one). `condition(class_id, prompt,
-    negative_prompt)`: a request's condition as the scheduler queues it (a 0-d class id, or a
-    `Prompts` of one prompt), checked against the model, or a ValueError naming what is wrong."""
+    """Conditions still to come: a method's `decode` given these returns its streaming engine
+    instead of decoding (callers get one from `specdec.decoding.stream`). `condition(class_id,
+    prompt, negative_prompt)`: one request's condition as the scheduler queues it (a 0-d class id,
+    or a `Prompts` of one prompt), checked against the model (else a ValueError saying why)."""
 
     def __init__(self, condition: Callable):
         self.condition = condition
@@ -49,9 +47,8 @@ class StreamingEngine:
 
     def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
                  tokenizer=None, condition: Optional[Callable] = None):
-        """`run`: the run settings (seed, sampling, backend, compile); `condition`: `Requests`'
-        (None: class ids, unchecked), run at `submit` so that a bad request is refused there, not
-        in a step that other images share."""
+        """`condition`: `Requests`' (None: class ids, unchecked), run at `submit` so that a bad
+        request is refused there, not in a step that other images share."""
         check_int(concurrency, "concurrency", 1)
         self.method, self.run = method, run
         self._condition = condition
@@ -59,22 +56,20 @@ class StreamingEngine:
         self.grid = tuple(grid)
         self.concurrency = concurrency
         self._next_index = run.first_index
-        #: where its compiled runners are kept: its own, since its caches live across steps while
-        #: other decodes of the same models may run between them (a decode that runs to its end
-        #: keeps them on the models, for the next decode's graphs)
+        #: its own compiled runners: its caches live across steps while other decodes of the same
+        #: models may run between them (a decode that ends keeps them on the models for the next)
         self.kept_runners: dict = {}
         self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
         self.queue: Deque[Request] = self.scheduler.queue
 
     def submit(self, condition=None, index: Optional[int] = None, *, prompt=None, negative_prompt=None,
                seed: Optional[int] = None, tag: Hashable = None) -> int:
-        """Queue a request: `condition` a class id (an int or a 0-d tensor) of a class-conditional
-        family, or `prompt` of a text-conditional one (a string when the target has a processor,
-        else 1-D token ids; `negative_prompt`: CFG's unconditional prompt, None: the model's own).
-        `index` its image index (default: one past the last submitted), `seed` the seed of its
-        stream (default: the run's; image `index` of seed s is the image `decode(..., seed=s)`
-        gives at that index), `tag` what `cancel` and the results know it by (default: its
-        index; a server gives each request's images its own). Returns the index."""
+        """Queue a request; returns its image index (`index`, default one past the last submitted).
+        `condition`: a class id (an int or a 0-d tensor) for a class-conditional family; `prompt`:
+        for a text-conditional one (a string when the target has a processor, else 1-D token ids),
+        with `negative_prompt` (CFG's unconditional prompt; None: the model's own). With `seed` s
+        (default: the run's) it is the image `decode(..., seed=s)` gives at that index. `tag` names
+        it to `cancel` and results (default: the index; a server gives a request's images one)."""
         if (condition is None) == (prompt is None):
             raise ValueError("submit takes a class id (condition) or a prompt, one of them")
         if self._condition is not None:
@@ -115,10 +110,9 @@ class StreamingEngine:
 
     @torch.no_grad()
     def step(self) -> List[Finished]:
-        """One scheduler step; returns the images it finished. Inference: autograd off (a model
-        whose parameters require grad would otherwise record graphs, and torch.compile trace
-        training graphs). A step that fails ends every image decoding and the queue (they shared
-        its passes), and the error reaches the caller."""
+        """One scheduler step; returns the images it finished. Autograd is off (a model whose
+        parameters require grad would record graphs, and torch.compile trace training graphs). A
+        failing step ends every image decoding and the queue (they shared its passes) and raises."""
         try:
             finished = self.scheduler.step()
         except BaseException:
@@ -140,9 +134,9 @@ class StreamingEngine:
         return self.scheduler.cancel(tag)
 
     def partials(self) -> List[Partial]:
-        """The images decoding now as far as they have formed: each one's tokens, how many of
-        them (a raster prefix) are final, and a draft at another resolution where the method makes
-        one (MuLo-SD). One host read; a server asks for them when a client wants partial images."""
+        """The images decoding now as far as they have formed, for clients that want partial images
+        (one host read): each one's tokens, how many of them (a raster prefix) are final, and a
+        draft at another resolution where the method makes one (MuLo-SD)."""
         return self.scheduler.partials()
 
     def close(self) -> None:

@@ -63,9 +63,8 @@ class ImageStreams:
         self._key_tensors: dict = {}      # `key_tensor`, by device (dropped when a row restarts)
 
     def restart(self, b: int, index: int, seed: Optional[int] = None) -> None:
-        """Row b now draws for image `index` (of a run seeded `seed`, by default these streams'),
-        from the start of its stream (a row of the scheduler's batch that takes the next request:
-        `specdec.decoding.scheduler`)."""
+        """Row b now draws from the start of image `index`'s stream (of a run seeded `seed`, default
+        these streams'): a scheduler row taking the next request (`specdec.decoding.scheduler`)."""
         seed = self.seed if seed is None else seed
         self.indices[b] = index
         self.generators[b] = image_generator(seed, index)
@@ -87,9 +86,8 @@ class ImageStreams:
         return found
 
     def rows(self, rows: Sequence[int]) -> "ImageStreams":
-        """The streams of rows `rows` alone, as the streams of a batch of those images (their
-        draws go on from where the batch's left them, and the batch's from where these leave
-        them)."""
+        """The streams of `rows` alone, as a batch of those images; they share the generators, so
+        each goes on drawing where the other left off."""
         some = ImageStreams.__new__(ImageStreams)
         some.seed, some.exact = self.seed, self.exact
         some.indices = [self.indices[b] for b in rows]
@@ -127,9 +125,8 @@ class ImageStreams:
         return out
 
     def rand_padded(self, counts: Sequence[int], width: int, *, right: bool = False) -> torch.Tensor:
-        """[B, width]: row b holds counts[b] uniforms from image b's stream, then zeros (padding
-        that draws nothing; `right=True`: the zeros first): for a pass whose images judge windows
-        of different lengths, or in which some images draw nothing."""
+        """[B, width]: row b holds counts[b] uniforms from image b's stream, then zeros that draw
+        nothing (`right=True`: the zeros first), for images judging windows of different lengths."""
         self._check(counts)
         out = torch.zeros(len(counts), width)
         for b, (row, c) in enumerate(zip(out, counts)):

@@ -1,11 +1,10 @@
 """Host data to the device without waiting for it (`to_device`).
 
-A plain copy from ordinary (pageable) host memory to a GPU is a blocking copy: PyTorch
-synchronizes the stream around it, so the host first waits for every kernel already queued
-(`torch.cuda.set_sync_debug_mode` reports it as a sync). The decoders send index lists and
-uniforms to the device every pass; with the switch SPECDEC_ASYNC_UPLOADS=1 they go through pinned
-memory and an asynchronous copy on CUDA, ordered on the stream before the kernels that read them
-(opt-in: it has not run on a GPU yet; `specdec.switches`).
+A plain copy from pageable host memory to a GPU blocks: PyTorch synchronizes the stream around
+it, so the host first waits for every kernel already queued (`torch.cuda.set_sync_debug_mode`
+reports a sync). The decoders upload index lists and uniforms every pass; the switch
+SPECDEC_ASYNC_UPLOADS=1 (`specdec.switches`; opt-in: it has not run on a GPU yet) sends them
+through pinned memory as an asynchronous CUDA copy, ordered on the stream before their readers.
 """
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """MuLo-SD's up-samplers: a low-resolution token grid [B, h, w] -> a high-resolution draft [B, H, W].
 
-The target grid is given as an int factor r (H = r h, W = r w) or as (H, W), which need not be a
-multiple of (h, w) (GLM-Image's 19 x 13 preview of a 36 x 24 image):
+The target grid is an int factor r (H = r h, W = r w) or (H, W), not necessarily a multiple of
+(h, w) (GLM-Image's 19 x 13 preview of a 36 x 24 image):
 
-- `nearest`: token (i, j) of the draft is low-resolution token (floor(i h / H), floor(j w / W)),
-  F.interpolate's nearest rule (each token repeated r x r when r is an integer; a baseline: codes
-  are not scale-invariant, so this is a poor draft, kept to show what the other two buy);
-- `pixel`: VQ-decode, resize the image to the target's pixels (bicubic), VQ-encode at the high
-  resolution (the paper's pipeline with plain interpolation in place of its super-resolution
-  network);
+- `nearest`: draft token (i, j) is low-resolution token (floor(i h / H), floor(j w / W)),
+  F.interpolate's nearest rule (r x r repeats for an integer r). A baseline: codes are not
+  scale-invariant, so this is a poor draft, kept to show what the other two buy;
+- `pixel`: VQ-decode, bicubic resize to the target's pixels, VQ-encode (the paper's pipeline with
+  plain interpolation in place of its super-resolution network);
 - `learned`: `specdec.models.upsampler.TokenUpsampler`, a small row-causal network trained for
   the family's codebook by `python -m specdec.train upsampler`; an integer r, the same per side.
 """

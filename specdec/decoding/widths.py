@@ -1,19 +1,17 @@
 """Draft widths that follow the load: each step, the draft length (`sd`) or window (`sjd`) that
-maximises the tokens the rows are expected to commit per second of the step's passes (the
-goodput rule of SmartSpec), from the acceptance measured as the decode runs and the cost of a
-pass measured on the device when the engine starts.
+maximises the tokens the rows are expected to commit per second of the step's passes (SmartSpec's
+goodput rule), from the acceptance measured as the decode runs and a pass's cost measured on the
+device when the engine starts.
 
-- `PassCost`: a runner's pass time as `fixed + per_token * tokens` (tokens: rows x width fed),
-  fitted from timed passes of one and of the widest width on the runner itself (kept per model,
-  batch, backend and compile setting: measured once per process). On a GPU a pass of a few
-  hundred tokens costs about what one token costs (per_token ~ 0): speculation stays wide. On a
-  compute-bound CPU a pass costs about its tokens: at load the rule narrows to plain AR steps.
-- `Widths`: per draft offset j, how often a draft there was kept when the drafts before it were
-  (a prior of one kept and one not); `choose(rows)` the width of the step.
+- `PassCost`: a pass's seconds, `fixed + per_token * tokens` (tokens: rows x width fed), timed on
+  the runner itself (`measure_pass_cost`). On a GPU a pass of a few hundred tokens costs about what
+  one token costs (per_token ~ 0): speculation stays wide; on a compute-bound CPU a pass costs
+  about its tokens: at load the rule narrows to plain AR steps.
+- `Widths`: per draft offset j, how often a draft there was kept when the drafts before it were;
+  `choose(rows)` the width of the step.
 
-In exact mode a width cannot change an image, so the rule is on by default there
-(`RunSettings.adaptive_width`); outside it the image depends on the widths chosen, so on the
-load, and the rule is opt-in.
+In exact mode a width cannot change an image, so the rule is on by default
+(`RunSettings.adaptive_width`); elsewhere the image depends on the widths, so on the load: opt-in.
 """
 from __future__ import annotations
 
@@ -76,9 +74,8 @@ def measure_pass_cost(runner, widest: int) -> PassCost:
 
 
 def expected_commits(acceptance: Sequence[float], n: int) -> float:
-    """Tokens a row commits in a round of n drafts: the kept prefix and one more (the correction
-    or the bonus token), with acceptance[j] the chance that draft j is kept given the earlier
-    ones were."""
+    """Tokens a row commits in a round of n drafts: the kept prefix and the correction or bonus
+    token, with acceptance[j] the chance that draft j is kept given the earlier ones were."""
     total, reach = 1.0, 1.0
     for j in range(n):
         reach *= acceptance[j]
@@ -92,8 +89,7 @@ class Widths:
 
     def __init__(self, most: int, target: PassCost, drafter: Optional[PassCost] = None, *, all_or_none: bool = False):
         """`all_or_none`: the choice is `most` or 0 (`sjd`: a Jacobi window's later guesses ripen
-        over iterations, so a narrower window than it was measured at is not what the figures
-        say it is)."""
+        over iterations, so figures measured at the full window say nothing of a narrower one)."""
         self.most, self.target, self.drafter = most, target, drafter
         self.widths = (0, most) if all_or_none else tuple(range(most + 1))
         self.reached = [2] * most      # (a prior: one kept, one not, at every offset)
@@ -115,9 +111,8 @@ class Widths:
                 self.kept[j] += 1
 
     def choose(self, rows: int) -> int:
-        """The width (drafts per row, 0: a plain AR step) whose expected commits per second are
-        the most for a step over `rows` rows (the same until the next observation: a run of plain
-        AR steps, which observe nothing, decides once)."""
+        """The width (drafts per row, 0: a plain AR step) with the most expected commits per second
+        over `rows` rows, fixed until the next observation (AR steps observe none: their run decides once)."""
         if rows not in self._chosen:
             acceptance = self.acceptance
 
@@ -129,9 +124,8 @@ class Widths:
 
 
 def widths_for(engine, most: int, target, drafter=None, *, all_or_none: bool = False) -> Optional[Widths]:
-    """The width rule of a policy of `engine` with `most` drafts at most on the `target` runner
-    (`drafter`: the drafter model's runner, whose passes a draft costs), or None where the run
-    keeps its widths fixed (`RunSettings.adapts_width`) or has nothing to choose."""
+    """The `Widths` of `engine`'s policy (`drafter`: the drafter model's runner, whose passes a draft
+    costs); None where the run keeps its widths fixed (`RunSettings.adapts_width`) or `most` < 1."""
     if not engine.run.adapts_width or most < 1:
         return None
     return Widths(most, measure_pass_cost(target, most + 1),

@@ -3,8 +3,8 @@
 Row i + 1 starts once row i has `window` tokens; from then on every active row advances one
 token per step, and one target pass carries one query per active row at its own raster slot.
 Rows below are later in raster order, so the `tree_attention` rule (valid slots at positions <=
-the query's) gives each query the rows above up to their current progress, with the not yet
-generated slots simply invalid. Steps: window * (H - 1) + W (the prefill included).
+the query's) gives each query the rows above up to their current progress, the slots not yet
+generated being invalid. Steps: window * (H - 1) + W (the prefill included).
 
 Reading (adopted here, as the raster model has no slot that predicts a row start before the row
 above is complete): the first token of row i is sampled from a query placed at the end-of-row
@@ -46,8 +46,7 @@ def plan(H: int, W: int, window: int) -> tuple:
     """The passes of the row-staggered schedule, one (positions, fed, fake, src, targets) per step
     t >= 1, as host lists: raster positions of the queries, the raster slots whose tokens they
     carry, the fake end-of-row slots among the positions (forgotten after the pass), the output
-    index of each producing query, and the positions it samples. It depends on (t, window, H, W)
-    only: worked out once and kept."""
+    index of each producing query, and the positions it samples."""
     steps = []
     for t in range(1, (H - 1) * window + W):
         fed_rows = [i for i in range(H) if 0 <= t - 1 - i * window < W]   # rows that produced a token at t - 1
@@ -56,9 +55,8 @@ def plan(H: int, W: int, window: int) -> tuple:
         start = [i for i in range(1, H) if t - i * window == 0]         # at most one row starts per step
         fake = [(i - 1) * W + (W - 1) for i in start] if window < W else []   # end-of-row slot of the row above
         fed = real + [(i - 1) * W + window - 1 for i in start] if fake else real
-        # Output index of each producing query (fed rows form a contiguous range starting at lo):
-        # a continuing row reads its own query at (i, j-1); a starting row reads the fake query,
-        # or with window == W the real end of the row above.
+        # src (fed rows are a contiguous range from lo): a continuing row reads its own query at
+        # (i, j-1), a starting row the fake query (window == W: the real end of the row above).
         lo = fed_rows[0]
         src = [i - lo for i in cont] + ([len(real)] * len(start) if fake else [i - 1 - lo for i in start])
         targets = [i * W + (t - i * window) for i in cont] + [i * W for i in start]
@@ -67,8 +65,8 @@ def plan(H: int, W: int, window: int) -> tuple:
 
 
 def widest_pass(H: int, W: int, window: int) -> int:
-    """The most tokens one pass of the schedule feeds: the rows in flight, and a fake end-of-row
-    query when a row starts (the same count as `schedule`'s positions, without building it)."""
+    """The most tokens one pass of the schedule feeds (the rows in flight, and a fake end-of-row
+    query when a row starts): the widest of `plan`'s positions, without building the plan."""
     widest = 1
     for t in range(1, (H - 1) * window + W):
         rows = sum(1 for i in range(H) if 0 <= t - 1 - i * window < W)
@@ -86,11 +84,10 @@ def narrowed_window(H: int, W: int, window: int, share) -> int:
 
 
 class ZipARRows(RowPolicy):
-    """ZipAR over the scheduler's rows: each row at its own step t of the schedule (`plan`), one
-    target pass over every row's queries per scheduler step. Rows with fewer queries than the
-    widest are padded with their last query repeated (the same token at the same slot: the same
-    keys and values, the same outputs); a row done or without an image re-feeds its last token.
-    Each row draws its step's tokens from its own stream."""
+    """ZipAR over the scheduler's rows: each row at its own step t of the schedule (`plan`), drawing
+    from its own stream; one target pass over every row's queries per scheduler step. A row with
+    fewer queries than the widest repeats its last (the same token at the same slot: the same keys,
+    values and outputs); a row done or without an image re-feeds its last token."""
 
     def __init__(self, engine, runner: ModelRunner, window: int):
         super().__init__(engine)
@@ -103,11 +100,8 @@ class ZipARRows(RowPolicy):
         self._passes: dict = {}                # tuple(t) -> `_pass`
 
     def start(self, rows, conditions):
-        e, dev = self.engine, self.tokens.device
-        _, p0 = e.prefill_rows(self.runner, rows, conditions)
-        grids = torch.zeros(len(rows), self.HW, dtype=torch.long, device=dev)
-        grids[:, 0] = draw(p0, e.streams.rows(rows), self.runner.backend)
-        self.tokens.index_copy_(0, to_device(rows, dev, torch.long), grids)
+        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
+        self.begin_grids(self.runner, rows, p0)
         for b in rows:
             self.t[b] = 1
 
@@ -155,9 +149,8 @@ class ZipARRows(RowPolicy):
         """This step's device tensors, [B, n] or [B, m]: positions, the slots fed, the fake
         queries (None: none), the producing queries and the positions they draw (None: none draw),
         each row's draw count (host), the draw each of a row's targets takes (its last for the
-        padding) and the rows that draw ([B, 1] bool; None: all). Made once per combination of
-        the rows' steps and kept (a decode's rows go through the same steps together: no upload
-        per step)."""
+        padding) and the rows that draw ([B, 1] bool; None: all). Kept per combination of the rows'
+        steps: a decode's rows go through the steps together, so there is no upload per step."""
         key = tuple(self.t)
         found = self._passes.get(key)
         if found is None:
