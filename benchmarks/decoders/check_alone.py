@@ -1,11 +1,12 @@
 """The scheduler's promise checked on a trained family: with every method and its main variants,
 each image is its decode alone, bit for bit, whichever way it is batched: `decode(concurrency=3)`,
 `decode(concurrency=5)`, lockstep batches of 4, and a stream of 4 rows that requests reach at
-staggered steps while others run, one of them cancelled mid-way (reference backend under
-`batch_invariant()`). Under a token budget each image's share depends on the rows decoded at
-once, so a budgeted variant is held against decodes alone at the same share. The tests check the
-same on a tiny random family; the trained one meets other acceptance patterns (long SSD spans,
-many MuLo-SD islands). Prints one line per cell and exits 1 if any image differs.
+staggered steps while others run, one of them cancelled mid-way with no request waiting for its
+row (reference backend under `batch_invariant()`). Under a token budget each image's share depends
+on the rows decoded at once, so a budgeted variant is held against decodes alone at the same
+share. The tests check the same on a tiny random family; the trained one meets other acceptance
+patterns (long SSD spans, many MuLo-SD islands). Prints one line per cell and exits 1 if any
+image differs.
 
     python benchmarks/decoders/check_alone.py [--grid 16] [--images 7] [--seeds 3,8]
         [--variants ar,ar-exact,sd,...]
@@ -32,8 +33,9 @@ VARIANTS = {
 }
 #: how each cell batches: name -> decode's keyword (its value: the rows decoded at once)
 WAYS = {"concurrency 3": dict(concurrency=3), "concurrency 5": dict(concurrency=5), "batches of 4": dict(batch_size=4)}
-#: the stream's rows, the steps at which requests arrive, the request it cancels and when
-STREAM_ROWS, ARRIVALS, CANCELLED, CANCEL_AT = 4, {0: 2, 2: 1, 3: 2, 7: 2}, 4, 5
+#: the stream's rows, the steps at which requests arrive, the request it cancels and when: request
+#: 2 while it decodes and no request waits, so its row stays free a few steps (its work must stop)
+STREAM_ROWS, ARRIVALS, CANCELLED, CANCEL_AT = 4, {0: 2, 2: 1, 3: 1, 9: 3}, 2, 5
 
 
 def staggered(decoding, fam, method, classes, kw) -> dict:

@@ -41,7 +41,8 @@ class RowPolicy(ABC):
     @abstractmethod
     def move(self, src: int, dst: int) -> None:
         """Row `src`'s image, in whatever phase, to row `dst` (free); row `src` is then free (its
-        state a row's without an image). The scheduler moves the cache rows and the streams."""
+        state a row's without an image). The scheduler moves the cache rows and the streams. With
+        src == dst the row is just freed, its image withdrawn (`Scheduler.cancel`)."""
 
     def begin_grids(self, runner, rows: List[int], p0: torch.Tensor) -> torch.Tensor:
         """Rows `rows` begin new grids in `tokens`: token 0 drawn from p0 [k, V] (their prefill's)

@@ -157,15 +157,14 @@ class Scheduler:
 
     def cancel(self, tag: Hashable) -> int:
         """Withdraw the images submitted with `tag` (by default an image's index): out of the
-        queue, or their rows freed at once (the policy's work on a row rides along until the row
-        takes another image, which restarts it). Returns how many were withdrawn."""
+        queue, or their rows freed at once, their work stopped (`_free`). Returns how many were
+        withdrawn."""
         queued = len(self.queue)
         kept = [r for r in self.queue if r.tag != tag]
         self.queue.clear()
         self.queue.extend(kept)
         running = [b for b, r in enumerate(self.requests) if r is not None and r.tag == tag]
-        for b in running:
-            self.rows[b] = self.requests[b] = None
+        self._free(running)
         if running:
             self._compact()
             self._cover()
@@ -190,9 +189,16 @@ class Scheduler:
 
     def drop(self) -> None:
         """Abandon the images decoding: their rows are free (a later request restarts them)."""
-        self.rows = [None] * self.capacity
-        self.requests = [None] * self.capacity
+        self._free([b for b in range(self.capacity) if self.rows[b] is not None])
         self._cover()
+
+    def _free(self, rows: List[int]) -> None:
+        """Rows `rows` hold no image from now on, and the policy stops their work (`RowPolicy.move`
+        of a row onto itself): a withdrawn image would otherwise go on through its phases beside
+        the others, its passes wasted and its phase changes (a MuLo-SD prefill) made for no image."""
+        for b in rows:
+            self.rows[b] = self.requests[b] = None
+            self.policy.move(b, b)
 
     # ---- the loop ----
     def step(self) -> List[Finished]:
@@ -304,7 +310,8 @@ class Scheduler:
     def count_prefill(self, rows: List[int], role: str) -> None:
         """A prefill of `rows` on a runner of `role`: one pass for each of those images."""
         for b in rows:
-            self.rows[b].passes[role] += 1
+            if self.rows[b] is not None:
+                self.rows[b].passes[role] += 1
 
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Deque, Hashable, Iterator, List, Optional, Tuple
 
 import torch
@@ -116,7 +117,8 @@ class StreamingEngine:
         try:
             finished = self.scheduler.step()
         except BaseException:
-            self.close()
+            with contextlib.suppress(Exception):    # (the step's own error is the one to raise)
+                self.close()
             raise
         if self.tokenizer is not None:
             for image in finished:

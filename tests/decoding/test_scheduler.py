@@ -262,6 +262,35 @@ def test_partial_images_show_final_tokens_and_a_cancelled_image_frees_its_row(fa
     assert (drafts > 0) == (method == "mulo")
 
 
+@pytest.mark.parametrize("method", ROWS)
+def test_a_request_cancelled_while_it_decodes_stops_there(fam, method):
+    """Cancelled in its first steps with no request to take its row (MuLo-SD still drafting), an
+    image's work stops at once: its row is done for the policy, later steps pass no work for it
+    (MuLo-SD made a target prefill for the withdrawn image when its draft completed, and failed
+    on its missing counters), and the image beside it is its decode alone. So after `close`."""
+    kw = dict(seed=4, sampling=SAMPLING, backend="reference")
+    with batch_invariant():
+        ref = decode_alone(fam, method, CLASSES[:1], {}, **kw)
+        engine = decoding.stream(method, fam, concurrency=2, **kw)
+        engine.submit(CLASSES[0])
+        engine.submit(CLASSES[1])
+        engine.step()
+        assert engine.running == 2 and engine.cancel(1) == 1
+        policy = engine.scheduler.policy
+        row = [b for b, r in enumerate(engine.scheduler.requests) if r is None]
+        assert len(row) == 1 and policy.done()[row[0]]
+        got = {image.index: image for image in engine.results()}
+        assert sorted(got) == [0] and torch.equal(got[0].tokens, ref[0].tokens[0])
+        assert got[0].stats.target_passes == ref[0].stats.target_passes
+        engine.submit(CLASSES[2])
+        engine.submit(CLASSES[3])
+        engine.step()
+        engine.close()
+        assert all(policy.done()) and engine.idle
+        engine.submit(CLASSES[0], index=0)
+        assert torch.equal(next(iter(engine.results())).tokens, ref[0].tokens[0])
+
+
 @pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8)), ("ar", {})],
                          ids=["sd", "sjd", "ar"])
 def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, method, options):
