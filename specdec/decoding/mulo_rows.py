@@ -103,8 +103,9 @@ class MuloRows(RowPolicy):
         for values in (self.phase, self.conditions, self.figures):
             values[dst] = values[src]
         self.phase[src] = IDLE
-        if src in self.plans:
-            self.plans[dst] = self.plans.pop(src)
+        plan = self.plans.pop(src, None)
+        if plan is not None and dst != src:     # (dst == src: the row freed, its plan dropped)
+            self.plans[dst] = plan
 
     def done(self):
         ar_done = self.ar.done() if self.ar is not None else None
