@@ -310,8 +310,7 @@ class Scheduler:
     def count_prefill(self, rows: List[int], role: str) -> None:
         """A prefill of `rows` on a runner of `role`: one pass for each of those images."""
         for b in rows:
-            if self.rows[b] is not None:
-                self.rows[b].passes[role] += 1
+            self.rows[b].passes[role] += 1
 
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""
