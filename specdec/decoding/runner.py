@@ -116,8 +116,6 @@ class ModelRunner:
         H, W = model.grid
         self.H, self.W = H, W
         self.device = self.cache.device
-        #: whether passes over the first images can run on a view of the cache (`cover`)
-        self.views = getattr(self.cache, "serves_views", False)
 
     def reset(self) -> None:
         """Empty the cache (every slot invalid) and the pass counter, for the next batch of the
@@ -132,9 +130,8 @@ class ModelRunner:
         then runs on a view of the cache's first rows (`prefix`: nothing is copied); an image left
         out gets a copy of image 0's outputs (a valid distribution: its stand-in goes on drawing
         tokens) and its cache is not written. An image's outputs do not depend on which others
-        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged. A
-        cache that serves no views (a transformers adapter's) keeps every image covered."""
-        self.covered = None if k is None or k >= self.batch or not self.views else k
+        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged."""
+        self.covered = None if k is None or k >= self.batch else k
 
     def prefix(self, k: int) -> "ModelRunner":
         """The runner of the first k images of this cache, on a view of it (what it writes is
@@ -165,7 +162,7 @@ class ModelRunner:
         if len(rows) == self.batch:
             yield self
             return
-        if rows == list(range(len(rows))) and self.views:
+        if rows == list(range(len(rows))):
             yield self.prefix(len(rows))
             return
         index = to_device(rows, self.device, torch.long)

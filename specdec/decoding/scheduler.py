@@ -248,10 +248,10 @@ class Scheduler:
         """Keep the busy rows the first ones, so that passes go over as few rows as they can
         (`covered_images`): once no request will take a free row at the next step, each busy row at
         or past the bucket of the busy count moves into a free row below it. Only where passes cover
-        some rows (a CPU, the slot cache); elsewhere every row is passed anyway."""
+        some rows (a CPU); elsewhere every row is passed anyway."""
         if self.refill and self.queue:
             return
-        if any(r.device.type != "cpu" or not r.views for r, _ in self.engine.runners):
+        if any(r.device.type != "cpu" for r, _ in self.engine.runners):
             return
         busy = [b for b in range(self.capacity) if self.rows[b] is not None]
         if not busy:

@@ -25,6 +25,11 @@ from specdec.models.protocol import cfg_rows, image_rows, move_rows
 
 
 class SlotKVCache:
+    #: the attributes holding one entry per row besides the keys and values (a subclass adds its
+    #: own, e.g. each row's left padding): what moves with a row, what a view slices, what `reset`
+    #: and `clone` cover
+    ROW_STATE = ("valid",)
+
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, n_slots: int, head_dim: int, *,
                  cfg: bool = False, dtype=torch.float32, device=None, prefix_len: int = 0):
         if batch < 1:
@@ -120,7 +125,9 @@ class SlotKVCache:
         self.valid.scatter_(1, slots, self.valid.gather(1, slots) & keep)
 
     def reset(self) -> None:
-        self.valid.zero_()
+        """Every row empty: every slot invalid, the row state zeroed."""
+        for t in self.row_state():
+            t.zero_()
 
     def load_row(self, source: "SlotKVCache", row: int) -> None:
         """Make image `row` of this cache a copy of `source`, a cache of one image (just
@@ -141,9 +148,8 @@ class SlotKVCache:
             mine[rows] = theirs
 
     def row_state(self) -> List[torch.Tensor]:
-        """The cache's tensors of one entry per row besides keys and values (the valid slots; a
-        subclass adds its own, e.g. each row's left padding): what moves with a row."""
-        return [self.valid]
+        """The tensors of `ROW_STATE`."""
+        return [getattr(self, name) for name in self.ROW_STATE]
 
     def image_rows(self, index: torch.Tensor) -> torch.Tensor:
         """The rows of images `index` (int64 [k]), in cache order (with CFG each image's two)."""
@@ -153,27 +159,14 @@ class SlotKVCache:
         """Image `src`'s rows (keys, values, row state) copied onto image `dst`'s."""
         move_rows(self.batch, src, dst, *self.k, *self.v, *self.row_state())
 
-    @property
-    def serves_views(self) -> bool:
-        """Whether `prefix` can view it: its only state per row is keys, values and valid slots (a
-        subclass that keeps more, a transformers adapter's, is passed whole)."""
-        return len(self.row_state()) == 1
-
     def prefix(self, k: int) -> "SlotKVCache":
         """The cache of its first k images, a view: the same tensors' first rows (what a pass
         writes there is written here), for passes over those images alone."""
         if not 1 <= k <= self.batch:
             raise ValueError(f"k must lie in [1, {self.batch}], got {k}")
-        if not self.serves_views:
-            raise TypeError(f"{type(self).__name__} keeps row state of its own: prefix() cannot view it")
         rows = k * self.rows // self.batch
-        view = object.__new__(type(self))
-        view.__dict__.update(self.__dict__)
-        view.batch, view.rows = k, rows
-        view.k = [t[:rows] for t in self.k]
-        view.v = [t[:rows] for t in self.v]
-        view.valid, view.kv_pos, view._row_index = self.valid[:rows], self.kv_pos[:rows], self._row_index[:rows]
-        return view
+        return self._copy(lambda t: t[:rows], batch=k, rows=rows, kv_pos=self.kv_pos[:rows],
+                          _row_index=self._row_index[:rows])
 
     def take_images(self, source: "SlotKVCache", index: torch.Tensor) -> None:
         """Make this cache of k images a copy of images `index` (int64 [k]) of `source`: keys,
@@ -196,9 +189,16 @@ class SlotKVCache:
             theirs.index_copy_(0, rows, mine)
 
     def clone(self) -> "SlotKVCache":
-        other = object.__new__(SlotKVCache)
+        return self._copy(torch.clone)
+
+    def _copy(self, per_row, **fields) -> "SlotKVCache":
+        """A cache of the same kind whose keys, values and row state are `per_row` of this one's
+        (a view of some rows, a clone), the other attributes shared or set by `fields`."""
+        other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)
-        other.k = [t.clone() for t in self.k]
-        other.v = [t.clone() for t in self.v]
-        other.valid = self.valid.clone()
+        other.k = [per_row(t) for t in self.k]
+        other.v = [per_row(t) for t in self.v]
+        for name in self.ROW_STATE:
+            setattr(other, name, per_row(getattr(self, name)))
+        other.__dict__.update(fields)
         return other

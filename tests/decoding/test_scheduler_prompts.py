@@ -3,6 +3,8 @@ GLM-Image's two stages) with prompts of different lengths arriving while other i
 Every row's prompt ends at the model's `max_prompt_len` slot (one prefix length for the whole
 cache), so each image is bit for bit its decode alone under `batch_invariant()` on the reference
 backend, whatever prompts run beside it and whenever it arrives."""
+import functools
+
 import pytest
 import torch
 
@@ -58,13 +60,25 @@ def _streamed(engine, prompts, arrivals: dict) -> dict:
 
 
 @pytest.mark.parametrize("method", list(OPTIONS))
-def test_prompts_of_different_lengths_arriving_at_any_time_give_their_decodes_alone(janus, method):
+def test_prompts_of_different_lengths_arriving_at_any_time_give_their_decodes_alone(janus, method, monkeypatch):
     """Janus: a stream of 3 rows with prompts arriving at steps 0, 2 and 3, and a decode at
-    concurrency 2, give every image the tokens of its decode alone."""
+    concurrency 2, give every image the tokens of its decode alone. While one request runs, the
+    stream's target passes go over its row alone (a view of the adapter's cache)."""
     kw = dict(seed=0, sampling=Sampling(cfg_scale=2.0), backend="reference", **OPTIONS[method])
+    fed = []        # the images of the cache each target pass went over
+    forward_tokens = janus.target.forward_tokens
+
+    @functools.wraps(forward_tokens)     # (its signature: the runner reads its keywords from it)
+    def recorded(cache, *args, **kwargs):
+        fed.append(cache.batch)
+        return forward_tokens(cache, *args, **kwargs)
+
+    monkeypatch.setattr(janus.target, "forward_tokens", recorded)
     with batch_invariant():
         alone = _alone(janus, method, PROMPTS, **kw)
+        fed.clear()
         streamed = _streamed(decoding.stream(method, janus, concurrency=3, **kw), PROMPTS, {0: 1, 2: 2, 3: 1})
+        assert fed[0] == 1 and set(fed) <= {1, 2, 3}
         together = decoding.decode(method, janus, prompts=PROMPTS, concurrency=2, **kw).tokens
     for i, tokens in enumerate(alone):
         assert torch.equal(streamed[i], tokens), f"image {i} (stream)"

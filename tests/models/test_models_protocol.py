@@ -259,8 +259,7 @@ def test_bf16_model_keeps_fp32_rotary_table_and_decodes_consistently():
 
 def test_a_cache_prefix_is_a_view_and_move_image_moves_both_cfg_rows():
     """`prefix(k)`: the first k images' rows of the same tensors (each image's two CFG rows
-    together); `move_image`: an image's rows copied onto another's; a cache with row state of its
-    own serves no views (a TypeError naming `prefix`)."""
+    together), a subclass's row state too; `move_image`: an image's rows copied onto another's."""
     m = tiny()
     cache = m.new_cache(3, cfg=True)
     m.prefill(cache, torch.tensor([0, 1, 2]))
@@ -275,7 +274,14 @@ def test_a_cache_prefix_is_a_view_and_move_image_moves_both_cfg_rows():
         assert torch.equal(t[0:2], t[4:6])
 
     class WithPadding(SlotKVCache):
-        def row_state(self):
-            return [self.valid, self.valid.clone()]
-    with pytest.raises(TypeError, match="prefix"):
-        WithPadding(1, 2, 1, 4, 2).prefix(1)
+        ROW_STATE = SlotKVCache.ROW_STATE + ("pad",)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.pad = torch.arange(self.rows) + 1
+    padded = WithPadding(1, 3, 1, 4, 2, cfg=True)
+    view, copy = padded.prefix(2), padded.clone()
+    assert view.pad.tolist() == [1, 2, 3, 4] and view.pad.data_ptr() == padded.pad.data_ptr()
+    assert copy.pad.data_ptr() != padded.pad.data_ptr() and torch.equal(copy.pad, padded.pad)
+    view.reset()                                      # (the view's rows only)
+    assert padded.pad.tolist() == [0, 0, 0, 0, 5, 6] and copy.pad.tolist() == [1, 2, 3, 4, 5, 6]

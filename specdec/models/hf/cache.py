@@ -46,6 +46,7 @@ class HFSlotCache(SlotKVCache, _HFCache):
     `get_mask_sizes`). `n_layers` layers of [rows, n_kv_heads, n_slots, head_dim]."""
 
     is_compileable = False
+    ROW_STATE = SlotKVCache.ROW_STATE + ("pad",)
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, n_slots: int, head_dim: int, *,
                  cfg: bool = False, dtype=torch.float32, device=None, prefix_len: int = 0):
@@ -114,21 +115,8 @@ class HFSlotCache(SlotKVCache, _HFCache):
 
     def reset(self) -> None:
         SlotKVCache.reset(self)
-        self.pad.zero_()
         self._appended = 0
         self._step = None
-
-    def row_state(self):
-        return super().row_state() + [self.pad]
-
-    def clone(self) -> "HFSlotCache":
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        other.k = [t.clone() for t in self.k]
-        other.v = [t.clone() for t in self.v]
-        other.valid = self.valid.clone()
-        other.pad = self.pad.clone()
-        return other
 
     # ---- position -> slot ---------------------------------------------------------------------
     def slot_limit(self, position: int) -> int:

@@ -93,21 +93,11 @@ class GlmImageCache(HFSlotCache):
     """The slot cache of a GLM-Image stage: `text_len` [rows] is each row's prompt length T (its
     real tokens before the first grid), set by the prefill; the M-RoPE positions follow from it."""
 
+    ROW_STATE = HFSlotCache.ROW_STATE + ("text_len",)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.text_len = torch.zeros(self.rows, dtype=torch.int64, device=self.device)
-
-    def reset(self) -> None:
-        super().reset()
-        self.text_len.zero_()
-
-    def row_state(self):
-        return super().row_state() + [self.text_len]
-
-    def clone(self) -> "GlmImageCache":
-        other = super().clone()
-        other.text_len = self.text_len.clone()
-        return other
 
 
 class GlmImageStage(HFImageModel):
