@@ -267,7 +267,7 @@ class CompiledRunner(ModelRunner):
         """The compile time of every graph of the runner not reported yet."""
         parts = [self.compiled_forward, *self._token_steps.values(), *self.functions.values()]
         return (sum(part.take_compile_s() for part in parts)
-                + sum(r.take_compile_s() for r in [*self._parts.values(), *self._prefixes.values()]))
+                + sum(r.take_compile_s() for r in [*self._prefixes.values(), self._spare] if r is not None))
 
 
 def _store_key(model, sampling, batch: int, backend) -> tuple:

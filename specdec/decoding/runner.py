@@ -105,7 +105,7 @@ class ModelRunner:
         self.covered: Optional[int] = None
         self._prefixes: dict = {}   # `prefix`: runners of the first k images, views of this cache
         self._sources: dict = {}    # `_spread`: the image whose outputs each of the B rows takes, by k
-        self._parts: dict = {}      # `part`: runners of k images of their own (prefills of some rows)
+        self._spare: Optional["ModelRunner"] = None   # `part`: B - 1 images on a cache of their own
         self._token_steps: dict = {}   # `token_step`, by exactness
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
@@ -143,12 +143,17 @@ class ModelRunner:
         return view
 
     def part(self, k: int) -> "ModelRunner":
-        """A runner of the same kind, model and sampling for k images with a cache of its own,
-        made once per k and kept: work on some images of this cache runs there, their rows copied
-        in (`SlotKVCache.take_images`) and back (`put_images`): `apart`, a prefill of some rows."""
-        if k not in self._parts:
-            self._parts[k] = self._sibling(k)
-        return self._parts[k]
+        """A runner of the same kind, model and sampling for k < B images on a cache apart from
+        this one's: work on some images runs there, their rows copied in
+        (`SlotKVCache.take_images`) and back (`put_images`): `apart`, a prefill of some rows. Every
+        k shares one spare cache of B - 1 images (made on first use; the part of k images is a
+        view of its first k), so a batch keeps at most one cache beside its own: a runner of its
+        own per k would keep up to B(B - 1)/2 images, which a server reaches in time."""
+        if not 1 <= k < self.batch:
+            raise ValueError(f"a part holds 1 to {self.batch - 1} images, got {k}")
+        if self._spare is None:
+            self._spare = self._sibling(self.batch - 1)
+        return self._spare.prefix(k)
 
     def _sibling(self, k: int, cache=None) -> "ModelRunner":
         return ModelRunner(self.model, self.sampling, batch=k, backend=self.backend, cache=cache)

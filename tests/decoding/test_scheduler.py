@@ -291,6 +291,36 @@ def test_a_request_cancelled_while_it_decodes_stops_there(fam, method):
         assert torch.equal(next(iter(engine.results())).tokens, ref[0].tokens[0])
 
 
+@pytest.mark.parametrize("method", ROWS)
+def test_groups_of_every_size_keep_one_spare_cache_per_model(fam, monkeypatch, method):
+    """Requests arriving in groups of every size from 1 to 7 at a stream of 8 rows: the rows a
+    group takes are prefilled apart from the batch (as MuLo-SD verifies the rows whose drafts are
+    done), on views of one spare cache of 7 images per model. So each model's caches hold 8 + 7
+    images, not 8 + 1 + 2 + ... + 7 = 36 (a cache per group size, which a server meets in time),
+    and every image is its decode alone."""
+    made = {}
+    new_cache = type(fam.target).new_cache
+
+    def counted(model, batch, *args, **kwargs):
+        made[id(model)] = made.get(id(model), 0) + batch
+        return new_cache(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(type(fam.target), "new_cache", counted)
+    classes = CLASSES.repeat(3)[:28]
+    kw = dict(seed=6, sampling=SAMPLING, backend="reference")
+    got = {}
+    with batch_invariant():
+        engine = decoding.stream(method, fam, concurrency=8, **kw)
+        for k in range(1, 8):
+            for c in classes[len(got):len(got) + k]:
+                engine.submit(c)
+            got.update((image.index, image) for image in engine.results())
+        assert made and max(made.values()) == 8 + 7
+        ref = decode_alone(fam, method, classes, {}, **kw)
+    assert sorted(got) == list(range(28))
+    assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
+
+
 @pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8)), ("ar", {})],
                          ids=["sd", "sjd", "ar"])
 def test_a_stream_at_light_load_passes_over_its_busy_rows(fam, monkeypatch, method, options):
