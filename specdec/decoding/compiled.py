@@ -279,21 +279,31 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
     return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
 
 
+#: How many compiled runners a model keeps, the most recently used: each holds a cache of its batch
+#: (and a spare), so a sweep of samplings or batch sizes (guidance scales for a quality curve)
+#: would otherwise keep one per setting for the life of the model.
+KEPT_RUNNERS = 4
+
+
 def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optional[dict] = None,
                     graphs: bool = True) -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
-    model (later decodes reset the same runner: same cache tensors, so the graphs are reused, and
-    on CUDA replay into the same addresses). `store`: a dict of the caller's own to keep them in
-    instead (a streaming engine, whose batch lives across steps while other decodes of the model
-    run)."""
+    model among its last KEPT_RUNNERS (later decodes reset the same runner: same cache tensors, so
+    the graphs are reused, and on CUDA replay into the same addresses). `store`: a dict of the
+    caller's own to keep them in instead, unbounded (a streaming engine, whose batch lives across
+    steps while other decodes of the model run)."""
     key = _store_key(model, sampling, batch, backend) + (graphs,)
-    if store is None:
+    bounded = store is None
+    if bounded:
         store = model.__dict__.setdefault("_specdec_compiled_runners", {})
     else:       # (a caller's store holds the runners of several models: the target's, the drafter's)
         key = (id(model),) + key
-    if key not in store:
-        store[key] = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
-    runner = store[key]
+    runner = store.pop(key, None)
+    if runner is None:
+        runner = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
+    store[key] = runner         # (last: the most recently used)
+    while bounded and len(store) > KEPT_RUNNERS:
+        del store[next(iter(store))]
     runner.reset()
     return runner
 

@@ -7,7 +7,7 @@ from decoding_models import TinyFamily, single_thread, tiny_heads  # noqa: F401 
 from specdec import decoding
 from specdec.decoding.runner import ModelRunner
 from specdec.settings import Sampling
-from specdec.decoding.compiled import CompiledRunner, bucket_width, compile_options
+from specdec.decoding.compiled import KEPT_RUNNERS, CompiledRunner, bucket_width, compile_options, compiled_runner
 from specdec.masks import pack
 from specdec.numerics import batch_invariant
 
@@ -144,6 +144,21 @@ def test_compiled_graphs_are_kept_between_decodes():
     assert first.stats.compile_s[0] > 0
     assert again.stats.compile_s == [0.0]
     assert torch.equal(again.tokens, first.tokens)
+
+
+def test_a_model_keeps_the_compiled_runners_of_its_last_settings():
+    """A sweep of guidance scales (compiled runners are made per sampling and batch, each with its
+    cache) keeps the runners of the last KEPT_RUNNERS settings on the model, not one per setting;
+    a setting used again gets its kept runner back, now the most recent. (Graphs compile on first
+    use: nothing is compiled here.)"""
+    model = TinyFamily(seed=4).target
+    scales = [1.5, 2.0, 3.0, 4.0, 5.0, 6.0]
+    made = [compiled_runner(model, Sampling(cfg_scale=s), 2) for s in scales]
+    kept = model.__dict__["_specdec_compiled_runners"]
+    assert len(kept) == KEPT_RUNNERS == 4
+    assert compiled_runner(model, Sampling(cfg_scale=3.0), 2) is made[2]
+    assert compiled_runner(model, Sampling(cfg_scale=1.5), 2) is not made[0]      # (dropped, made again)
+    assert list(kept.values())[-2:][0] is made[2] and made[3] not in kept.values()
 
 
 def test_cuda_steps_ask_for_cuda_graphs_in_a_form_torch_compile_takes():
