@@ -250,6 +250,9 @@ class CompiledRunner(ModelRunner):
         logits, hidden, probs = self.compiled_forward(tokens, positions, tree_mask, write)
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
 
+    def part_size(self, k: int) -> int:
+        return min(1 << (k - 1).bit_length(), self.batch)
+
     def _sibling(self, k: int, cache=None) -> "CompiledRunner":
         return CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend, compiler=self._compiler,
                               graphs=self.graphs, cache=cache)

@@ -31,6 +31,7 @@ from specdec.decoding.draws import draw_residual
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
+from specdec.models.conditions import pad_with_first
 from specdec.ops.verification import verify_grid_unchecked
 from specdec.settings import RunSettings
 
@@ -148,19 +149,22 @@ class Engine:
     def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> Tuple[Outputs, torch.Tensor]:
         """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache; returns
         the outputs and each row's distribution of token 0 ([k, V]). Some rows are prefilled on a
-        runner of that many images (`part`) and copied in (`SlotKVCache.put_images`), the other rows
-        untouched. Each row's image is counted one pass of the runner's role."""
+        `part` (its extra images, if any, prefilled with the first condition) and copied in
+        (`SlotKVCache.put_images`), the other rows untouched. Each row's image is counted one pass
+        of the runner's role."""
         role = next(rr for r, rr in self._runners if r is runner)
-        if len(rows) == self.batch:
+        k = len(rows)
+        if k == self.batch:
             runner.cache.reset()
             source = runner
         else:
-            source = runner.part(len(rows))
+            source = runner.part(runner.part_size(k))
             source.reset()
             self.prefill_passes += role != "drafter"
-        out = source.prefill(conditions)
+        out = source.prefill(pad_with_first(conditions, source.batch))
         if source is not runner:
-            source.cache.put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+            source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+            out = out.first(k)
         if self.rows is not None:
             self.rows.count_prefill(list(rows), role)
         return out, source.probs(out)[:, 0]

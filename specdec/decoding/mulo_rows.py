@@ -15,6 +15,7 @@ from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.scheduler import join_conditions
 from specdec.decoding.uploads import to_device
 from specdec.decoding.zipar import ZipARRows
+from specdec.models.conditions import pad_with_first
 
 
 @dataclass
@@ -183,7 +184,9 @@ class MuloRows(RowPolicy):
         step = e.narrowed(HW - 1)
         fed, positions = x[:, :HW - 1], torch.arange(HW - 1, device=x.device)
         with runner.apart(rows) as part:
-            chunks = [part.forward(fed[:, a:a + step], positions[a:a + step]) for a in range(0, HW - 1, step)]
+            fed = pad_with_first(fed, part.batch)      # (a compiled runner's part may hold more rows)
+            chunks = [part.forward(fed[:, a:a + step], positions[a:a + step]).first(k)
+                      for a in range(0, HW - 1, step)]
             if part is not runner:      # (the passes of a part are this runner's too)
                 for chunk in chunks:
                     count_pass(runner, chunk.cond.shape[1])
@@ -193,8 +196,8 @@ class MuloRows(RowPolicy):
             judgement = e.judge(pooled.view(k, H, W), rule="threshold", tau=self.o.tau, mode="local",
                                 radius=self.o.radius, islands=True, starts=[0] * k, judged=[HW] * k, rows=rows)
             if any(True in R for R in judgement.resample):
-                part.invalidate_where(torch.arange(HW, device=x.device).expand(k, -1),
-                                      torch.tensor(judgement.resample, dtype=torch.bool, device=x.device))
+                part.invalidate_where(torch.arange(HW, device=x.device).expand(part.batch, -1),
+                                      pad_with_first(torch.tensor(judgement.resample, device=x.device), part.batch))
         # A pass feeds up to two tokens per island it advances: under a token budget, fewer
         # islands at a time.
         share = e.token_share

@@ -52,6 +52,11 @@ class Outputs(NamedTuple):
         hidden_rows = image_rows(index, self.hidden.shape[0] // self.cond.shape[0])
         return Outputs(pick(self.cond), pick(self.uncond), self.hidden.index_select(0, hidden_rows), pick(self.probs))
 
+    def first(self, k: int) -> "Outputs":
+        """The outputs of the first k images (with CFG, the first 2k hidden rows)."""
+        rows = k * self.hidden.shape[0] // self.cond.shape[0]
+        return Outputs(*(None if t is None else t[:rows if t is self.hidden else k] for t in self))
+
     def map(self, f) -> "Outputs":
         """`f` applied to every tensor of the outputs (each indexed alike along its first two dims)."""
         return Outputs(*(None if t is None else f(t) for t in self))
@@ -105,7 +110,7 @@ class ModelRunner:
         self.covered: Optional[int] = None
         self._prefixes: dict = {}   # `prefix`: runners of the first k images, views of this cache
         self._sources: dict = {}    # `_spread`: the image whose outputs each of the B rows takes, by k
-        self._spare: Optional["ModelRunner"] = None   # `part`: B - 1 images on a cache of their own
+        self._spare: Optional["ModelRunner"] = None   # `part`: the parts' one cache of their own
         self._token_steps: dict = {}   # `token_step`, by exactness
         # Optional keywords of forward_tokens (the protocol's extras): `checked=False` skips the
         # per-pass value checks of positions and token ids, which the decoders produce themselves;
@@ -142,17 +147,23 @@ class ModelRunner:
         view.cache.prefix_len = self.cache.prefix_len     # (set by a prefill of prompts)
         return view
 
+    def part_size(self, k: int) -> int:
+        """How many images the part that holds k of the B rows has (`part`): k (an eager pass takes
+        any shape; a compiled runner rounds up to a power of two, one graph per size)."""
+        return k
+
     def part(self, k: int) -> "ModelRunner":
-        """A runner of the same kind, model and sampling for k < B images on a cache apart from
-        this one's: work on some images runs there, their rows copied in
+        """A runner of the same kind, model and sampling for k images (a `part_size`) on a cache
+        apart from this one's: work on some images runs there, their rows copied in
         (`SlotKVCache.take_images`) and back (`put_images`): `apart`, a prefill of some rows. Every
-        k shares one spare cache of B - 1 images (made on first use; the part of k images is a
-        view of its first k), so a batch keeps at most one cache beside its own: a runner of its
-        own per k would keep up to B(B - 1)/2 images, which a server reaches in time."""
-        if not 1 <= k < self.batch:
-            raise ValueError(f"a part holds 1 to {self.batch - 1} images, got {k}")
+        k shares one spare cache (made on first use; the part of k images is a view of its first
+        k), so a batch keeps at most one cache beside its own: a runner of its own per k would keep
+        up to B(B - 1)/2 images, which a server reaches in time."""
+        most = self.part_size(self.batch - 1)
+        if not 1 <= k <= most:
+            raise ValueError(f"a part holds 1 to {most} images, got {k}")
         if self._spare is None:
-            self._spare = self._sibling(self.batch - 1)
+            self._spare = self._sibling(most)
         return self._spare.prefix(k)
 
     def _sibling(self, k: int, cache=None) -> "ModelRunner":
@@ -160,23 +171,27 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def apart(self, rows: List[int]):
-        """While the block runs, a runner of images `rows` (sorted) alone, for passes over them
-        (MuLo-SD verifying the images whose drafts are done while others draft): a `part` holding
-        a copy of their rows, copied back at the end; this runner for every image, and `prefix` (a
-        view, nothing copied) for the first k."""
-        if len(rows) == self.batch:
+        """While the block runs, a runner whose first k images are images `rows` (sorted), for
+        passes over them (MuLo-SD verifying the images whose drafts are done while others draft):
+        a `part` holding a copy of their rows, copied back at the end; this runner for every
+        image, and `prefix` (a view, nothing copied) for the first k. A compiled runner's part may
+        hold more (`part_size`): its last images copy the first, and passes feed it `batch` rows
+        (`pad_with_first`), of which the first k's outputs count."""
+        k = len(rows)
+        if k == self.batch:
             yield self
             return
-        if rows == list(range(len(rows))):
-            yield self.prefix(len(rows))
+        size = self.part_size(k)
+        if size == k and rows == list(range(k)):
+            yield self.prefix(k)
             return
-        index = to_device(rows, self.device, torch.long)
-        part = self.part(len(rows))
+        index = to_device(rows + rows[:1] * (size - k), self.device, torch.long)
+        part = self.part(size)
         part.cache.take_images(self.cache, index)
         try:
             yield part
         finally:
-            part.cache.put_images(self.cache, index)
+            part.cache.prefix(k).put_images(self.cache, index[:k])
 
     # ---- the passes ----
     def outputs(self, logits: torch.Tensor, hidden: torch.Tensor) -> Outputs:

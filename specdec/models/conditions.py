@@ -63,3 +63,16 @@ class Prompts:
 
 def is_prompts(conditions) -> bool:
     return isinstance(conditions, Prompts)
+
+
+def pad_with_first(conditions, n: int):
+    """A batch (class ids [k], a `Prompts` of k, any tensor [k, ...]) grown to n by repeating its
+    first entry: rows that only fill a pass to a compiled graph's size."""
+    k = conditions.shape[0]
+    if n <= k:
+        return conditions
+    if not is_prompts(conditions):
+        return torch.cat([conditions, conditions[:1].expand(n - k, *conditions.shape[1:])])
+    negative = conditions.negative
+    return Prompts(conditions.cond + conditions.cond[:1] * (n - k),
+                   None if negative is None else negative + negative[:1] * (n - k))

@@ -6,6 +6,7 @@ import torch
 
 from decoding_models import TinyFamily, decode_alone, single_thread, submit_staggered  # noqa: F401  (autouse fixture)
 from specdec import decoding
+from specdec.decoding import compiled as compiled_module
 from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.runner import ModelRunner
 from specdec.decoding.scheduler import covered_images
@@ -72,6 +73,31 @@ def test_groups_of_every_size_keep_one_spare_cache_per_model(fam, monkeypatch, m
         assert made and max(made.values()) == 8 + 7
         ref = decode_alone(fam, method, classes, {}, **kw)
     assert sorted(got) == list(range(28))
+    assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
+
+
+@pytest.mark.parametrize("method", ["sd", "mulo"])
+def test_a_compiled_stream_starts_rows_on_parts_of_graph_sizes(fam, monkeypatch, method):
+    """Compiled, the rows a group of k requests takes are prefilled (MuLo-SD's verified too) on a
+    part of a power of two images, its extra rows copies of the first: groups of every size from 1
+    to 7 at 8 rows use parts of 1, 2, 4 and 8 images only (a graph each, not one per group size),
+    and every image is its eager decode alone. (The compiler is the identity here: the graphs'
+    shapes are what is tested, not inductor.)"""
+    monkeypatch.setattr(compiled_module, "compile_step", lambda fn, device, graphs=True: fn)
+    sizes = set()
+    part = ModelRunner.part
+    monkeypatch.setattr(ModelRunner, "part", lambda runner, k: sizes.add(k) or part(runner, k))
+    classes = CLASSES.repeat(3)[:28]
+    kw = dict(seed=6, sampling=SAMPLING, backend="reference")
+    got = {}
+    with batch_invariant():
+        engine = decoding.stream(method, fam, concurrency=8, compile=True, **kw)
+        for k in range(1, 8):
+            for c in classes[len(got):len(got) + k]:
+                engine.submit(c)
+            got.update((image.index, image) for image in engine.results())
+        ref = decode_alone(fam, method, classes, {}, **kw)
+    assert sizes == {1, 2, 4, 8}
     assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
 
 
