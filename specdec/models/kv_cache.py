@@ -129,24 +129,6 @@ class SlotKVCache:
         for t in self.row_state():
             t.zero_()
 
-    def load_row(self, source: "SlotKVCache", row: int) -> None:
-        """Make image `row` of this cache a copy of `source`, a cache of one image (just
-        prefilled, say): its keys, values and valid slots, the CFG row too. This is how a
-        request joins a running batch (continuous batching) without touching the other rows."""
-        if source.batch != 1 or source.cfg != self.cfg or source.n_slots != self.n_slots:
-            raise ValueError(f"load_row takes a one-image cache of {self.n_slots} slots with cfg={self.cfg}, got "
-                             f"batch {source.batch}, {source.n_slots} slots, cfg={source.cfg}")
-        if source.prefix_len != self.prefix_len:
-            raise ValueError(f"load_row: the source's prefix holds {source.prefix_len} slots, this cache's "
-                             f"{self.prefix_len} (rows of one cache share their prefix length)")
-        if not 0 <= row < self.batch:
-            raise ValueError(f"row must lie in [0, {self.batch}), got {row}")
-        rows = self.image_rows(torch.tensor([row]))
-        for mine, theirs in zip(self.k + self.v, source.k + source.v):
-            mine[rows] = theirs.to(mine.dtype)
-        for mine, theirs in zip(self.row_state(), source.row_state()):
-            mine[rows] = theirs
-
     def row_state(self) -> List[torch.Tensor]:
         """The tensors of `ROW_STATE`."""
         return [getattr(self, name) for name in self.ROW_STATE]

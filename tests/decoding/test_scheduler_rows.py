@@ -176,7 +176,7 @@ def test_passes_over_the_first_images_give_them_the_passes_and_cache_of_all_rows
     """A runner told that its passes cover its first images (`cover`: three busy images of 8 and
     a fourth to make a power of two, as `covered_images` decides) runs them on a view of its
     cache: its passes, its AR steps, what a step forgets (`invalidate_where`) and what a prefill
-    loads into a row (`load_row`, here the fourth) give the busy images the outputs, the tokens
+    puts into a row (`put_images`, here the fourth) give the busy images the outputs, the tokens
     and the cache of a runner that passes every row (batch-invariant numerics; compiled with the
     identity for a compiler: the padded passes as compiled)."""
     def runner():
@@ -208,7 +208,7 @@ def test_passes_over_the_first_images_give_them_the_passes_and_cache_of_all_rows
             for r in (every, covered):
                 r.invalidate_where(pos, forget)
                 if step == 2:
-                    r.cache.load_row(one.cache, 3)       # (a covered row takes a new image)
+                    one.cache.put_images(r.cache, torch.tensor([3]))    # (a covered row takes a new image)
         assert torch.equal(covered.cache.valid[image_rows(torch.tensor([3]))], one.cache.valid)
         grids = torch.randint(0, 16, (8, fam.target.grid[0] * fam.target.grid[1]), generator=g)
         grids = [grids, grids.clone()]
