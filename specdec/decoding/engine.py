@@ -148,22 +148,29 @@ class Engine:
 
     def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> Tuple[Outputs, torch.Tensor]:
         """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache; returns
-        the outputs and each row's distribution of token 0 ([k, V]). Some rows are prefilled on a
-        `part` (its extra images, if any, prefilled with the first condition) and copied in
-        (`SlotKVCache.put_images`), the other rows untouched. Each row's image is counted one pass
-        of the runner's role."""
+        the outputs and each row's distribution of token 0 ([k, V]). The other rows are untouched:
+        the first k rows, when no image is in the rows up to the `part_size`, are prefilled in
+        place (`prefix`, a view: a lockstep batch's last, smaller group, a stream after idle);
+        other rows on a `part`, copied in (`SlotKVCache.put_images`). A part's or view's extra rows
+        are prefilled with the first condition. Each row's image is counted one pass of the
+        runner's role."""
         role = next(rr for r, rr in self._runners if r is runner)
         k = len(rows)
+        in_place = False
         if k == self.batch:
             runner.cache.reset()
             source = runner
         else:
-            source = runner.part(runner.part_size(k))
+            size = runner.part_size(k)
+            in_place = list(rows) == list(range(k)) and self.rows is not None and not any(
+                self.rows.rows[b] is not None for b in range(k, size))
+            source = runner.prefix(size) if in_place else runner.part(size)
             source.reset()
             self.prefill_passes += role != "drafter"
         out = source.prefill(pad_with_first(conditions, source.batch))
         if source is not runner:
-            source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+            if not in_place:
+                source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
             out = out.first(k)
         if self.rows is not None:
             self.rows.count_prefill(list(rows), role)

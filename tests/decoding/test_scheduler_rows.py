@@ -46,13 +46,29 @@ def test_busy_rows_moved_down_into_free_rows_keep_their_images(fam, monkeypatch,
         assert got[i].stats.target_passes == r.stats.target_passes, i
 
 
+def _groups_beside_a_busy_row(engine, classes) -> dict:
+    """Groups of 1 to 7 requests, each submitted a step after one request began: the group takes
+    rows 1 to k while row 0 decodes (rows that start apart from the batch). Returns {index: Finished}."""
+    got, submitted = {}, 0
+    for k in range(1, 8):
+        engine.submit(classes[submitted])
+        got.update((image.index, image) for image in engine.step())
+        for c in classes[submitted + 1:submitted + 1 + k]:
+            engine.submit(c)
+        submitted += 1 + k
+        got.update((image.index, image) for image in engine.results())
+    assert sorted(got) == list(range(submitted))
+    return got
+
+
 @pytest.mark.parametrize("method", ROWS)
 def test_groups_of_every_size_keep_one_spare_cache_per_model(fam, monkeypatch, method):
-    """Requests arriving in groups of every size from 1 to 7 at a stream of 8 rows: the rows a
-    group takes are prefilled apart from the batch (as MuLo-SD verifies the rows whose drafts are
-    done), on views of one spare cache of 7 images per model. So each model's caches hold 8 + 7
-    images, not 8 + 1 + 2 + ... + 7 = 36 (a cache per group size, which a server meets in time),
-    and every image is its decode alone."""
+    """Groups of every size from 1 to 7 arriving at a stream of 8 rows while another image
+    decodes: the rows a group takes are prefilled apart from the batch (as MuLo-SD verifies the
+    rows whose drafts are done), on views of one spare cache of 7 images per model. So each model's
+    caches hold 8 + 7 images, not 8 + 1 + 2 + ... + 7 = 36 (a cache per group size, which a
+    server meets in time), and every image is its decode alone. A lockstep decode's last, smaller
+    group is prefilled in place, on the first rows: no spare."""
     made = {}
     new_cache = type(fam.target).new_cache
 
@@ -61,41 +77,34 @@ def test_groups_of_every_size_keep_one_spare_cache_per_model(fam, monkeypatch, m
         return new_cache(model, batch, *args, **kwargs)
 
     monkeypatch.setattr(type(fam.target), "new_cache", counted)
-    classes = CLASSES.repeat(3)[:28]
+    classes = CLASSES.repeat(3)[:35]
     kw = dict(seed=6, sampling=SAMPLING, backend="reference")
-    got = {}
     with batch_invariant():
-        engine = decoding.stream(method, fam, concurrency=8, **kw)
-        for k in range(1, 8):
-            for c in classes[len(got):len(got) + k]:
-                engine.submit(c)
-            got.update((image.index, image) for image in engine.results())
+        got = _groups_beside_a_busy_row(decoding.stream(method, fam, concurrency=8, **kw), classes)
         assert made and max(made.values()) == 8 + 7
+        made.clear()
+        lockstep = decoding.decode(method, fam, classes[:11], batch_size=8, **kw).tokens
+        assert max(made.values()) == 8
         ref = decode_alone(fam, method, classes, {}, **kw)
-    assert sorted(got) == list(range(28))
     assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
+    assert all(torch.equal(lockstep[i], ref[i].tokens[0]) for i in range(11))
 
 
 @pytest.mark.parametrize("method", ["sd", "mulo"])
 def test_a_compiled_stream_starts_rows_on_parts_of_graph_sizes(fam, monkeypatch, method):
     """Compiled, the rows a group of k requests takes are prefilled (MuLo-SD's verified too) on a
     part of a power of two images, its extra rows copies of the first: groups of every size from 1
-    to 7 at 8 rows use parts of 1, 2, 4 and 8 images only (a graph each, not one per group size),
-    and every image is its eager decode alone. (The compiler is the identity here: the graphs'
-    shapes are what is tested, not inductor.)"""
+    to 7 arriving at 8 rows while another image decodes use parts of 1, 2, 4 and 8 images only (a
+    graph each, not one per group size), and every image is its eager decode alone. (The compiler
+    is the identity here: the graphs' shapes are what is tested, not inductor.)"""
     monkeypatch.setattr(compiled_module, "compile_step", lambda fn, device, graphs=True: fn)
     sizes = set()
     part = ModelRunner.part
     monkeypatch.setattr(ModelRunner, "part", lambda runner, k: sizes.add(k) or part(runner, k))
-    classes = CLASSES.repeat(3)[:28]
+    classes = CLASSES.repeat(3)[:35]
     kw = dict(seed=6, sampling=SAMPLING, backend="reference")
-    got = {}
     with batch_invariant():
-        engine = decoding.stream(method, fam, concurrency=8, compile=True, **kw)
-        for k in range(1, 8):
-            for c in classes[len(got):len(got) + k]:
-                engine.submit(c)
-            got.update((image.index, image) for image in engine.results())
+        got = _groups_beside_a_busy_row(decoding.stream(method, fam, concurrency=8, compile=True, **kw), classes)
         ref = decode_alone(fam, method, classes, {}, **kw)
     assert sizes == {1, 2, 4, 8}
     assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
