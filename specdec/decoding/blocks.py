@@ -13,6 +13,12 @@ from specdec.decoding.runner import Outputs
 from specdec.models.protocol import cfg_rows
 
 
+def power_of_two(n: int) -> int:
+    """The smallest power of two >= n (n >= 1): the sizes passes over some rows come in, one
+    compiled graph per size, as a serving engine pads its batch to its graph sizes."""
+    return 1 << (n - 1).bit_length()
+
+
 def padded_block(start: torch.Tensor, count: torch.Tensor, width: int) -> torch.Tensor:
     """Positions [B, width]: row b holds start[b] .. start[b] + count[b] - 1, then re-feed slots
     start[b] - 1, start[b] - 2, ...; where those would fall before the grid (a row that has just
@@ -44,4 +50,4 @@ def fit_right(q: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([q.new_zeros(q.shape[0], width - w, q.shape[2]), q], 1)
 
 
-__all__ = ["fit_right", "gather_rows", "padded_block"]
+__all__ = ["fit_right", "gather_rows", "padded_block", "power_of_two"]

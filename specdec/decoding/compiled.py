@@ -25,6 +25,7 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from specdec import masks
+from specdec.decoding.blocks import power_of_two
 from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, weights_key
 
 
@@ -59,7 +60,7 @@ def bucket_width(n: int) -> int:
     if n < 1:
         raise ValueError(f"a pass needs at least one token, got {n}")
     if n <= 8:
-        return 1 << (n - 1).bit_length()
+        return power_of_two(n)
     if n <= 64:
         return -(-n // 8) * 8
     width = 64
@@ -251,7 +252,7 @@ class CompiledRunner(ModelRunner):
         return self.outputs_at(logits, hidden, positions)._replace(probs=probs)
 
     def part_size(self, k: int) -> int:
-        return min(1 << (k - 1).bit_length(), self.batch)
+        return min(power_of_two(k), self.batch)
 
     def _sibling(self, k: int, cache=None) -> "CompiledRunner":
         return CompiledRunner(self.model, self.sampling, batch=k, backend=self.backend, compiler=self._compiler,

@@ -162,8 +162,7 @@ class Engine:
             source = runner
         else:
             size = runner.part_size(k)
-            in_place = list(rows) == list(range(k)) and self.rows is not None and not any(
-                self.rows.rows[b] is not None for b in range(k, size))
+            in_place = list(rows) == list(range(k)) and self.rows is not None and self.rows.free(range(k, size))
             source = runner.prefix(size) if in_place else runner.part(size)
             source.reset()
             self.prefill_passes += role != "drafter"

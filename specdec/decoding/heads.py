@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from specdec.decoding.blocks import power_of_two
 from specdec.decoding.runner import weights_key
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import image_rows
@@ -78,7 +79,7 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     rows = list(rows)
     some = len(rows) < B
     if some:
-        count = 1 << (len(rows) - 1).bit_length()
+        count = power_of_two(len(rows))
         index = to_device(rows + rows[:1] * (count - len(rows)), h.device, torch.long)
         cache_rows = image_rows(index, h.shape[0] // B)
         h, tokens = h.index_select(0, cache_rows), tokens.index_select(0, cache_rows)

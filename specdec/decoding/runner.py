@@ -55,7 +55,8 @@ class Outputs(NamedTuple):
     def first(self, k: int) -> "Outputs":
         """The outputs of the first k images (with CFG, the first 2k hidden rows)."""
         rows = k * self.hidden.shape[0] // self.cond.shape[0]
-        return Outputs(*(None if t is None else t[:rows if t is self.hidden else k] for t in self))
+        return Outputs(self.cond[:k], None if self.uncond is None else self.uncond[:k], self.hidden[:rows],
+                       None if self.probs is None else self.probs[:k])
 
     def map(self, f) -> "Outputs":
         """`f` applied to every tensor of the outputs (each indexed alike along its first two dims)."""

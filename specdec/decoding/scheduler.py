@@ -35,6 +35,7 @@ from typing import Callable, Deque, Dict, Hashable, List, NamedTuple, Optional, 
 
 import torch
 
+from specdec.decoding.blocks import power_of_two
 from specdec.decoding.compiled import CompiledRunner
 from specdec.decoding.engine import Engine
 from specdec.decoding.policy import RowPolicy
@@ -256,7 +257,7 @@ class Scheduler:
         busy = [b for b in range(self.capacity) if self.rows[b] is not None]
         if not busy:
             return
-        k = 1 << (len(busy) - 1).bit_length()
+        k = power_of_two(len(busy))
         if k >= self.capacity:      # (every row is passed anyway)
             return
         free = [b for b in range(k) if self.rows[b] is None]
@@ -307,6 +308,10 @@ class Scheduler:
                     if self.rows[b] is not None:
                         self.rows[b].add(role, p, f, w)
 
+    def free(self, rows) -> bool:
+        """Whether none of `rows` holds an image."""
+        return all(self.rows[b] is None for b in rows)
+
     def count_prefill(self, rows: List[int], role: str) -> None:
         """A prefill of `rows` on a runner of `role`: one pass for each of those images."""
         for b in rows:
@@ -337,7 +342,7 @@ def covered_images(held: List[int], capacity: int, device: torch.device) -> Opti
     this has not run yet, every row is passed."""
     if not held or device.type != "cpu":
         return None
-    k = 1 << held[-1].bit_length()
+    k = power_of_two(held[-1] + 1)
     return None if k >= capacity else k
 
 
