@@ -53,8 +53,8 @@ def render_continuous(data, name):
         f"Continuous batching, {grid}x{grid}, {modes}{some}" + (", token budgets" if budgets else ""), data, name,
         f"{data['num_images']} images per cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}. "
         "Lockstep: batches of `concurrency` images run until their slowest is done; continuous: `decode(concurrency"
-        "=...)`, an image's place refilled as soon as it is done (ar, sd, lantern, sjd, zipar: rows of the "
-        "scheduler; mulo, ssd: slots). Speed-up: against `ar` in lockstep batches at the same concurrency and "
+        "=...)`, an image's row refilled as soon as it is done (every method is a policy over the rows of "
+        "one scheduler). Speed-up: against `ar` in lockstep batches at the same concurrency and "
         "mode (its best). Continuous batching has not run on a GPU yet. Target passes / image: the "
         "passes each image took part in; passes made / image: the target passes the decode made (a shared pass "
         "once), over the images.",
@@ -104,8 +104,7 @@ def render_light_load(data, name):
         f"requests one at a time (each submitted when the last is done), the median of {data['num_images']} per "
         f"cell, {data['threads']} CPU thread(s), embedded family {grid}x{grid}, `stream(method, concurrency=...)`. "
         "Against concurrency 1: the same method's engine of one row. Rows / target pass: the images of the cache "
-        "a target pass fed, on average (the passes go over the rows that hold images, rounded up to a bucket; "
-        "before 2026-12-05 some methods ran on slots, whose AR steps fed the running slots' rows).",
+        "a target pass fed, on average (the passes go over the rows that hold images, rounded up to a bucket).",
         ["method", "mode", "concurrency", "engine", "seconds / request", "vs concurrency 1",
          "target passes / request", "rows / target pass"])
     alone = {(r["method"], r["mode"]): r["latency_s"] for r in data["rows"] if r["concurrency"] == 1}

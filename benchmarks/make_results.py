@@ -4,7 +4,7 @@ RESULTS.md is never edited by hand: every figure in it comes from one of those f
 table names the machine and the date of the run that produced it. It shows the newest run of each
 benchmark (a kind of KINDS, and a grid) on each machine once, newest first, then an index of every
 file (all of them stay in results/, with the command or machine that made them; runs kept to
-compare with older code are indexed only). Speed is reported as the ratio
+compare with older code, and runs of the batching layer the scheduler replaced, are indexed only). Speed is reported as the ratio
 reference_median / backend_median within the same run (same inputs, same process).
 
 Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compare` file with the
@@ -340,16 +340,32 @@ RENDER = {"scaling": render_scaling, "real-size": render_real_size, "compare": r
           "serve": render_serve, "exact": render_exact}
 
 
+#: The benchmarks of the batching layer, and when the scheduler replaced it (1bb3c55: every method on
+#: one loop over rows; slots, fibers and the continuous engine deleted): their runs from before
+#: measured code that no longer exists, so they are indexed, not shown (docs/experiments.md keeps
+#: the comparisons).
+BATCHING_KINDS = ("continuous", "light-load", "engine", "graph-time")
+SCHEDULER_SINCE = "2026-12-05T13:51"
+
+
+def superseded(kind: str, data) -> bool:
+    """Whether a run measured code that later changes replaced (see BATCHING_KINDS), or was kept to
+    compare with older code (a variant "(before: <commit>)")."""
+    if not isinstance(data, dict):
+        return False
+    if "(before:" in str(data.get("variant") or ""):
+        return True
+    return kind in BATCHING_KINDS and data.get("datetime", "") < SCHEDULER_SINCE
+
+
 def newest_per_kind(files) -> list:
     """[(kind, machine, path, data)] of the newest file of each benchmark (kind, grid, modes) on each
     machine, newest first (of a decoder benchmark, the newest of the runs with the most methods):
-    each benchmark's current table once. Runs kept to compare with older
-    code (a variant "(before: <commit>)") are indexed, not shown: such comparisons belong in
-    docs/experiments.md."""
+    each benchmark's current table once. `superseded` runs are indexed, not shown."""
     newest = {}
     for path in files:                                 # oldest first: a later file replaces an earlier one
         data = _load(path)
-        if "(before:" in str(data.get("variant") if isinstance(data, dict) else ""):
+        if superseded(kind_of(data, os.path.basename(path)), data):
             continue
         grid = data.get("grid") if isinstance(data, dict) else None
         rows = data.get("rows") if isinstance(data, dict) else None
