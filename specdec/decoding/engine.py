@@ -176,11 +176,16 @@ class Engine:
         return out, source.probs(out)[:, 0]
 
     # ---- the read-accept-commit step ----
-    def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
-              judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
-              valid: Optional[torch.Tensor] = None, islands: bool = False, rows: Optional[Sequence[int]] = None,
-              **how) -> Judgement:
-        """`verify_grid` over each image's drafts and the pass's one host read.
+    def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, **how) -> Judgement:
+        """`verdict` and its host read (`read_verdicts`) at once: a pass judged alone."""
+        return self.read_verdicts([self.verdict(score, q, **how)])[0]
+
+    def verdict(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
+                judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
+                valid: Optional[torch.Tensor] = None, islands: bool = False, rows: Optional[Sequence[int]] = None,
+                **how) -> "Verdict":
+        """`verify_grid` over each image's drafts, on the device: not read yet (`read_verdicts` reads
+        several at once, `judge` one).
 
         score, q: [B, L] (a raster window; column k of image b is raster position starts[b] + k)
         or [B, H, W] (a whole grid, starts 0); `uniforms` for rule="ratio"; `valid` the columns
@@ -188,14 +193,6 @@ class Engine:
         recorded); `how`: the rule's and mode's arguments (mode, tau, radius). `islands=True`
         reads the island labels too (MuLo-SD's resampling schedule). `rows`: the batch's rows that
         score's B rows are (None: all of them, in order)."""
-        return self.read_verdicts([self.verdict(score, q, starts=starts, judged=judged, rule=rule, uniforms=uniforms,
-                                                valid=valid, islands=islands, rows=rows, **how)])[0]
-
-    def verdict(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, *, starts: Sequence[int],
-                judged: Sequence[int], rule: str = "ratio", uniforms: Optional[torch.Tensor] = None,
-                valid: Optional[torch.Tensor] = None, islands: bool = False, rows: Optional[Sequence[int]] = None,
-                **how) -> "Verdict":
-        """`judge`'s device half: the verdict, not read yet (`read_verdicts` reads several at once)."""
         B = score.shape[0]
         shape = (B, 1, score.shape[-1]) if score.dim() == 2 else tuple(score.shape)
         view = (lambda t: None if t is None else t.reshape(shape))
