@@ -178,12 +178,16 @@ class Scheduler:
             return []
         H, W = self.grid
         index = torch.tensor(rows, device=self.policy.tokens.device)
-        grids = self.policy.tokens.index_select(0, index).cpu().view(len(rows), H, W)
+        drafts = [self.policy.draft(b) for b in rows]
+        # (the grids and the drafts brought back in one copy)
+        host = torch.cat([self.policy.tokens.index_select(0, index).reshape(-1)]
+                         + [d[0].reshape(-1) for d in drafts if d is not None]).cpu()
+        grids, at = host[:len(rows) * H * W].view(len(rows), H, W), len(rows) * H * W
         out = []
-        for b, grid in zip(rows, grids):
-            draft = self.policy.draft(b)
+        for b, grid, draft in zip(rows, grids, drafts):
             if draft is not None:
-                draft = (draft[0].cpu(), draft[1])
+                tokens, final = draft
+                draft, at = (host[at:at + tokens.numel()].view(tokens.shape), final), at + tokens.numel()
             request = self.requests[b]
             out.append(Partial(request.index, request.tag, grid, self.policy.final(b), draft))
         return out

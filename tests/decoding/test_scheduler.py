@@ -238,6 +238,27 @@ def test_partial_images_show_final_tokens_and_a_cancelled_image_frees_its_row(fa
     assert (drafts > 0) == (method == "mulo")
 
 
+def test_partial_images_come_back_in_one_copy_drafts_included(fam, monkeypatch):
+    """A look at the forming images (a server's, every few steps) brings the grids and MuLo-SD's
+    drafts back in one device-to-host copy, not one per drafting row."""
+    engine = decoding.stream("mulo", fam, concurrency=3, seed=4, sampling=SAMPLING)
+    for c in CLASSES[:3]:
+        engine.submit(c)
+    engine.step()
+    copies = []
+    cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda t, *a, **k: (copies.append(t.shape), cpu(t, *a, **k))[1])
+    parts = engine.partials()
+    assert len(parts) == 3 and all(p.draft is not None for p in parts)
+    assert len(copies) == 1
+    monkeypatch.undo()
+    policy = engine.scheduler.policy
+    for b, p in enumerate(parts):     # (rows 0-2, in order: the grids and drafts the policy holds)
+        assert torch.equal(p.tokens.flatten(), policy.tokens[b]) and p.final == policy.final(b)
+        assert torch.equal(p.draft[0], policy.draft(b)[0]) and p.draft[1] == policy.draft(b)[1]
+    engine.close()
+
+
 @pytest.mark.parametrize("method", ROWS)
 def test_a_request_cancelled_while_it_decodes_stops_there(fam, method):
     """Cancelled in its first steps with no request to take its row (MuLo-SD still drafting), an
