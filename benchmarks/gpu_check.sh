@@ -8,16 +8,17 @@
 #   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check (below)
 #   GPU_CHECK_STEPS="build continuous" benchmarks/gpu_check.sh OUTDIR   # continuous batching, CUDA graphs
 #
-# Steps: (1) build specdec._C for this GPU's architecture, (2) the whole test suite, CUDA tensors
-# included (Triton compiled for real, no interpreter; pytest-xdist workers when installed),
-# (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (4b) the opt-in attention
-# paths (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the
-# same against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare`
-# of every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (8)
-# (7b) the decode engine's tables (benchmarks/decoders/record_engine.py: every method eager at batch 1 and
-# 16, then ar, mulo and ssd compiled = CUDA graphs, never run on a GPU before; two runs with a
-# timeout each, so a slow first compile cannot cost the eager table, and a run stopped by its
-# timeout still saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
+# Steps: (1) build specdec._C for this GPU's architecture, (1b) exact mode's race kernels on CUDA
+# and Triton (bit for bit and the chi-square test; never run on a GPU), (2) the whole test suite,
+# CUDA tensors included (Triton compiled for real, no interpreter; pytest-xdist workers when
+# installed), (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (4b) the opt-in
+# attention paths (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the same
+# against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare` of
+# every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (7b) the decode
+# engine's tables (benchmarks/decoders/record_engine.py: every method eager at batch 1 and 16, then
+# ar, mulo and ssd compiled with CUDA graphs, never run on a GPU before; two runs with a timeout
+# each, so a slow first compile cannot cost the eager table, and a run stopped by its timeout still
+# saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", one lent call
 # of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
@@ -27,10 +28,12 @@
 # then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 / 2000, top_p 1 / 0.9, CFG on;
 # sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json, rewritten after every row.
 # Neither pooling step runs by default (the default call has no room left for them).
-# OUTDIR receives at most six files (the device tool brings back eight): summary.md, logs.tgz,
-# results.tgz (the new benchmarks/results JSON files), pool_paths.json (pooling check), and for a
-# later run on the same software the stripped extension and Triton's cache. Each step has a
-# timeout; about 8-9 minutes in all.
+# OUTDIR receives at most six files (the device tool brings back eight): summary.md and logs.tgz
+# (both rewritten after every step), results.tgz (the new benchmarks/results JSON files),
+# pool_paths.json (pooling check), and for a later run on the same software the stripped extension
+# and Triton's cache. Each step has a timeout, cut to what is left of GPU_CHECK_BUDGET seconds
+# (default 540: the call ends inside the device's 10 minutes a command; a step with under 20 s
+# left is skipped and says so in the summary).
 set -uo pipefail
 
 OUT="${1:?usage: benchmarks/gpu_check.sh OUTDIR [--dry-run]}"
@@ -40,7 +43,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python3}"
 cd "$ROOT"
 mkdir -p "$OUT"
-LOGS="$OUT/logs"
+# The logs live beside OUTDIR, not in it (the device tool brings back eight files): packed into
+# OUTDIR/logs.tgz with the summary after every step.
+LOGS="${GPU_CHECK_LOGS:-${TMPDIR:-/tmp}/specdec-gpu-check-logs}"
 XDIST=""
 "$PY" -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-8}"
 TIMEOUT_FLAG=""
@@ -55,6 +60,9 @@ COMPARE_IMAGES="${COMPARE_IMAGES:-16}"  # enough for times on a GPU, not for FD
 
 STEPS=(
   "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info())); print(specdec.switches.describe())'"
+  # Exact mode's CUDA and Triton race kernels, bit for bit against the reference and by the
+  # chi-square test of the tokens (never run on a GPU), before the whole suite that holds them too.
+  "exact|60|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_exact_sampling.py tests/kernels/test_exact_sampling_gpu.py -k 'cuda or triton or gpu' --tb=short -rfEs"
   "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
   "limits|30|$PY benchmarks/machine/device_limits.py $LOGS/limits.json"
   "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
@@ -63,13 +71,14 @@ STEPS=(
   "compare|110|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "compare_verify|50|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
   "engine_eager|90|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
-  "engine|150|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
+  # (every decode runs on the scheduler, whose compiled passes replay CUDA graphs only with the switch)
+  "engine|150|env SPECDEC_CONTINUOUS_GRAPHS=1 $PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
   "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py tests/kernels/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
   "pool_paths|180|$PY benchmarks/kernels/pool_paths.py $OUT/pool_paths.json"
   # The kernels against torch.compile of their reference, SDPA, FlexAttention and FlashInfer where
   # it imports (only when asked: GPU_CHECK_STEPS="... peers"; the headline shape, N 1024, V 16384).
   "peers|200|env SPECDEC_PEERS=headline $PY benchmarks/run.py --peers"
-  # Continuous batching on CUDA, the slots' compiled passes replayed as CUDA graphs (opt-in until
+  # Continuous batching on CUDA, the scheduler's compiled passes replayed as CUDA graphs (opt-in until
   # this has run: only when asked, GPU_CHECK_STEPS="build continuous"): every method at 1 and 16,
   # lockstep and continuous, against ar in the same run.
   "continuous|240|env SPECDEC_CONTINUOUS_GRAPHS=1 $PY benchmarks/decoders/record_continuous.py --device cuda --grid 16 --modes compiled --concurrency 1,16 --num-images 32"
@@ -80,7 +89,7 @@ STEPS=(
 # flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
 # within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
 # compare 91 s, compare_verify 32 s).
-SELECTED="${GPU_CHECK_STEPS:-build tests limits bench attn_paths compare compare_verify engine_eager engine}"
+SELECTED="${GPU_CHECK_STEPS:-build exact tests limits bench attn_paths compare compare_verify engine_eager engine}"
 [[ "$SELECTED" == pool ]] && SELECTED="build pool_tests pool_paths"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
@@ -115,9 +124,15 @@ if [[ -z "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
 fi
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-mkdir -p "$LOGS"
+rm -rf "$LOGS" && mkdir -p "$LOGS"     # (a warm machine's earlier call left its own)
 nvidia-smi >"$LOGS/nvidia-smi-before.txt" 2>&1
 before_results=$(ls benchmarks/results/*.json 2>/dev/null | sort)
+# The whole call ends inside the device's limit on one command: each step's timeout is cut to what
+# is left of BUDGET seconds, and a step with less than MIN_STEP left is skipped, so the summary is
+# always written.
+BUDGET="${GPU_CHECK_BUDGET:-540}"
+MIN_STEP="${GPU_CHECK_MIN_STEP:-20}"
+DEADLINE=$(( $(date +%s) + BUDGET ))
 
 # The JSON files this run added to benchmarks/results, in one archive, remade after every step:
 # a call cut off by the device's time limit still brings back what its finished steps measured.
@@ -129,9 +144,43 @@ save_results() {
 }
 
 declare -A RESULT SECONDS_TAKEN
+write_summary() {
+  {
+    echo "# specdec GPU check — $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    "$PY" -c 'import torch, triton; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| triton", triton.__version__)' 2>/dev/null
+    echo
+    echo "| step | result | seconds |"
+    echo "|---|---|---|"
+    for step in "${STEPS[@]}"; do
+      name=${step%%|*}
+      echo "| $name | ${RESULT[$name]:-not run} | ${SECONDS_TAKEN[$name]:-} |"
+    done
+    echo
+    for name in exact tests pool_tests; do
+      grep -E "^(FAILED|ERROR) " "$LOGS/$name.log" 2>/dev/null | head -n 40
+      grep -E "passed|failed|error" "$LOGS/$name.log" 2>/dev/null | tail -n 1
+    done
+    echo
+    [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
+    for name in compare compare_verify engine_eager engine continuous; do
+      [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
+    done
+    [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }
+  } >"$OUT/summary.md"
+  tar czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+}
+
 for step in "${STEPS[@]}"; do
   IFS='|' read -r name limit cmd <<<"$step"
   [[ " $SELECTED " == *" $name "* ]] || continue
+  left=$(( DEADLINE - $(date +%s) ))
+  if (( left < MIN_STEP )); then
+    RESULT[$name]="skipped (the budget of ${BUDGET}s was spent)"
+    echo "== $name skipped: ${left}s of the budget left"
+    continue
+  fi
+  (( limit > left )) && limit=$left
   echo "== $name (timeout ${limit}s)"
   start=$(date +%s)
   timeout "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
@@ -140,6 +189,7 @@ for step in "${STEPS[@]}"; do
   RESULT[$name]=$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")
   tail -n 4 "$LOGS/$name.log"
   save_results
+  write_summary
   if [[ $name == build && $rc != 0 ]]; then
     echo "build failed; see $LOGS/build.log"
     break
@@ -152,31 +202,7 @@ save_results
 so=$(ls specdec/_C*.so 2>/dev/null | head -1)
 [[ -n "$so" ]] && { cp "$so" "$OUT/"; strip --strip-debug "$OUT/$(basename "$so")" 2>/dev/null; }
 [[ -d "$HOME/.triton/cache" ]] && tar czf "$OUT/triton_cache.tgz" -C "$HOME/.triton" cache
-
-{
-  echo "# specdec GPU check — $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo
-  "$PY" -c 'import torch, triton; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| triton", triton.__version__)' 2>/dev/null
-  echo
-  echo "| step | result | seconds |"
-  echo "|---|---|---|"
-  for step in "${STEPS[@]}"; do
-    name=${step%%|*}
-    echo "| $name | ${RESULT[$name]:-not run} | ${SECONDS_TAKEN[$name]:-} |"
-  done
-  echo
-  for name in tests pool_tests; do
-    grep -E "^(FAILED|ERROR) " "$LOGS/$name.log" 2>/dev/null | head -n 40
-    grep -E "passed|failed|error" "$LOGS/$name.log" 2>/dev/null | tail -n 1
-  done
-  echo
-  [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
-  for name in compare compare_verify engine_eager engine continuous; do
-    [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
-  done
-  [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }
-} >"$OUT/summary.md"
-tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
+write_summary
 cat "$OUT/summary.md"
 if [[ " $SELECTED " == *" tests "* ]]; then
   [[ "${RESULT[build]:-}" == ok && "${RESULT[tests]:-}" == ok ]]

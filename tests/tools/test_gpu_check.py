@@ -11,7 +11,7 @@ def test_gpu_check_dry_run(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dry run OK" in proc.stdout
-    for step in ("build", "tests", "limits", "bench", "continuous"):
+    for step in ("build", "exact", "tests", "limits", "bench", "engine", "continuous"):
         assert f"[dry-run] {step}" in proc.stdout
 
 
@@ -24,3 +24,24 @@ def test_gpu_check_dry_run_detects_missing_files(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "missing file: setup.py" in proc.stdout
+
+
+def test_gpu_check_ends_inside_its_budget_and_always_writes_its_summary(tmp_path):
+    """A step that would outrun what is left of GPU_CHECK_BUDGET is cut there, the steps after it
+    are skipped and say so, and OUTDIR holds the summary and the logs however the call ended (the
+    device tool brings back eight files). Run with a stand-in for Python whose pytest never ends."""
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/bash\n[[ "$1 $2" == "-m pytest" ]] && exec sleep 100\nexit 0\n')
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(stub), "HOME": str(tmp_path), "TORCH_CUDA_ARCH_LIST": "9.0a",
+           "GPU_CHECK_STEPS": "build exact tests", "GPU_CHECK_BUDGET": "6", "GPU_CHECK_MIN_STEP": "2",
+           "GPU_CHECK_LOGS": str(tmp_path / "logs")}
+    proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stdout      # (the tests did not run)
+    summary = (out / "summary.md").read_text()
+    assert "| build | ok |" in summary
+    assert "| exact | FAILED (exit 124) |" in summary       # (cut by the budget's timeout)
+    assert "| tests | skipped (the budget of 6s was spent) |" in summary
+    assert (out / "logs.tgz").exists() and len(os.listdir(out)) <= 8
