@@ -147,17 +147,20 @@ class MuloRows(RowPolicy):
         conditions = join_conditions([self.conditions[b] for b in rows])
         if self.previewing:
             conditions = self.target.condition_on_preview(conditions, grids)
-        low = grids.cpu().unbind(0)
         if self.plain:
             self.ar.start(rows, conditions)
             none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
-            for b, grid in zip(rows, low):
+            for b, grid in zip(rows, grids.cpu().unbind(0)):
                 self.phase[b], self.figures[b] = AR, (0, 0, none, grid)
             return
         x = self.upsample(grids)
         self.x.index_copy_(0, index, x)
         first, _ = e.prefill_rows(self.runner, rows, conditions)
-        for b, grid, (islands, resampled, labels, plan) in zip(rows, low, self._verify(rows, first, x)):
+        verified = self._verify(rows, first, x)
+        # (the drafts brought back after the verification's read, not before its passes: on a GPU
+        # a copy there would wait for the drafter's last step and leave the device idle)
+        low = grids.cpu().unbind(0)
+        for b, grid, (islands, resampled, labels, plan) in zip(rows, low, verified):
             self.figures[b] = (islands, resampled, labels, grid)
             if plan is not None and not plan.done:
                 self.phase[b], self.plans[b] = RESAMPLE, plan
