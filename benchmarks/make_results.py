@@ -371,12 +371,15 @@ def newest_per_kind(files) -> list:
         rows = data.get("rows") if isinstance(data, dict) else None
         modes = tuple(sorted({r.get("mode") for r in rows if isinstance(r, dict) and r.get("mode")})) \
             if isinstance(rows, list) else ()
-        key = (kind_of(data, os.path.basename(path)), machine_of(data), grid, modes)
+        # (a run of token budgets is a table of its own beside the same modes' run without)
+        budgets = isinstance(rows, list) and any(isinstance(r, dict) and r.get("max_tokens_per_pass") is not None
+                                                 for r in rows)
+        key = (kind_of(data, os.path.basename(path)), machine_of(data), grid, modes, budgets)
         # (a rerun of some of a table's methods does not replace a run of them all)
         if key not in newest or _methods(data) >= _methods(newest[key][1]):
             newest[key] = (path, data)
     items = sorted(newest.items(), key=lambda kv: -files.index(kv[1][0]))
-    return [(kind, machine, path, data) for (kind, machine, _, _), (path, data) in items]
+    return [(kind, machine, path, data) for (kind, machine, *_), (path, data) in items]
 
 
 def _methods(data) -> int:

@@ -124,11 +124,11 @@ def test_results_show_each_benchmark_once_newest_first_and_leave_before_runs_to_
 
     mr = _make_results()
 
-    def run(name, when, variant, methods, grid=16, kind="specdec-continuous"):
+    def run(name, when, variant, methods, grid=16, kind="specdec-continuous", budget=None):
         path = tmp_path / name
         with open(path, "w") as f:
-            json.dump({"kind": kind, "datetime": when, "machine": "m", "grid": grid,
-                       "variant": variant, "num_images": 1, "rows": [{"method": m} for m in methods]}, f)
+            json.dump({"kind": kind, "datetime": when, "machine": "m", "grid": grid, "variant": variant,
+                       "num_images": 1, "rows": [{"method": m, "max_tokens_per_pass": budget} for m in methods]}, f)
         return str(path)
 
     files = [run("old.json", "2026-12-04T00:00:00", "64x64 eager, slots", ["ar", "sd", "mulo", "ssd"], grid=64),
@@ -137,11 +137,13 @@ def test_results_show_each_benchmark_once_newest_first_and_leave_before_runs_to_
              run("b.json", "2026-12-07T00:00:00", "16x16 eager", ["ar", "sd", "mulo"]),
              run("c.json", "2026-12-08T00:00:00", "16x16 eager mulo", ["ar", "mulo"]),
              run("d.json", "2026-12-08T01:00:00", "32x32 compiled", ["ar"], grid=32),
-             run("e.json", "2026-12-08T02:00:00", "16x16 eager (before: f5f524b)", ["ar", "sd", "mulo", "ssd"])]
+             run("e.json", "2026-12-08T02:00:00", "16x16 eager (before: f5f524b)", ["ar", "sd", "mulo", "ssd"]),
+             run("f.json", "2026-12-08T03:00:00", "16x16 eager, budgets", ["ar", "sd", "mulo"], budget=16)]
     chosen = [os.path.basename(p) for _, _, p, _ in mr.newest_per_kind(files)]
-    # (c reruns some of b's methods; e compares with older code; old measured the batching layer before
-    # the scheduler, while a decoder comparison of that date is still the current one of its kind)
-    assert chosen == ["d.json", "b.json", "old-compare.json"]
+    # (c reruns some of b's methods; e compares with older code; f, a run of token budgets, is a table
+    # beside b's; old measured the batching layer before the scheduler, while a decoder comparison of
+    # that date is still the current one of its kind)
+    assert chosen == ["f.json", "d.json", "b.json", "old-compare.json"]
 
 
 def _record_engine():
