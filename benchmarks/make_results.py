@@ -4,8 +4,9 @@ RESULTS.md is never edited by hand: every figure in it comes from one of those f
 table names the machine and the date of the run that produced it. It shows the newest run of each
 benchmark (a kind of KINDS, and a grid) on each machine once, newest first, then an index of every
 file (all of them stay in results/, with the command or machine that made them; runs kept to
-compare with older code, and runs of the batching layer the scheduler replaced, are indexed only). Speed is reported as the ratio
-reference_median / backend_median within the same run (same inputs, same process).
+compare with older code, and runs of the batching layer the scheduler replaced, are indexed
+only). Speed is reported as the ratio reference_median / backend_median within the same run
+(same inputs, same process).
 
 Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compare` file with the
 most images, the newest of those): target passes and wall-clock speed-up against FD-classifier.
