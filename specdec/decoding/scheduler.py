@@ -180,14 +180,13 @@ class Scheduler:
         index = torch.tensor(rows, device=self.policy.tokens.device)
         drafts = [self.policy.draft(b) for b in rows]
         # (the grids and the drafts brought back in one copy)
-        host = torch.cat([self.policy.tokens.index_select(0, index).reshape(-1)]
-                         + [d[0].reshape(-1) for d in drafts if d is not None]).cpu()
-        grids, at = host[:len(rows) * H * W].view(len(rows), H, W), len(rows) * H * W
+        shown = [self.policy.tokens.index_select(0, index)] + [d[0] for d in drafts if d is not None]
+        host = iter(torch.cat([t.reshape(-1) for t in shown]).cpu().split([t.numel() for t in shown]))
+        grids = next(host).view(len(rows), H, W)
         out = []
         for b, grid, draft in zip(rows, grids, drafts):
             if draft is not None:
-                tokens, final = draft
-                draft, at = (host[at:at + tokens.numel()].view(tokens.shape), final), at + tokens.numel()
+                draft = (next(host).view(draft[0].shape), draft[1])
             request = self.requests[b]
             out.append(Partial(request.index, request.tag, grid, self.policy.final(b), draft))
         return out
