@@ -75,13 +75,24 @@ def options_for(method: str, preset: Optional[str] = None, family=None, **overri
         if unknown:
             where = f" ({source})" if source else ""
             raise ValueError(f"{method} does not take option(s) {', '.join(unknown)}{where}; it accepts: "
-                             f"{', '.join(method_options(method))}")
+                             f"{', '.join(method_options(method)) or 'none'}{sampling_hint(unknown)}")
     base = cls(**own)
     if preset is not None:
         published, plain = PRESETS[method][preset], cls()
         base = dataclasses.replace(base, **{f: getattr(published, f) for f in fields
                                            if getattr(published, f) != getattr(plain, f)})
     return dataclasses.replace(base, **overrides)
+
+
+def sampling_hint(names) -> str:
+    """What to say of unknown option names that are `Sampling` fields (set with the sampling)."""
+    fields = {f.name for f in dataclasses.fields(Sampling)}
+    named = [n for n in names if n in fields]
+    if not named:
+        return ""
+    flags = ", ".join("--" + n.replace("_", "-") for n in named)
+    return (f" ({', '.join(named)} {'is a sampling setting' if len(named) == 1 else 'are sampling settings'}: "
+            f"sampling=Sampling({', '.join(n + '=...' for n in named)}) in Python, {flags} on the CLI)")
 
 
 def options_as_kwargs(options) -> dict:

@@ -208,6 +208,15 @@ def test_unknown_option_lists_the_accepted_ones(fam):
         decoding.decode("mulo", fam, CLASSES, taux=0.1)
 
 
+def test_a_sampling_setting_given_as_an_option_says_where_it_goes(fam):
+    with pytest.raises(ValueError, match=r"ar does not take option\(s\) cfg_scale; it accepts: none \(cfg_scale is a "
+                                         r"sampling setting: sampling=Sampling\(cfg_scale=\.\.\.\) in Python, "
+                                         r"--cfg-scale on the CLI\)"):
+        decoding.decode("ar", fam, CLASSES, cfg_scale=4.0)
+    with pytest.raises(ValueError, match=r"sd does not take option\(s\) taux; it accepts: chunk, drafter, heads$"):
+        decoding.decode("sd", fam, CLASSES, taux=1)
+
+
 @pytest.mark.parametrize("tau", [-0.1, float("nan"), float("inf"), "high"])
 def test_tau_out_of_range(fam, tau):
     with pytest.raises(ValueError, match="tau"):
