@@ -45,7 +45,13 @@ def sampling_from(args, family=None):
 
     base = getattr(family, "sampling", None) or DEFAULT_SAMPLING
     given = {name: getattr(args, name) for name in _SAMPLING_FIELDS if getattr(args, name) is not None}
-    return dataclasses.replace(base, **given)
+    try:
+        return dataclasses.replace(base, **given)
+    except ValueError as e:     # ("cfg_scale must be ...": named as the flag the user typed)
+        field = str(e).split(" ", 1)[0]
+        if field in given:
+            raise ValueError("--" + field.replace("_", "-") + str(e)[len(field):]) from None
+        raise
 
 
 def run_settings(args, family=None, progress=None):

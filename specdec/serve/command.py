@@ -18,6 +18,18 @@ DEFAULT_CONCURRENCY = 8
 DEFAULT_PORT = 8000
 
 
+def port_number(text: str) -> int:
+    """A --port value: an int in [1, 65535]. (uvicorn, given 99999, reports it is running and
+    stops at once with status 0.)"""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an int in [1, 65535], got {text!r}")
+    return port
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `specdec serve` itself (argparse only: no server library is imported)."""
     from specdec.decoding import METHODS
@@ -26,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="mulo", help=f"the method of requests that name none: {', '.join(METHODS)}")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="an option of --method, e.g. tau=0.1")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port, 1 to 65535 ({DEFAULT_PORT})")
     p.add_argument("--model-name", default=None, help="the model id clients name (default: from --model or "
                    "specdec-embedded)")
     p.add_argument("--max-queue", type=int, default=64,

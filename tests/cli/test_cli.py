@@ -50,7 +50,9 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.drafting=tree"], "drafting must be one of"),
     (["compare", "--methods", "mulo", "--num-images", "2", "--set", "mulo.cycle_rows=2"],
      "mulo does not take option(s) cycle_rows"),
-    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "top_p must be"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "error: --top-p must be"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--cfg-scale", "nan"],
+     "error: --cfg-scale must be a finite number"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())

@@ -50,6 +50,13 @@ def test_serve_refuses_bad_flags_in_one_line(capsys):
         ServeConfig().replace(rows=3)
     assert cli.main(["serve", "--family", TINY, "--method", "ssd", "--set", "tau=0.1"]) == 2
     assert "ssd does not take option(s) tau" in capsys.readouterr().err
+    for port in ("99999", "0", "http"):
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["serve", "--family", TINY, "--port", port])
+        assert stopped.value.code == 2
+        assert f"argument --port: must be an int in [1, 65535], got '{port}'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        flags_from({"port": 70000})
 
 
 def test_without_the_extras_the_cli_works_and_serve_says_what_to_install(monkeypatch, capsys):
