@@ -25,6 +25,7 @@ from typing import Dict
 
 import torch
 
+from specdec import __version__
 from specdec.cli_flags import common_flags, embedded_family, load_model, model_file_flags, parse_sets, run_settings
 from specdec.progress import ProgressLine
 
@@ -207,10 +208,26 @@ def cmd_sample(args) -> int:
     return 0
 
 
+class VersionAction(argparse.Action):
+    """`specdec --version`: one line with what a bug report needs (the backends found when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from specdec import available_backends
+
+        devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+        found = ", ".join(f"{d.type}: {' '.join(available_backends(d))}" for d in devices)
+        print(f"specdec {__version__}, torch {torch.__version__}, backends ({found})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specdec.decoding import METHODS
 
     p = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action=VersionAction, help="the version, the torch and the backends here, then exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate images of one class (or prompt) with one method")

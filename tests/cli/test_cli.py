@@ -3,6 +3,7 @@ and (when the trained weights are present) the embedded default family end to en
 import json
 
 import pytest
+import torch
 
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, cli_flags, decoding
@@ -155,3 +156,14 @@ def test_generate_on_the_32x32_family(tmp_path, capsys):
     # two 64 px images side by side, drawn at scale 2 with 2 px gaps: (2 (128 + 2) + 2, 128 + 4)
     assert Image.open(png).size == (262, 132)
     assert "target passes/image" in capsys.readouterr().out
+
+
+def test_version_prints_one_line_with_the_torch_and_the_backends(capsys):
+    import specdec
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--version"])
+    assert stopped.value.code == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and line.startswith(f"specdec {specdec.__version__}, torch {torch.__version__}, ")
+    assert "cpu: " in line and "reference" in line
