@@ -14,7 +14,6 @@ from specdec.decoding.runner import Outputs, count_pass
 from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.scheduler import join_conditions
 from specdec.decoding.uploads import to_device
-from specdec.decoding.widths import drafter_steps_per_step, measure_pass_cost
 from specdec.decoding.zipar import ZipARRows
 from specdec.models.conditions import pad_with_first
 
@@ -36,10 +35,8 @@ IDLE, DRAFT, RESAMPLE, AR = "idle", "draft", "resample", "ar"
 class MuloRows(RowPolicy):
     """MuLo-SD over the scheduler's rows, each row in its own phase (`phase[b]`):
 
-    - "draft": its low-resolution draft, steps of the drafting policy (`ARRows` serial,
-      `ZipARRows` v2) on the drafter's runner, the drafting rows in one pass: one per scheduler
-      step, or while other rows resample as many as the pass costs make best
-      (`_drafter_steps`);
+    - "draft": its low-resolution draft, one step of the drafting policy (`ARRows` serial,
+      `ZipARRows` v2) on the drafter's runner per scheduler step, the drafting rows in one pass;
     - the step its draft completes: up-sampled, its target prefill, one verification pass shared
       with the rows completing theirs (on a runner of those rows alone when others are in other
       phases: `ModelRunner.apart`), the judgement (one host read) and the first resampled token
@@ -74,14 +71,6 @@ class MuloRows(RowPolicy):
         if self.previewing or not self.plain:
             self.drafting = (ARRows(engine, self.drunner) if options.drafting == "serial"
                              else ZipARRows(engine, self.drunner, options.window))
-        # Refilled rows are out of phase (lockstep rows never are): the drafter steps a scheduler
-        # step makes while other rows resample follow the pass costs, timed on this device at
-        # start, and the resampling measured as the decode runs (`_drafter_steps`).
-        self.costs = None
-        if self.drafting is not None and not self.plain and engine.rows is not None and engine.rows.refill:
-            self.costs = (measure_pass_cost(self.runner, 8), measure_pass_cost(self.drunner, 1))
-        self.resampled = [0, 0]          #: target steps of the resampling plans made, and the plans
-        self.resample_seconds = [0.0, 0]   #: the resampling steps' seconds (by `costs`), and the steps
         self.x = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
         self.phase = [IDLE] * B
         self.conditions: List[object] = [None] * B        #: each row's condition (a batch of one)
@@ -126,25 +115,15 @@ class MuloRows(RowPolicy):
     def step(self):
         credit = self.engine.rows.credit
         drafting = self._in(DRAFT)
-        plans = {b: self.plans[b] for b in self._in(RESAMPLE)}
-        active = drafting
-        credit([], self.draft_role, 0, 0, 0)    # (each drafter step below credited to its rows)
-        for _ in range(self._drafter_steps() if plans else 1):
-            if not active:
-                break
-            forwards, fed = self.drunner.forwards, self.drunner.fed
+        forwards, fed = self.drunner.forwards, self.drunner.fed
+        if drafting:
             self.drafting.step()
-            n, f = self.drunner.forwards - forwards, self.drunner.fed - fed
-            credit(active, self.draft_role, n, f, f // max(n, 1))
-            done = self.drafting.done()
-            active = [b for b in active if not done[b]]    # (a row whose draft is complete stops here)
+        n, f = self.drunner.forwards - forwards, self.drunner.fed - fed
+        credit(drafting, self.draft_role, n, f, f // max(n, 1))
+        plans = {b: self.plans[b] for b in self._in(RESAMPLE)}
         if plans:
-            made = resample_step(self.engine, self.runner, self.x, plans, self.HW)
-            for rows, width in made:
+            for rows, width in resample_step(self.engine, self.runner, self.x, plans, self.HW):
                 credit(rows, "target", 1, width, width)
-            if self.costs is not None:
-                self.resample_seconds[0] += sum(self.costs[0](self.engine.batch * width) for _, width in made)
-                self.resample_seconds[1] += 1
             for b, plan in plans.items():
                 if plan.done:
                     self.phase[b] = IDLE
@@ -158,17 +137,6 @@ class MuloRows(RowPolicy):
         if ready:
             self._draft_done(ready)
         credit([], "target", 0, 0, 0)     # (every target pass above is credited to its rows)
-
-    def _drafter_steps(self) -> int:
-        """Drafter steps in this scheduler step, some rows resampling: 1 without measured costs,
-        else `widths.drafter_steps_per_step` of the busy rows, this drafting's steps per image, the
-        mean resampling steps of the plans made so far and the seconds of a step of each kind."""
-        if self.costs is None or not self.resample_seconds[1]:
-            return 1
-        steps = len(self.drafting.plan) if isinstance(self.drafting, ZipARRows) else self.drafting.HW - 1
-        (resampled, plans), (seconds, made) = self.resampled, self.resample_seconds
-        return drafter_steps_per_step(sum(p != IDLE for p in self.phase), steps, resampled / plans,
-                                      seconds / made, self.costs[1](self.engine.batch))
 
     def _draft_done(self, rows: List[int]) -> None:
         """Rows whose draft is complete: up-sampled and verified (a share of one token: plain AR)."""
@@ -194,8 +162,6 @@ class MuloRows(RowPolicy):
         low = grids.cpu().unbind(0)
         for b, grid, (islands, resampled, labels, plan) in zip(rows, low, verified):
             self.figures[b] = (islands, resampled, labels, grid)
-            self.resampled[0] += 0 if plan is None else len(plan.steps)
-            self.resampled[1] += 1
             if plan is not None and not plan.done:
                 self.phase[b], self.plans[b] = RESAMPLE, plan
             else:

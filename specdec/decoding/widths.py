@@ -9,8 +9,6 @@ device when the engine starts.
   about its tokens: at load the rule narrows to plain AR steps.
 - `Widths`: per draft offset j, how often a draft there was kept when the drafts before it were;
   `choose(rows)` the width of the step.
-- `drafter_steps_per_step`: MuLo-SD's rows in different phases, the drafter steps a scheduler
-  step makes while other rows resample (it changes no image, only how phases overlap).
 
 In exact mode a width cannot change an image, so the rule is on by default
 (`RunSettings.adaptive_width`); elsewhere the image depends on the widths, so on the load: opt-in.
@@ -134,30 +132,9 @@ def widths_for(engine, most: int, target, drafter=None, *, all_or_none: bool = F
                   None if drafter is None else measure_pass_cost(drafter, 1 + 1), all_or_none=all_or_none)
 
 
-def drafter_steps_per_step(rows: int, drafting: int, resampling: float, target: float, drafter: float,
-                           most: int = 16) -> int:
-    """How many drafter steps MuLo-SD's rows make in a scheduler step while other rows resample:
-    the k that minimises the expected seconds per image when `rows` busy rows are out of phase.
-
-    An image drafts for `drafting` drafter steps, then resamples for `resampling` target steps
-    (on average); a scheduler step costs `drafter` seconds per drafter step if any row drafts and
-    `target` if any row resamples. k drafter steps per step shorten the drafting phase to
-    drafting / k steps, so fewer target steps go by with few rows resampling, for drafter passes
-    shared by fewer rows. Rows are taken to be in each phase independently, for the share of
-    their steps it lasts. k = 1 where a drafter pass costs about a target pass and few rows run;
-    at most `most`, and `drafting` (a draft done in one step)."""
-    def seconds_per_image(k: int) -> float:
-        steps = drafting / k + resampling
-        any_drafting = 1 - (1 - drafting / k / steps) ** rows
-        any_resampling = 1 - (1 - resampling / steps) ** rows
-        return steps * (k * drafter * any_drafting + target * any_resampling) / rows
-    return min(range(1, max(1, min(most, drafting)) + 1), key=seconds_per_image)
-
-
 def rows_covered(runner) -> int:
     """How many images the runner's passes go over now (`ModelRunner.cover`)."""
     return runner.batch if runner.covered is None else runner.covered
 
 
-__all__ = ["PassCost", "Widths", "drafter_steps_per_step", "expected_commits", "measure_pass_cost", "rows_covered",
-           "widths_for"]
+__all__ = ["PassCost", "Widths", "expected_commits", "measure_pass_cost", "rows_covered", "widths_for"]

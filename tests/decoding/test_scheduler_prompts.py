@@ -76,9 +76,8 @@ def test_prompts_of_different_lengths_arriving_at_any_time_give_their_decodes_al
     monkeypatch.setattr(janus.target, "forward_tokens", recorded)
     with batch_invariant():
         alone = _alone(janus, method, PROMPTS, **kw)
-        engine = decoding.stream(method, janus, concurrency=3, **kw)
-        fed.clear()     # (MuLo-SD's engine times a pass over every row at start)
-        streamed = _streamed(engine, PROMPTS, {0: 1, 2: 2, 3: 1})
+        fed.clear()
+        streamed = _streamed(decoding.stream(method, janus, concurrency=3, **kw), PROMPTS, {0: 1, 2: 2, 3: 1})
         assert fed[0] == 1 and set(fed) <= {1, 2, 3}
         together = decoding.decode(method, janus, prompts=PROMPTS, concurrency=2, **kw).tokens
     for i, tokens in enumerate(alone):
