@@ -26,9 +26,11 @@ SKIP = re.compile(r"<!--\s*example not run:\s*(.+?)\s*-->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
 
 
-def examples(path: str):
-    """[(line, source, skip reason or None)] of the page's ```python blocks, the fence's line 1-based."""
-    lines = open(path).read().splitlines()
+def blocks(path: str):
+    """[(line, language, source, skip reason or None)] of the page's fenced blocks, the fence's
+    line 1-based (the reason: an `example not run` comment on the line before the fence)."""
+    with open(path) as f:
+        lines = f.read().splitlines()
     found, i = [], 0
     while i < len(lines):
         fence = FENCE.match(lines[i])
@@ -36,11 +38,15 @@ def examples(path: str):
             i += 1
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        if fence.group(1) in ("python", "py"):
-            reason = SKIP.match(lines[i - 1]) if i else None
-            found.append((i + 1, "\n".join(lines[i + 1:end]) + "\n", reason.group(1) if reason else None))
+        reason = SKIP.match(lines[i - 1]) if i else None
+        found.append((i + 1, fence.group(1), "\n".join(lines[i + 1:end]) + "\n", reason.group(1) if reason else None))
         i = end + 1
     return found
+
+
+def examples(path: str):
+    """[(line, source, skip reason or None)] of the page's ```python blocks."""
+    return [(line, src, skip) for line, lang, src, skip in blocks(path) if lang in ("python", "py")]
 
 
 PAGES = sorted(os.path.relpath(p, ROOT) for p in [os.path.join(ROOT, "README.md")]
@@ -49,7 +55,6 @@ RUNNABLE = [p for p in PAGES if any(skip is None for _, _, skip in examples(os.p
 
 # Each block compiled under its page and line, so a traceback names where the example is.
 RUNNER = """
-import sys
 for name, source in BLOCKS:
     exec(compile(source, name, "exec"), NAMESPACE)
 """
@@ -82,10 +87,11 @@ def cli_commands(path: str):
     """The `specdec` command lines of a page's shell blocks, as argument lists after `specdec`
     (backslash continuations joined, comments dropped; a line with an upper-case placeholder
     such as `--class C` is left out)."""
-    text = open(path).read()
     found = []
-    for block in re.finditer(r"^```(?:bash|sh|console)\n(.*?)^```", text, re.S | re.M):
-        for line in re.sub(r"\\\n\s*", " ", block.group(1)).splitlines():
+    for _, lang, source, _ in blocks(path):
+        if lang not in ("bash", "sh", "console"):
+            continue
+        for line in re.sub(r"\\\n\s*", " ", source).splitlines():
             try:
                 words = shlex.split(line.strip().removeprefix("$ "), comments=True)
             except ValueError:      # (a quote spanning lines: a `python -c` program, not a command)
