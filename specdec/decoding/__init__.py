@@ -23,6 +23,7 @@ from __future__ import annotations
 from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
+from specdec.decoding.batching import EXACT_METHODS
 from specdec.decoding.scheduler import Finished
 from specdec.decoding.streaming import StreamingEngine
 from specdec.decoding.ar import AROptions
@@ -35,7 +36,7 @@ from specdec.decoding.ssd import SSDOptions
 from specdec.decoding.zipar import ZipAROptions
 from specdec.settings import RunSettings, Sampling
 
-__all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "Finished",
+__all__ = ["AROptions", "DEFAULT_SAMPLING", "DecodeResult", "DecodeStats", "EXACT_METHODS", "Finished",
            "LanternOptions", "METHODS", "MuloOptions", "OPTIONS", "PRESETS", "RESOURCES", "RunSettings",
            "SDOptions", "SJDOptions", "SSDOptions", "Sampling", "StreamingEngine", "ZipAROptions", "check_method",
            "concat_results", "decode", "family_options", "method_options", "options_as_kwargs", "options_for",

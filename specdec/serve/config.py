@@ -9,7 +9,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from specdec.decoding import check_method
+from specdec.decoding import EXACT_METHODS, check_method
 from specdec.settings import RunSettings, check_int
 
 
@@ -25,8 +25,9 @@ class ServeConfig:
     concurrency: int = 8                   #: rows (images decoding at once) per engine
     model_name: str = "specdec-embedded"   #: the id `GET /v1/models` lists and `model` must name
     #: seed: the seed of the generator that picks the seeds of requests that give none; sampling:
-    #: the default sampling (None: the family's own); backend, compile, max_tokens_per_pass: every
-    #: engine's. batch_size and concurrency are ignored (each engine has `concurrency` rows).
+    #: the default sampling (None: the family's own); exact: the default of requests that do not say
+    #: (`exact` in the body); backend, compile, max_tokens_per_pass: every engine's. batch_size and
+    #: concurrency are ignored (each engine has `concurrency` rows).
     run: RunSettings = RunSettings()
     preset: Optional[str] = None           #: the default method's preset
     options: Dict[str, object] = field(default_factory=dict)   #: the default method's options
@@ -43,6 +44,9 @@ class ServeConfig:
 
     def __post_init__(self):
         check_method(self.method)
+        if self.run.exact and self.method not in EXACT_METHODS:
+            raise ValueError(f"exact mode: the default method {self.method} is not lossless and cannot be exact; "
+                             f"choose one of {', '.join(EXACT_METHODS)} (specdec serve --method)")
         check_int(self.concurrency, "concurrency", 1)
         check_int(self.max_queue, "max_queue", 0)
         check_int(self.max_n, "max_n", 1)

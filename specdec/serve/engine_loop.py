@@ -12,6 +12,7 @@ Whatever a request or an engine does, the loop goes on: a request that cannot be
 alone, an engine whose step raises fails the requests it held and is rebuilt for the next."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import queue
@@ -201,7 +202,8 @@ class EngineLoop:
             self._slots.pop(idle[0]).engine.close()
         models = {k: v for k, v in self.models.items() if k in RESOURCES[key.method] or k == "tokenizer"}
         try:
-            engine = stream(key.method, self.family, concurrency=self.config.concurrency, run=self.config.run,
+            run = dataclasses.replace(self.config.run, exact=key.exact)
+            engine = stream(key.method, self.family, concurrency=self.config.concurrency, run=run,
                             preset=key.preset, sampling=key.sampling, **models, **key.options)
         except ValueError as e:
             raise invalid(f"{key.method} cannot run here: {e}", "method") from None

@@ -52,6 +52,7 @@ class ImageGenerationBody(BaseModel):
     cfg_interval: Optional[float] = None
     cfg_rule: Optional[str] = None
     return_tokens: Optional[bool] = None
+    exact: Optional[bool] = None
 
     @property
     def options(self) -> Dict[str, object]:
@@ -103,8 +104,9 @@ def image_stats(j: int, finished, latency_s: float, first_partial_s: Optional[fl
 
 
 def specdec_block(plan, stats: List[dict]) -> dict:
-    """What only specdec reports: the method and seed that made the images, and each one's figures."""
-    return {"method": plan.key.method, "seed": plan.seed, "first_index": plan.first_index, "images": stats}
+    """What only specdec reports: the method, mode and seed that made the images, and each one's figures."""
+    return {"method": plan.key.method, "exact": plan.key.exact, "seed": plan.seed, "first_index": plan.first_index,
+            "images": stats}
 
 
 def images_response(plan, created: int, items: List[dict], stats: List[dict], tokens_per_image: int) -> dict:

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from specdec.decoding import DEFAULT_SAMPLING, METHODS, OPTIONS, options_for
+from specdec.decoding import DEFAULT_SAMPLING, EXACT_METHODS, METHODS, OPTIONS, options_for
 from specdec.serve.conditions import conditions_for
 from specdec.serve.config import ServeConfig
 from specdec.serve.errors import APIError, invalid
@@ -33,6 +33,7 @@ class EngineKey:
     preset: Optional[str]
     options_json: str          #: the method's options, as sorted JSON (hashable)
     sampling: Sampling
+    exact: bool = False        #: exact mode (`RunSettings.exact`): the image is `ar`'s for its seed
 
     @property
     def options(self) -> Dict[str, object]:
@@ -82,7 +83,7 @@ class Planner:
         if not 1 <= n <= c.max_n:
             raise invalid(f"n must lie in [1, {c.max_n}], got {n}", "n")
         self._check_output(body)
-        key = EngineKey(method, *self._options(method, body), self._sampling(body))
+        key = EngineKey(method, *self._options(method, body), self._sampling(body), self._exact(method, body))
         seed = self._seed(body.seed)
         first = 0 if body.first_index is None else body.first_index
         if first < 0:
@@ -143,6 +144,16 @@ class Planner:
             except ValueError:
                 return name
         return None
+
+    def _exact(self, method: str, body: ImageGenerationBody) -> bool:
+        """The request's `exact` (default: the server's, `specdec serve --exact`); only a lossless
+        method can be exact, and the error names what the client chose (`exact`, else `method`)."""
+        exact = self.config.run.exact if body.exact is None else body.exact
+        if exact and method not in EXACT_METHODS:
+            why = "" if body.exact is not None else " (this server decodes in exact mode by default; send exact: false)"
+            raise invalid(f"{method} is not lossless and cannot be exact{why}; exact methods: "
+                          f"{', '.join(EXACT_METHODS)}", "exact" if body.exact is not None else "method")
+        return exact
 
     def _sampling(self, body: ImageGenerationBody) -> Sampling:
         given = {name: getattr(body, name) for name in SAMPLING_FIELDS if getattr(body, name) is not None}

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from specdec.decoding import METHODS, options_for
+from specdec.decoding import EXACT_METHODS, METHODS, options_for
 from specdec.decoding.results import decode_images
 from specdec.serve.conditions import class_names, prompt_conditioned
 from specdec.serve.config import ServeConfig
@@ -60,7 +60,8 @@ class Service:
     def model_card(self) -> dict:
         c = self.config
         return {"id": c.model_name, "object": "model", "created": self.started, "owned_by": "specdec",
-                "specdec": {"methods": list(METHODS), "default_method": c.method, "size": self.size,
+                "specdec": {"methods": list(METHODS), "default_method": c.method, "exact_methods": list(EXACT_METHODS),
+                            "exact_by_default": c.run.exact, "size": self.size,
                             "classes": None if prompt_conditioned(self.family) else class_names(self.family),
                             "concurrency": c.concurrency, "max_n": c.max_n}}
 

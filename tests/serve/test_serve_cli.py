@@ -26,7 +26,9 @@ def test_the_flags_become_the_servers_settings():
     assert config.options == {"chunk": 4} and models == {}
     assert config.run.sampling == dataclasses.replace(DEFAULT_SAMPLING, cfg_scale=3.0)   # (as generate)
     assert config.run.backend == "reference" and config.run.concurrency is None
-    assert config.capacity == 10
+    assert config.capacity == 10 and config.run.exact is False
+    flags = flags_from({"method": "sd", "exact": True, "family": TINY})
+    assert config_from_args(cli.argparse.Namespace(**flags), family).run.exact is True
 
 
 def test_serve_runs_uvicorn_on_the_app_of_its_flags(monkeypatch, capsys):
@@ -57,6 +59,9 @@ def test_serve_refuses_bad_flags_in_one_line(capsys):
         assert f"argument --port: must be an int in [1, 65535], got '{port}'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         flags_from({"port": 70000})
+    # Exact mode with a lossy default method would refuse every request that names none.
+    assert cli.main(["serve", "--family", TINY, "--exact"]) == 2
+    assert "the default method mulo is not lossless and cannot be exact" in capsys.readouterr().err
 
 
 def test_without_the_extras_the_cli_works_and_serve_says_what_to_install(monkeypatch, capsys):

@@ -245,3 +245,35 @@ def test_malformed_requests_never_stop_the_loop_or_the_valid_ones(fam):
         assert r.status_code == 200
         _, pixels = library_images(fam, method, class_id, n, seed, first)
         assert torch.equal(served_pixels(r.json()["data"][0]["b64_json"]), pixels[0])
+
+
+def test_exact_requests_get_ars_image_of_their_seed_whatever_the_method_and_load(fam):
+    """`exact: true` (or `specdec serve --exact`): sd and sjd requests sent at once with ar's,
+    at any draft length, get exact `ar`'s image of their seed bit for bit, the widths chosen by
+    the load; a lossy method is refused naming the field the client chose, and `exact: false`
+    opts a request out of a server's exact default."""
+    requests = [("ar", {}), ("sd", {"chunk": 2}), ("sd", {"chunk": 4}), ("sjd", {})]
+    app = create_app(fam, method="sd", concurrency=3, exact=True, **EXACT)
+
+    async def main():
+        async with serving(app) as client:
+            answers = await asyncio.gather(*[client.post("/v1/images/generations", json=_body(
+                method, 2, 2, 13, 1, options)) for method, options in requests])
+            refused = await client.post("/v1/images/generations", json=_body("mulo", 2, 1, 13, 0, {}))
+            lossy = await client.post("/v1/images/generations", json=_body("mulo", 2, 1, 13, 0, {}, exact=False))
+            return answers, refused, lossy
+
+    answers, refused, lossy = run(main())
+    tokens, pixels = library_images(fam, "ar", 2, 2, 13, 1, exact=True)
+    for (method, _), r in zip(requests, answers):
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["specdec"]["exact"] is True
+        for j, item in enumerate(body["data"]):
+            assert torch.equal(torch.tensor(item["tokens"]), tokens[j]), method
+            assert torch.equal(served_pixels(item["b64_json"]), pixels[j]), method
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "method"
+    assert "exact: false" in refused.json()["error"]["message"]
+    assert lossy.status_code == 200 and lossy.json()["specdec"]["exact"] is False
+    want, _ = library_images(fam, "mulo", 2, 1, 13)
+    assert torch.equal(torch.tensor(lossy.json()["data"][0]["tokens"]), want[0])

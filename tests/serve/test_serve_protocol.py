@@ -70,6 +70,8 @@ BAD = [
     ("a bad option type", _with(method="ssd", rounds="two"), 400, "rounds", "invalid_value"),
     ("an unknown preset", _with(method="ssd", preset="fastest"), 400, "preset", "invalid_value"),
     ("a model passed as an option", _with(method="sd", drafter="x"), 400, "drafter", "unknown_parameter"),
+    ("exact with a lossy method", _with(method="mulo", exact=True), 400, "exact", "invalid_value"),
+    ("exact not a bool", _with(exact="yes"), 400, "exact", "invalid_type"),
 ]
 
 
@@ -98,6 +100,7 @@ def test_models_health_and_metrics(client):
     card = models["data"][0]
     assert card["id"] == "tiny" and card["object"] == "model" and card["owned_by"] == "specdec"
     assert card["specdec"]["classes"] == ["a", "b", "c"] and card["specdec"]["size"] == "8x8"
+    assert card["specdec"]["exact_methods"] == ["ar", "sd", "sjd"] and card["specdec"]["exact_by_default"] is False
     assert client.get("/v1/models/tiny").json()["id"] == "tiny"
     health = client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
