@@ -91,6 +91,7 @@ def test_an_exact_image_depends_on_its_seed_and_index_alone(fam, classes, ar_tok
 
 @pytest.mark.parametrize("method", ["lantern", "zipar", "mulo", "ssd"])
 def test_a_lossy_method_cannot_be_exact(fam, method):
+    assert method not in decoding.EXACT_METHODS     # (the name the docs and the server use)
     with pytest.raises(ValueError, match=f"exact: {method} is not lossless"):
         decoding.decode(method, fam, [0], exact=True)
 
