@@ -1,6 +1,8 @@
 """Where the scheduler's rows live: which rows a pass covers (the busy rows up to a power of two,
 on a view of the cache), busy rows moved down into free rows, and the one spare cache beside the
 batch on which rows start apart from it; each image still gets what it gets alone."""
+import random
+
 import pytest
 import torch
 
@@ -108,6 +110,50 @@ def test_a_compiled_stream_starts_rows_on_parts_of_graph_sizes(fam, monkeypatch,
         ref = decode_alone(fam, method, classes, {}, **kw)
     assert sizes == {1, 2, 4, 8}
     assert all(torch.equal(image.tokens, ref[i].tokens[0]) for i, image in got.items())
+
+
+def _random_schedule(rng: random.Random):
+    """Requests (class, seed or None: the run's, image index, tag) with indices repeated, the step
+    each arrives at, and a cancellation (step -> tag) that may find its request queued, decoding,
+    finished or not yet submitted."""
+    n = rng.randint(3, 6)
+    requests = [(rng.randrange(3), rng.choice([None, 4]), rng.randrange(3), f"r{i}") for i in range(n)]
+    return requests, sorted(rng.randrange(8) for _ in range(n)), {rng.randrange(10): f"r{rng.randrange(n)}"}
+
+
+@pytest.mark.parametrize("method", ROWS)
+def test_random_schedules_give_each_image_its_decode_alone(fam, method):
+    """Seeded random schedules on 1 to 4 rows (arrivals, per-request seeds, repeated indices, a
+    cancellation at any point): each image that finishes is its decode alone, a withdrawn one never
+    finishes and no other goes missing, whichever rows moved and which passes covered them."""
+    rng = random.Random(f"schedules {method}")
+    kw = dict(sampling=SAMPLING, backend="reference")
+    alone = {}
+    with batch_invariant():
+        for trial in range(3):
+            requests, arrive, cancel = _random_schedule(rng)
+            engine = decoding.stream(method, fam, concurrency=rng.randint(1, 4), seed=1, **kw)
+            got, cancelled, step, k = {}, set(), 0, 0
+            while k < len(requests) or not engine.idle:
+                while k < len(requests) and arrive[k] <= step:
+                    cls, seed, index, tag = requests[k]
+                    engine.submit(cls, index=index, seed=seed, tag=tag)
+                    k += 1
+                if step in cancel:   # (withdrawn iff submitted and not finished: queued or decoding)
+                    tag = cancel[step]
+                    waiting = tag in [r[3] for r in requests[:k]] and tag not in got
+                    assert engine.cancel(tag) == waiting, (trial, tag)
+                    cancelled.update([tag] if waiting else [])
+                got.update((image.tag, image.tokens) for image in engine.step())
+                step += 1
+            for cls, seed, index, tag in requests:
+                assert (tag in got) != (tag in cancelled), (trial, tag)
+                key = (cls, 1 if seed is None else seed, index)
+                if tag in got:
+                    if key not in alone:
+                        alone[key] = decoding.decode(method, fam, torch.tensor([cls]), seed=key[1], first_index=index,
+                                                     **kw).tokens[0]
+                    assert torch.equal(got[tag], alone[key]), (trial, tag)
 
 
 @pytest.mark.parametrize("method,options", [("sd", dict(chunk=8)), ("sjd", dict(window=8)), ("ar", {})],
