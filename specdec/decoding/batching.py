@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -19,6 +19,13 @@ from specdec.settings import RunSettings
 #: target's distribution exactly. LANTERN, ZipAR, MuLo-SD and SSD keep tokens the target would
 #: not have drawn, so no noise can make their image `ar`'s.
 EXACT_METHODS = ("ar", "sd", "sjd")
+
+
+def not_exact(method: str) -> Optional[str]:
+    """Why `method` cannot run in exact mode (None: it can), for every caller's error message."""
+    if method in EXACT_METHODS:
+        return None
+    return f"{method} is not lossless and cannot be exact; exact methods: {', '.join(EXACT_METHODS)}"
 
 
 def check_grid_model(model, name: str = "model") -> None:
@@ -47,9 +54,8 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     lockstep batches of `run.batch_size`. Image i depends only on (seed, first_index + i). Given
     `Requests(...)`, returns a `StreamingEngine` instead. `tokenizer` makes images (untimed)."""
     check_grid_model(model, "target")
-    if run.exact and method not in EXACT_METHODS:
-        raise ValueError(f"exact: {method} is not lossless and cannot be exact; exact methods: "
-                         f"{', '.join(EXACT_METHODS)}")
+    if run.exact and not_exact(method):
+        raise ValueError(f"exact: {not_exact(method)}")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
         return StreamingEngine(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
@@ -82,4 +88,4 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)
 
 
-__all__ = ["EXACT_METHODS", "check_classes", "check_grid_model", "run_rows"]
+__all__ = ["EXACT_METHODS", "check_classes", "check_grid_model", "not_exact", "run_rows"]

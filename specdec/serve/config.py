@@ -9,7 +9,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from specdec.decoding import EXACT_METHODS, check_method
+from specdec.decoding import check_method
+from specdec.decoding.batching import not_exact
 from specdec.settings import RunSettings, check_int
 
 
@@ -44,9 +45,8 @@ class ServeConfig:
 
     def __post_init__(self):
         check_method(self.method)
-        if self.run.exact and self.method not in EXACT_METHODS:
-            raise ValueError(f"exact mode: the default method {self.method} is not lossless and cannot be exact; "
-                             f"choose one of {', '.join(EXACT_METHODS)} (specdec serve --method)")
+        if self.run.exact and not_exact(self.method):
+            raise ValueError(f"exact mode: the default method {not_exact(self.method)} (specdec serve --method)")
         check_int(self.concurrency, "concurrency", 1)
         check_int(self.max_queue, "max_queue", 0)
         check_int(self.max_n, "max_n", 1)

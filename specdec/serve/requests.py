@@ -11,7 +11,8 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from specdec.decoding import DEFAULT_SAMPLING, EXACT_METHODS, METHODS, OPTIONS, options_for
+from specdec.decoding import DEFAULT_SAMPLING, METHODS, OPTIONS, options_for
+from specdec.decoding.batching import not_exact
 from specdec.serve.conditions import conditions_for
 from specdec.serve.config import ServeConfig
 from specdec.serve.errors import APIError, invalid
@@ -33,7 +34,7 @@ class EngineKey:
     preset: Optional[str]
     options_json: str          #: the method's options, as sorted JSON (hashable)
     sampling: Sampling
-    exact: bool = False        #: exact mode (`RunSettings.exact`): the image is `ar`'s for its seed
+    exact: bool                #: exact mode (`RunSettings.exact`): the image is `ar`'s for its seed
 
     @property
     def options(self) -> Dict[str, object]:
@@ -149,10 +150,11 @@ class Planner:
         """The request's `exact` (default: the server's, `specdec serve --exact`); only a lossless
         method can be exact, and the error names what the client chose (`exact`, else `method`)."""
         exact = self.config.run.exact if body.exact is None else body.exact
-        if exact and method not in EXACT_METHODS:
-            why = "" if body.exact is not None else " (this server decodes in exact mode by default; send exact: false)"
-            raise invalid(f"{method} is not lossless and cannot be exact{why}; exact methods: "
-                          f"{', '.join(EXACT_METHODS)}", "exact" if body.exact is not None else "method")
+        if exact and not_exact(method):
+            if body.exact is not None:
+                raise invalid(not_exact(method), "exact")
+            raise invalid(f"{not_exact(method)} (this server decodes in exact mode by default; send exact: false)",
+                          "method")
         return exact
 
     def _sampling(self, body: ImageGenerationBody) -> Sampling:
