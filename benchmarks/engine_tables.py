@@ -123,14 +123,16 @@ def render_serve(data, name):
         "Serving", data, name,
         f"at most {data['requests']} requests per cell, Poisson arrivals at {data['rate']:g}/s from K = concurrency "
         f"clients on loopback, each streaming one partial image; {data['threads']} CPU thread(s), embedded family "
-        "16x16, eager. Each cell: `specdec serve` / the same arrivals through `stream()` in one process.",
+        f"16x16, {'compiled' if data.get('compile') else 'eager'}; (exact): exact mode, the widths following the "
+        "load. Each cell: `specdec serve` / the same arrivals through `stream()` in one process.",
         ["method", "concurrency", "images / s", "p50 latency s", "p99 latency s", "p50 first partial s"])
     for r in data["rows"]:
         a, b = r["server"], r["stream"]
 
         def both(key, digits):
             return f"{a[key]:.{digits}f} / {b[key]:.{digits}f}"
-        lines.append(f"| {r['method']} | {r['concurrency']} | {both('images_per_s', 2)} | {both('latency_p50_s', 2)} | "
+        method = f"{r['method']} (exact)" if r.get("exact") else r["method"]
+        lines.append(f"| {method} | {r['concurrency']} | {both('images_per_s', 2)} | {both('latency_p50_s', 2)} | "
                      f"{both('latency_p99_s', 2)} | {both('first_partial_p50_s', 2)} |")
     return lines + [""]
 

@@ -24,15 +24,14 @@ def _first_partials(engine, waiting: Dict[int, Timing], started: float, spec: Lo
                 timing.first_partial_s = time.perf_counter() - started - timing.sent_s
 
 
-def run_direct(method: str, family, concurrency: int, spec: LoadSpec, partial_every: int = 4, **settings) -> dict:
-    """Serve `spec`'s requests with `stream(method, family, concurrency=...)` in this process;
-    `settings`: `stream`'s other keyword arguments (options, run settings)."""
-    from specdec.decoding import stream
+def run_direct(engine, family, spec: LoadSpec, partial_every: int = 4) -> dict:
+    """Serve `spec`'s requests with `engine` (`stream(method, family, concurrency=...)`) in this
+    process. The engine is left idle for the next run: run the warm-up on the engine that is timed
+    after it, as the server does, since a compiled engine's graphs are its own."""
     from specdec.decoding.results import decode_images
 
     import torch
 
-    engine = stream(method, family, concurrency=concurrency, **settings)
     grid = tuple(family.target.grid)
     size = tuple(decode_images(torch.zeros(1, *grid, dtype=torch.long), engine.tokenizer).shape[-2:])
     arrivals = deque(enumerate(spec.arrivals()))

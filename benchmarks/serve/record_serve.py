@@ -5,12 +5,17 @@ process. Per cell: images/s, p50/p99 latency and time to first partial image, bo
 benchmarks/results/serve-<machine>-<stamp>.json (RESULTS.md's "Serving" table), with a Markdown
 table on stdout.
 
-    python benchmarks/serve/record_serve.py [--methods ar,mulo,ssd] [--concurrency 1,4,16]
-        [--requests 32] [--rate 8] [--time-limit 120]
+    python benchmarks/serve/record_serve.py [--methods ar,mulo,ssd,sd+exact] [--concurrency 1,4,16]
+        [--requests 32] [--rate 8] [--time-limit 120] [--compile]
+
+A method written `name+exact` runs in exact mode (`specdec serve --exact`, `stream(..., exact=True)`:
+the image is exact `ar`'s for its seed, the widths follow the load). `--compile` compiles both ways:
+the server warms its engine up before it reports healthy (`specdec serve --compile`), and the
+stream's engine is warmed up alike (`StreamingEngine.warm_up`), before the warm-up requests.
 
 Every cell is bounded: `--requests` requests at most, `--time-limit` seconds of load at most, and
-a server that does not come up within a minute fails the cell. Each engine first serves
-`--warmup` requests untimed.
+a server that does not come up within a minute (compiled: fifteen, its warm-up included) fails the
+cell. Each engine first serves `--warmup` requests untimed.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from typing import Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -55,16 +61,30 @@ def _wait_healthy(url: str, process, limit_s: float = 60.0) -> None:
     raise RuntimeError("the server did not come up in time")
 
 
-def served(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int) -> dict:
+def variant(name: str) -> Tuple[str, bool]:
+    """`--methods`' entry as (method, exact): `sd` or `sd+exact`."""
+    method, _, mode = name.partition("+")
+    if mode not in ("", "exact"):
+        raise SystemExit(f"--methods: {name!r} is not a method or method+exact")
+    return method, mode == "exact"
+
+
+def label(method: str, exact: bool) -> str:
+    return f"{method} (exact)" if exact else method
+
+
+def served(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int, *, exact: bool = False,
+           compile: bool = False) -> dict:
     """The load against `specdec serve` in a process of its own."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "specdec.cli", "serve", "--method", method, "--concurrency", str(concurrency),
                "--port", str(port), "--threads", "1", "--partial-every", str(partial_every),
                "--max-queue", str(max(64, spec.requests)), "--quiet"]
+    command += ["--exact"] * exact + ["--compile"] * compile
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_healthy(url, process)
+        _wait_healthy(url, process, limit_s=900.0 if compile else 60.0)   # (a compiled server warms up first)
         if warmup:
             asyncio.run(run_load(url, replace(spec, requests=warmup, seed=spec.seed + 1)))
         return asyncio.run(run_load(url, spec))["summary"]
@@ -76,16 +96,23 @@ def served(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_e
             process.kill()
 
 
-def direct(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int) -> dict:
+def direct(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_every: int, *, exact: bool = False,
+           compile: bool = False) -> dict:
+    """The same load through `stream()` in this process (a fresh engine, warmed up alike)."""
     import torch
 
     from specdec.models import default
 
+    from specdec.decoding import stream
+
     torch.set_num_threads(1)
     family = default()
+    engine = stream(method, family, concurrency=concurrency, exact=exact, compile=compile)
+    if compile:
+        engine.warm_up(0)        # (what `specdec serve --compile` does before it takes requests)
     if warmup:
-        run_direct(method, family, concurrency, replace(spec, requests=warmup, seed=spec.seed + 1), partial_every)
-    return run_direct(method, family, concurrency, spec, partial_every)["summary"]
+        run_direct(engine, family, replace(spec, requests=warmup, seed=spec.seed + 1), partial_every)
+    return run_direct(engine, family, spec, partial_every)["summary"]
 
 
 def _fmt(value, digits=3) -> str:
@@ -97,7 +124,8 @@ def table(rows) -> str:
              "p50 first partial s |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         s, d = r["server"], r["stream"]
-        lines.append(f"| `{r['method']}` | {r['concurrency']} | {_fmt(s['images_per_s'], 2)} / "
+        lines.append(f"| `{label(r['method'], r.get('exact', False))}` | {r['concurrency']} | "
+                     f"{_fmt(s['images_per_s'], 2)} / "
                      f"{_fmt(d['images_per_s'], 2)} | {_fmt(s['latency_p50_s'])} / {_fmt(d['latency_p50_s'])} | "
                      f"{_fmt(s['latency_p99_s'])} / {_fmt(d['latency_p99_s'])} | "
                      f"{_fmt(s['first_partial_p50_s'])} / {_fmt(d['first_partial_p50_s'])} |")
@@ -114,24 +142,29 @@ def main(argv=None) -> int:
     p.add_argument("--partial-every", type=int, default=4)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--time-limit", type=float, default=120.0, help="seconds of load per cell, at most")
+    p.add_argument("--compile", action="store_true", help="compiled passes, in the server and in stream()")
     args = p.parse_args(argv)
     from bench_helpers import device_description
     from run import machine_tag
 
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
-    for method in args.methods.split(","):
+    for method, exact in map(variant, args.methods.split(",")):
         for concurrency in map(int, args.concurrency.split(",")):
             spec = LoadSpec(requests=args.requests, clients=concurrency, rate=args.rate,
                             partial_images=args.partial_images, time_limit_s=args.time_limit)
-            row = {"method": method, "concurrency": concurrency,
-                   "server": served(method, concurrency, spec, args.warmup, args.partial_every),
-                   "stream": direct(method, concurrency, spec, args.warmup, args.partial_every)}
+            how = {"exact": exact, "compile": args.compile}
+            # ("mode": RESULTS.md shows the newest eager and the newest compiled run, each its own table)
+            row = {"method": method, "exact": exact, "concurrency": concurrency,
+                   "mode": "compiled" if args.compile else "eager",
+                   "server": served(method, concurrency, spec, args.warmup, args.partial_every, **how),
+                   "stream": direct(method, concurrency, spec, args.warmup, args.partial_every, **how)}
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)
     record = {"kind": "specdec-serve", "datetime": started.isoformat(), "machine": device_description(),
               "command": "python benchmarks/serve/record_serve.py " + " ".join(argv or sys.argv[1:]),
-              "threads": 1, "rate": args.rate, "requests": args.requests, "rows": rows}
+              "threads": 1, "rate": args.rate, "requests": args.requests, "warmup": args.warmup,
+              "compile": args.compile, "rows": rows}
     out_dir = os.path.join(os.path.dirname(HERE), "results")     # benchmarks/results, with every benchmark's
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, f"serve-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")
