@@ -125,6 +125,33 @@ class StreamingEngine:
                 image.image = decode_images(image.tokens[None], self.tokenizer)[0]
         return finished
 
+    @torch.no_grad()
+    def warm_up(self, condition=None, *, prompt=None) -> int:
+        """Decode throwaway images of `condition` (or `prompt`) in the patterns a load meets, so that
+        a compiled engine makes its graphs now and not while requests wait: a compiled pass is a
+        graph per shape, and a new shape stalls every row for its compile (seconds). Groups of 1,
+        2, 4, ... requests up to the concurrency start together on free rows, and groups of each
+        part size (`ModelRunner.part`) start beside a busy row; each group runs to the end, so its
+        passes also go over the busy rows as they thin out. Widths that depend on the images (an
+        acceptance pattern, MuLo-SD's islands, SSD's spans) may still come later. The engine must be
+        idle; its images are dropped and the next request's image index is as before. Returns how
+        many images it decoded."""
+        if not self.idle:
+            raise RuntimeError("warm_up needs an idle engine (call it before submitting requests)")
+        C, next_index, decoded = self.concurrency, self._next_index, 0
+        alone = [1 << i for i in range(C.bit_length()) if 1 << i < C] + [C]
+        beside = sorted({min(1 << i, C - 1) for i in range((C - 1).bit_length() + 1)}) if C > 1 else []
+        for group, busy in [(g, False) for g in alone] + [(g, True) for g in beside]:
+            if busy:
+                self.submit(condition, 0, prompt=prompt, tag=("warm-up", "busy"))
+                decoded += len(self.step())
+            for i in range(group):
+                self.submit(condition, 0, prompt=prompt, tag=("warm-up", i))
+            while not self.idle:
+                decoded += len(self.step())
+        self._next_index = next_index
+        return decoded
+
     def results(self) -> Iterator[Finished]:
         """Step until idle, yielding each image as it finishes."""
         while not self.idle:

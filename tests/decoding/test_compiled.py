@@ -171,3 +171,57 @@ def test_cuda_steps_ask_for_cuda_graphs_in_a_form_torch_compile_takes():
     reduce_overhead = torch._inductor.list_mode_options("reduce-overhead")
     assert set(reduce_overhead) <= set(cuda) and all(cuda[k] == v for k, v in reduce_overhead.items())
     torch.compile(lambda x: x + 1, fullgraph=True, dynamic=False, options=cuda)   # accepted (lazy: nothing runs)
+
+
+def _graph_keys(engine) -> set:
+    """Every compiled graph a stream's runners hold, each as (its runner, its kind, its key): a
+    runner made later (a view of more or fewer rows) brings keys of its own."""
+    seen, keys = set(), set()
+
+    def walk(runner):
+        if runner is None or id(runner) in seen:
+            return
+        seen.add(id(runner))
+        keys.update((id(runner), "pass", key) for key in runner.compiled_forward._graphs)
+        keys.update((id(runner), "function", key) for key in runner.functions)
+        keys.update((id(runner), "step", key) for key in runner._token_steps)
+        for view in [*runner._prefixes.values(), runner._spare]:
+            walk(view)
+    for runner in engine.kept_runners.values():
+        walk(runner)
+    return keys
+
+
+@pytest.mark.parametrize("method", ["ar", "zipar"])
+def test_a_warmed_up_stream_meets_no_new_graph_under_load_and_keeps_no_trace(fam, monkeypatch, method):
+    """`StreamingEngine.warm_up` makes the graphs a load meets (the passes' shapes of `ar` and
+    `zipar` do not depend on the images): under random arrivals afterwards no new one is made, and
+    the requests get the images and indices a stream without the warm-up gives them. (The graphs
+    are counted, not compiled: the compiler is the identity here.)"""
+    import random
+
+    from specdec.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compile_step", lambda fn, device, graphs=True: fn)
+    arrivals = random.Random(5)
+    schedule = sorted(arrivals.randrange(0, 60) for _ in range(9))     # the step each request arrives at
+
+    def serve(warmed: bool):
+        engine = decoding.stream(method, fam, concurrency=4, compile=True, seed=2, sampling=SAMPLING)
+        if warmed:
+            assert engine.warm_up(2) == 7 + 9       # groups of 1, 2, 4; of 1, 2, 3 beside a busy row
+        made, images, indices, step = _graph_keys(engine), {}, [], 0
+        pending = list(enumerate(schedule))
+        while pending or not engine.idle:
+            while pending and pending[0][1] <= step:
+                i, _ = pending.pop(0)
+                indices.append(engine.submit(i % 3))
+            images.update({image.index: image.tokens for image in engine.step()})
+            step += 1
+        return made, _graph_keys(engine), images, indices
+
+    before, after, images, indices = serve(warmed=True)
+    assert after == before
+    _, _, plain, plain_indices = serve(warmed=False)
+    assert indices == plain_indices == list(range(9))
+    assert all(torch.equal(images[i], plain[i]) for i in range(9))
