@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds accepted requests may still run at shutdown")
     p.add_argument("--backend", choices=BACKENDS, default=None, help="kernel backend (default: by device)")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="with --compile, take requests at once: the default engine does not first decode throwaway "
+                        "images to make its graphs (each new shape then stalls the requests running for its compile)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="decode under specdec.numerics.batch_invariant() (bit-exact checks; slow)")
     p.add_argument("--family", default=None, metavar="MODULE:CALLABLE",
@@ -87,7 +90,7 @@ def config_from_args(args, family) -> ServeConfig:
                        run=run, options=parse_sets(args.set, per_method=False), max_queue=args.max_queue,
                        max_n=args.max_n, max_body_bytes=args.max_body, max_engines=args.max_engines,
                        partial_every=args.partial_every, batch_invariant=args.batch_invariant,
-                       drain_timeout_s=args.drain_timeout)
+                       drain_timeout_s=args.drain_timeout, warm_up=run.compile and not args.no_warm_up)
 
 
 def spec_from_args(args) -> ModelSpec:

@@ -40,6 +40,10 @@ class ServeConfig:
     #: a partial image is looked for every this many engine steps (each look is one host read)
     partial_every: int = 4
     batch_invariant: bool = False          #: the engine loop under `specdec.numerics.batch_invariant()`
+    #: before its first request the default engine decodes throwaway images in the patterns a load
+    #: meets (`StreamingEngine.warm_up`), so that a compiled server makes its graphs while /health
+    #: says "warming_up" (`specdec serve --compile` sets it; --no-warm-up does not)
+    warm_up: bool = False
     drain_timeout_s: float = 60.0          #: at shutdown, how long accepted requests may still run
     keepalive_s: float = 5.0               #: a comment line on a quiet event stream this often
 

@@ -61,11 +61,22 @@ class EngineLoop:
         self._next_id = 0
         self._accepting = True
         self._stopped = False
+        #: the default engine's warm-up, run first by the loop's thread (`warm_up_first`)
+        self._warm_up: Optional[Plan] = None
         self._thread = threading.Thread(target=self._run, name="specdec-engine-loop", daemon=True)
 
     # ---- called from the server's threads ----
     def start(self) -> None:
         self._thread.start()
+
+    def warm_up_first(self, plan: Plan) -> None:
+        """Before placing any request, build `plan`'s engine and warm it up on its first image's
+        condition (`ServeConfig.warm_up`); requests that arrive meanwhile wait. Call before `start`."""
+        self._warm_up = plan
+
+    @property
+    def warming_up(self) -> bool:
+        return self._warm_up is not None
 
     @property
     def alive(self) -> bool:
@@ -135,12 +146,26 @@ class EngineLoop:
     # ---- the loop's thread ----
     def _run(self) -> None:
         with batch_invariant(self.config.batch_invariant):
+            if self._warm_up is not None:
+                self._warm_up_engine(self._warm_up)
             while not self._stopped:
                 try:
                     self._iteration()
                 except Exception as e:      # a bug of the loop itself: end what it held, go on
                     log.exception("the engine loop failed")
                     self._fail_everything(server_error(f"the engine loop failed: {e}"))
+
+    def _warm_up_engine(self, plan: Plan) -> None:
+        """`warm_up_first`'s work: a failure is logged and the server serves without it."""
+        try:
+            start = time.monotonic()
+            images = self._slot_for(plan.key).engine.warm_up(**plan.conditions[0])
+            log.info("warmed up the %s engine: %d images in %.1f s", plan.key.method, images, time.monotonic() - start)
+        except Exception:
+            log.exception("warming up the default engine failed; serving without it")
+            self._slots.pop(plan.key, None)
+        finally:
+            self._warm_up = None
 
     def _iteration(self) -> None:
         self._read_inbox(block=not self._busy())

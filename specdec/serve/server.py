@@ -29,7 +29,7 @@ from specdec.serve.engine_loop import EngineLoop
 from specdec.serve.errors import APIError
 from specdec.serve.metrics import ServeMetrics
 from specdec.serve.page import PAGE
-from specdec.serve.protocol import parse_body
+from specdec.serve.protocol import ImageGenerationBody, parse_body
 from specdec.serve.render import output_formats
 from specdec.serve.requests import Planner, tokens_per_image
 from specdec.serve.responses import collect, error_response, event_stream, read_body
@@ -55,6 +55,9 @@ class Service:
         self.metrics = ServeMetrics(lambda: self.loop.queue_depth, lambda: self.loop.running,
                                     lambda: self.loop.engines)
         self.loop.metrics = self.metrics
+        if config.warm_up:       # (the default request's engine; a seed given, not one of the planner's)
+            prompt = "a photo" if prompt_conditioned(family) else "0"
+            self.loop.warm_up_first(self.planner.plan(ImageGenerationBody(prompt=prompt, seed=0)))
         self.started = int(time.time())
 
     def model_card(self) -> dict:
@@ -98,6 +101,8 @@ async def get_model(request: Request, model_id: str):
 async def get_health(request: Request):
     loop = request.app.state.service.loop
     status = "ok" if loop.accepting else ("draining" if loop.alive else "stopped")
+    if status == "ok" and loop.warming_up:
+        status = "warming_up"       # (requests are accepted, and wait until it is done)
     body = {"status": status, "queue_depth": loop.queue_depth, "running": loop.running, "engines": loop.engines}
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

@@ -29,6 +29,10 @@ def test_the_flags_become_the_servers_settings():
     assert config.capacity == 10 and config.run.exact is False
     flags = flags_from({"method": "sd", "exact": True, "family": TINY})
     assert config_from_args(cli.argparse.Namespace(**flags), family).run.exact is True
+    # a compiled server warms its default engine up first, unless told not to; an eager one never
+    for given, warm in (({}, False), ({"compile": True}, True), ({"compile": True, "no_warm_up": True}, False)):
+        flags = flags_from({"family": TINY, **given})
+        assert config_from_args(cli.argparse.Namespace(**flags), family).warm_up is warm
 
 
 def test_serve_runs_uvicorn_on_the_app_of_its_flags(monkeypatch, capsys):

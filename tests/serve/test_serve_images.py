@@ -277,3 +277,42 @@ def test_exact_requests_get_ars_image_of_their_seed_whatever_the_method_and_load
     assert lossy.status_code == 200 and lossy.json()["specdec"]["exact"] is False
     want, _ = library_images(fam, "mulo", 2, 1, 13)
     assert torch.equal(torch.tensor(lossy.json()["data"][0]["tokens"]), want[0])
+
+
+def test_a_server_warms_up_its_default_engine_first_and_says_so(fam, monkeypatch):
+    """`ServeConfig.warm_up` (`specdec serve --compile`): before any request the default engine
+    decodes throwaway images (`StreamingEngine.warm_up`); meanwhile /health says warming_up (503)
+    and requests wait. Then they get their seed's library images, and a request without a seed
+    gets the seed a server without the warm-up would pick."""
+    import threading
+
+    gate, warmed = threading.Event(), []
+    warm_up = StreamingEngine.warm_up
+
+    def gated(engine, *args, **kwargs):
+        gate.wait(60)
+        warmed.append(warm_up(engine, *args, **kwargs))
+        return warmed[-1]
+    monkeypatch.setattr(StreamingEngine, "warm_up", gated)
+
+    async def main(app, warming: bool):
+        async with serving(app) as client:
+            health = None
+            if warming:
+                answer = await client.get("/health")
+                health = answer.json()["status"], answer.status_code
+            first = asyncio.ensure_future(client.post("/v1/images/generations", json=_body("ar", 1, 2, 5, 0, {})))
+            await asyncio.sleep(0.2)
+            waited = not first.done()
+            gate.set()
+            unseeded = (await client.post("/v1/images/generations", json={"prompt": "2"})).json()["specdec"]["seed"]
+            return health, waited, await first, (await client.get("/health")).status_code, unseeded
+
+    health, waited, r, ready, seed = run(main(create_app(fam, method="ar", concurrency=2, warm_up=True, **EXACT), True))
+    assert health == ("warming_up", 503) and waited and ready == 200
+    assert warmed == [1 + 2 + 2]        # groups of 1 and 2, of 1 beside a busy row
+    tokens, _ = library_images(fam, "ar", 1, 2, 5)
+    assert r.status_code == 200 and all(torch.equal(torch.tensor(item["tokens"]), tokens[j])
+                                        for j, item in enumerate(r.json()["data"]))
+    _, _, _, _, plain_seed = run(main(create_app(fam, method="ar", concurrency=2, **EXACT), False))
+    assert seed == plain_seed and warmed == [5]
