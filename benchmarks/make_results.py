@@ -370,8 +370,7 @@ def newest_per_kind(files) -> list:
             continue
         grid = data.get("grid") if isinstance(data, dict) else None
         rows = data.get("rows") if isinstance(data, dict) else None
-        modes = tuple(sorted({r.get("mode") for r in rows if isinstance(r, dict) and r.get("mode")})) \
-            if isinstance(rows, list) else ()
+        modes = _modes(kind_of(data, os.path.basename(path)), data, rows)
         # (a run of token budgets is a table of its own beside the same modes' run without)
         budgets = isinstance(rows, list) and any(isinstance(r, dict) and r.get("max_tokens_per_pass") is not None
                                                  for r in rows)
@@ -381,6 +380,15 @@ def newest_per_kind(files) -> list:
             newest[key] = (path, data)
     items = sorted(newest.items(), key=lambda kv: -files.index(kv[1][0]))
     return [(kind, machine, path, data) for (kind, machine, *_), (path, data) in items]
+
+
+def _modes(kind: str, data, rows) -> tuple:
+    """The modes a run measured (eager, compiled), by its rows' `mode`; a serving run's by its
+    `compile` flag (runs from before it was recorded were eager)."""
+    if kind == "serve":
+        return ("compiled",) if data.get("compile") else ("eager",)
+    return tuple(sorted({r.get("mode") for r in rows if isinstance(r, dict) and r.get("mode")})) \
+        if isinstance(rows, list) else ()
 
 
 def _methods(data) -> int:

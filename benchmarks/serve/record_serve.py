@@ -154,9 +154,7 @@ def main(argv=None) -> int:
             spec = LoadSpec(requests=args.requests, clients=concurrency, rate=args.rate,
                             partial_images=args.partial_images, time_limit_s=args.time_limit)
             how = {"exact": exact, "compile": args.compile}
-            # ("mode": RESULTS.md shows the newest eager and the newest compiled run, each its own table)
             row = {"method": method, "exact": exact, "concurrency": concurrency,
-                   "mode": "compiled" if args.compile else "eager",
                    "server": served(method, concurrency, spec, args.warmup, args.partial_every, **how),
                    "stream": direct(method, concurrency, spec, args.warmup, args.partial_every, **how)}
             rows.append(row)
@@ -164,7 +162,7 @@ def main(argv=None) -> int:
     record = {"kind": "specdec-serve", "datetime": started.isoformat(), "machine": device_description(),
               "command": "python benchmarks/serve/record_serve.py " + " ".join(argv or sys.argv[1:]),
               "threads": 1, "rate": args.rate, "requests": args.requests, "warmup": args.warmup,
-              "compile": args.compile, "rows": rows}
+              "compile": args.compile, "rows": rows}      # (RESULTS.md: the newest eager and compiled runs)
     out_dir = os.path.join(os.path.dirname(HERE), "results")     # benchmarks/results, with every benchmark's
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, f"serve-{machine_tag()}-{started.strftime('%Y%m%d-%H%M%S')}.json")

@@ -313,8 +313,9 @@ def test_the_exact_table_shows_acceptance_beside_its_bounds_and_each_load_agains
 
 
 def test_the_serving_tables_show_the_newest_eager_and_compiled_runs_and_name_exact_mode(tmp_path):
-    """record_serve.py's runs: an eager and a compiled run are two tables (rows carry their mode; a
-    run from before the mode was recorded is an eager one), and a method in exact mode is named so."""
+    """record_serve.py's runs: the newest eager run and the newest compiled one are two tables (a
+    run from before `compile` was recorded was eager, and a newer eager run replaces it), and a
+    method in exact mode is named so."""
     import json
 
     mr = _make_results()
@@ -322,20 +323,24 @@ def test_the_serving_tables_show_the_newest_eager_and_compiled_runs_and_name_exa
 
     def run(name, when, methods, compiled=None):
         rows = [{"method": m.split("+")[0], "concurrency": 4, "server": cell, "stream": cell} for m in methods]
-        if compiled is not None:        # (None: written before record_serve.py recorded modes and exact mode)
+        record = {"kind": "specdec-serve", "datetime": when, "machine": "m", "command": "record_serve.py",
+                  "threads": 1, "rate": 16.0, "requests": 32, "rows": rows}
+        if compiled is not None:        # (None: written before record_serve.py recorded it and exact mode)
+            record["compile"] = compiled
             for row, m in zip(rows, methods):
-                row.update(exact=m.endswith("+exact"), mode="compiled" if compiled else "eager")
+                row["exact"] = m.endswith("+exact")
         path = tmp_path / name
         with open(path, "w") as f:
-            json.dump({"kind": "specdec-serve", "datetime": when, "machine": "m", "command": "record_serve.py",
-                       "threads": 1, "rate": 16.0, "requests": 32, "compile": compiled, "rows": rows}, f)
+            json.dump(record, f)
         return str(path)
 
-    files = [run("eager.json", "2026-12-05T00:00:00", ["ar", "mulo"]),
-             run("compiled.json", "2026-12-07T00:00:00", ["ar", "sd+exact", "mulo"], compiled=True)]
+    files = [run("old.json", "2026-12-05T00:00:00", ["ar", "mulo"]),
+             run("eager.json", "2026-12-07T00:00:00", ["ar", "sd+exact", "mulo"], compiled=False),
+             run("compiled.json", "2026-12-07T01:00:00", ["ar", "sd+exact", "mulo"], compiled=True)]
     chosen = mr.newest_per_kind(files)
     assert [os.path.basename(p) for _, _, p, _ in chosen] == ["compiled.json", "eager.json"]
     compiled, eager = ("\n".join(mr.render_serve(data, os.path.basename(p))) for _, _, p, data in chosen)
     assert "16x16, compiled;" in compiled and "| sd (exact) | 4 | 2.00 / 2.00 | 0.50 / 0.50 |" in compiled
-    assert "| ar | 4 |" in compiled and "| mulo | 4 |" in compiled
-    assert "16x16, eager;" in eager and "(exact) |" not in eager
+    assert "16x16, eager;" in eager and "| ar | 4 |" in eager and "| mulo | 4 |" in eager
+    old = "\n".join(mr.render_serve(json.load(open(files[0])), "old.json"))
+    assert "16x16, eager;" in old and "(exact) |" not in old
