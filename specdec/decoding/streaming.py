@@ -132,21 +132,22 @@ class StreamingEngine:
         graph per shape, and a new shape stalls every row for its compile (seconds). Groups of 1,
         2, 4, ... requests up to the concurrency start together on free rows, and groups of each
         part size (`ModelRunner.part`) start beside a busy row; each group runs to the end, so its
-        passes also go over the busy rows as they thin out. Widths that depend on the images (an
-        acceptance pattern, MuLo-SD's islands, SSD's spans) may still come later. The engine must be
-        idle; its images are dropped and the next request's image index is as before. Returns how
-        many images it decoded."""
+        passes also go over the busy rows as they thin out. Each image draws from a stream of its
+        own, so that widths depending on the images (MuLo-SD's islands, SSD's spans) vary as under a
+        load; a rare one may still come later. The engine must be idle; its images are dropped and
+        the next request's image index is as before. Returns how many images it decoded."""
         if not self.idle:
             raise RuntimeError("warm_up needs an idle engine (call it before submitting requests)")
         C, next_index, decoded = self.concurrency, self._next_index, 0
         alone = [1 << i for i in range(C.bit_length()) if 1 << i < C] + [C]
         beside = sorted({min(1 << i, C - 1) for i in range((C - 1).bit_length() + 1)}) if C > 1 else []
         for group, busy in [(g, False) for g in alone] + [(g, True) for g in beside]:
+            # (images of their own indices: they differ, and so do the widths their passes meet)
             if busy:
-                self.submit(condition, 0, prompt=prompt, tag=("warm-up", "busy"))
+                self.submit(condition, prompt=prompt, tag=("warm-up", "busy"))
                 decoded += len(self.step())
             for i in range(group):
-                self.submit(condition, 0, prompt=prompt, tag=("warm-up", i))
+                self.submit(condition, prompt=prompt, tag=("warm-up", i))
             while not self.idle:
                 decoded += len(self.step())
         self._next_index = next_index

@@ -196,11 +196,13 @@ def _graph_keys(engine) -> set:
 def test_a_warmed_up_stream_meets_no_new_graph_under_load_and_keeps_no_trace(fam, monkeypatch, method):
     """`StreamingEngine.warm_up` makes the graphs a load meets (the passes' shapes of `ar` and
     `zipar` do not depend on the images): under random arrivals afterwards no new one is made, and
-    the requests get the images and indices a stream without the warm-up gives them. (The graphs
-    are counted, not compiled: the compiler is the identity here.)"""
+    the requests get the images and indices a stream without the warm-up gives them. Its own images
+    are each of its own stream, so that methods whose widths depend on the images meet several.
+    (The graphs are counted, not compiled: the compiler is the identity here.)"""
     import random
 
     from specdec.decoding import compiled
+    from specdec.decoding.streaming import StreamingEngine
 
     monkeypatch.setattr(compiled, "compile_step", lambda fn, device, graphs=True: fn)
     arrivals = random.Random(5)
@@ -209,7 +211,11 @@ def test_a_warmed_up_stream_meets_no_new_graph_under_load_and_keeps_no_trace(fam
     def serve(warmed: bool):
         engine = decoding.stream(method, fam, concurrency=4, compile=True, seed=2, sampling=SAMPLING)
         if warmed:
+            submitted = []
+            engine.submit = lambda *args, **kwargs: submitted.append(StreamingEngine.submit(engine, *args, **kwargs))
             assert engine.warm_up(2) == 7 + 9       # groups of 1, 2, 4; of 1, 2, 3 beside a busy row
+            del engine.submit
+            assert submitted == list(range(16))     # (images of their own streams: their widths differ)
         made, images, indices, step = _graph_keys(engine), {}, [], 0
         pending = list(enumerate(schedule))
         while pending or not engine.idle:
