@@ -15,7 +15,6 @@ In exact mode a width cannot change an image, so the rule is on by default
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
@@ -40,20 +39,24 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def _time_pass(runner, width: int, repeats: int = 3) -> float:
-    """The median seconds of a pass of `width` tokens over every row of runner's (empty) cache."""
-    rows = runner.batch
-    tokens = torch.zeros(rows, width, dtype=torch.long, device=runner.device)
-    positions = torch.arange(width, device=runner.device)
-    times = []
-    for i in range(repeats + 1):           # (the first: warm-up, and the graph's compile)
-        _sync(runner.device)
-        start = time.perf_counter()
-        runner.forward(tokens, positions)
-        _sync(runner.device)
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _time_passes(runner, widths: Sequence[int], repeats: int = 10) -> List[float]:
+    """The fastest of `repeats` passes of each of `widths` tokens over every row of runner's
+    (empty) cache, the widths taking turns, after one untimed pass of each (a compiled runner's
+    compile). The minimum and the turns, because a noisy machine only ever adds time, and drift
+    then falls on every width alike: a median of three, one width after the other, put the cost per
+    token anywhere in a range of 5x on a 2-core CPU, and with it the width rule's choice."""
+    feeds = [(torch.zeros(runner.batch, w, dtype=torch.long, device=runner.device),
+              torch.arange(w, device=runner.device)) for w in widths]
+    best = [float("inf")] * len(widths)
+    for i in range(repeats + 1):
+        for j, (tokens, positions) in enumerate(feeds):
+            _sync(runner.device)
+            start = time.perf_counter()
+            runner.forward(tokens, positions)
+            _sync(runner.device)
+            if i:
+                best[j] = min(best[j], time.perf_counter() - start)
+    return best
 
 
 def measure_pass_cost(runner, widest: int) -> PassCost:
@@ -66,7 +69,7 @@ def measure_pass_cost(runner, widest: int) -> PassCost:
            str(runner.device))
     kept = runner.model.__dict__.setdefault("_specdec_pass_costs", {})
     if key not in kept:
-        one, wide = _time_pass(runner, 1), _time_pass(runner, widest)
+        one, wide = _time_passes(runner, (1, widest))
         per_token = max(0.0, (wide - one) / (runner.batch * max(widest - 1, 1)))
         kept[key] = PassCost(max(0.0, one - per_token * runner.batch), per_token)
         runner.reset()

@@ -151,6 +151,23 @@ def test_a_pass_cost_is_measured_once_on_the_runner_and_leaves_its_cache_empty(f
     assert widths.measure_pass_cost(runner, 5) is cost
 
 
+def test_a_pass_cost_takes_the_fastest_of_passes_that_take_turns(monkeypatch):
+    """A noisy machine only adds time: each width's cost is its fastest pass, and the widths take
+    turns, so that drift falls on both (a slow spell over the first passes would make one width
+    look dear and the other cheap)."""
+    class Runner:
+        batch, device = 2, torch.device("cpu")
+        fed = []
+
+        def forward(self, tokens, positions):
+            self.fed.append(tokens.shape[1])
+    clock = iter([0.0, 10.0] + [t for k in range(10) for t in (20 + 10 * k, 21 + 10 * k + k % 3,
+                                                               25 + 10 * k, 28 + 10 * k)])
+    monkeypatch.setattr(widths.time, "perf_counter", lambda: next(clock))
+    assert widths._time_passes(Runner(), (1, 5)) == [1.0, 3.0]      # (width 1: 1, 2 or 3 s a pass)
+    assert Runner.fed == [1, 5] * 11
+
+
 @pytest.mark.parametrize("method,options,per_token", [("sd", dict(chunk=4), 0.3), ("sjd", dict(window=8), 0.05)],
                          ids=["sd", "sjd"])
 def test_widths_that_change_with_the_load_keep_ar_s_image(fam, classes, ar_tokens, monkeypatch, method, options,
