@@ -101,9 +101,8 @@ def direct(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_e
     """The same load through `stream()` in this process (a fresh engine, warmed up alike)."""
     import torch
 
-    from specdec.models import default
-
     from specdec.decoding import stream
+    from specdec.models import default
 
     torch.set_num_threads(1)
     family = default()

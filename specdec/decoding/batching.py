@@ -54,8 +54,8 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     lockstep batches of `run.batch_size`. Image i depends only on (seed, first_index + i). Given
     `Requests(...)`, returns a `StreamingEngine` instead. `tokenizer` makes images (untimed)."""
     check_grid_model(model, "target")
-    if run.exact and not_exact(method):
-        raise ValueError(f"exact: {not_exact(method)}")
+    if run.exact and (why := not_exact(method)):
+        raise ValueError(f"exact: {why}")
     if isinstance(conditions, Requests):
         run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
         return StreamingEngine(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)

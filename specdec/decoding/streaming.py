@@ -134,8 +134,9 @@ class StreamingEngine:
         part size (`ModelRunner.part`) start beside a busy row; each group runs to the end, so its
         passes also go over the busy rows as they thin out. Each image draws from a stream of its
         own, so that widths depending on the images (MuLo-SD's islands, SSD's spans) vary as under a
-        load; a rare one may still come later. The engine must be idle; its images are dropped and
-        the next request's image index is as before. Returns how many images it decoded."""
+        load; a rare one may still come later. The engine must be idle; its images are dropped, the
+        next request's image index is as before, and its counters (steps, reads, passes) include
+        them. Returns how many images it decoded."""
         if not self.idle:
             raise RuntimeError("warm_up needs an idle engine (call it before submitting requests)")
         C, next_index, decoded = self.concurrency, self._next_index, 0

@@ -49,8 +49,8 @@ class ServeConfig:
 
     def __post_init__(self):
         check_method(self.method)
-        if self.run.exact and not_exact(self.method):
-            raise ValueError(f"exact mode: the default method {not_exact(self.method)} (specdec serve --method)")
+        if self.run.exact and (why := not_exact(self.method)):
+            raise ValueError(f"exact mode: the default method {why} (specdec serve --method)")
         check_int(self.concurrency, "concurrency", 1)
         check_int(self.max_queue, "max_queue", 0)
         check_int(self.max_n, "max_n", 1)

@@ -150,10 +150,10 @@ class Planner:
         """The request's `exact` (default: the server's, `specdec serve --exact`); only a lossless
         method can be exact, and the error names what the client chose (`exact`, else `method`)."""
         exact = self.config.run.exact if body.exact is None else body.exact
-        if exact and not_exact(method):
+        if exact and (why := not_exact(method)):
             if body.exact is not None:
-                raise invalid(not_exact(method), "exact")
-            raise invalid(f"{not_exact(method)} (this server decodes in exact mode by default; send exact: false)",
+                raise invalid(why, "exact")
+            raise invalid(f"{why} (this server decodes in exact mode by default; send exact: false)",
                           "method")
         return exact
 
