@@ -11,6 +11,9 @@ from typing import Callable, NamedTuple, Optional
 
 #: The kernel backends (`specdec.ops`), by name; None picks by device.
 BACKENDS = ("cuda", "triton", "cpu", "reference")
+#: the bounds of `Sampling`'s cfg_scale and temperature (why: `Sampling.__post_init__`)
+MAX_CFG_SCALE = 1e4
+MIN_TEMPERATURE = 1e-4
 
 
 class SamplingArgs(NamedTuple):
@@ -41,11 +44,15 @@ class Sampling:
     cfg_rule: str = "always"
 
     def __post_init__(self):
-        if not (isinstance(self.cfg_scale, (int, float)) and math.isfinite(self.cfg_scale)):
-            raise ValueError(f"cfg_scale must be a finite number, got {self.cfg_scale!r}")
-        if not (isinstance(self.temperature, (int,
-                                              float)) and self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        # The kernels form p in float32: a guidance scale or a temperature beyond these bounds
+        # would overflow the scaled logits to inf, and every token drawn from the NaN rows
+        # that follow would be the last one of the vocabulary, with no error anywhere.
+        if not (_is_number(self.cfg_scale) and abs(self.cfg_scale) <= MAX_CFG_SCALE):
+            raise ValueError(f"cfg_scale must be a finite number in [-{MAX_CFG_SCALE:g}, {MAX_CFG_SCALE:g}], got "
+                             f"{self.cfg_scale!r}")
+        if not (_is_number(self.temperature) and self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g} (top_k=1 samples "
+                             f"greedily), got {self.temperature!r}")
         check_int(self.top_k, "top_k")
         if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                 or not 0.0 < self.top_p <= 1.0):
@@ -77,12 +84,46 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(value, name: str, minimum: int = 0) -> int:
-    """`value` if it is an int (not a bool) >= `minimum`, else a ValueError naming `name`: the
-    check of every count among the settings and the methods' options."""
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+#: the largest int the ops and the kernels take (an int64)
+MAX_INT = 2 ** 63 - 1
+
+
+def check_int(value, name: str, minimum: int = 0, maximum: int = MAX_INT) -> int:
+    """`value` if it is an int (not a bool) in [`minimum`, `maximum`], else a ValueError naming
+    `name`: the check of every count among the settings and the methods' options (by default at
+    most an int64, what the kernels take)."""
     if not _is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value > maximum:
+        top = "2**63 - 1" if maximum == MAX_INT else maximum
+        raise ValueError(f"{name} must be an int in [{minimum}, {top}], got {value!r}")
     return value
+
+
+class OptionError(ValueError):
+    """A method's option that does not fit the models it runs on (a window wider than the grid,
+    more vertical heads than the heads have): `option` names it, so that a server's 400 can."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
+#: seeds are ints in [0, 2**32): torch's CPU generators, which draw every image's numbers, keep
+#: 32 bits of their seed, so a larger seed would silently give a smaller one's images
+SEEDS = 2 ** 32
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """A run's or a request's seed: an int in [0, 2**32), the range in which two seeds always
+    give two different images (`specdec.decoding.streams.image_generator`)."""
+    if not _is_int(seed) or not 0 <= seed < SEEDS:
+        raise ValueError(f"{name} must be an int in [0, 2**32), got {seed!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -128,8 +169,7 @@ class RunSettings:
     progress: Optional[Callable[[int], None]] = None
 
     def __post_init__(self):
-        if not _is_int(self.seed):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        check_seed(self.seed)
         check_int(self.first_index, "first_index")
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a specdec Sampling, got {type(self.sampling).__name__}")
@@ -173,4 +213,5 @@ class RunSettings:
         return self.sampling if self.sampling is not None else Sampling()
 
 
-__all__ = ["BACKENDS", "RunSettings", "Sampling", "SamplingArgs", "check_int"]
+__all__ = ["BACKENDS", "MAX_CFG_SCALE", "MAX_INT", "MIN_TEMPERATURE", "RunSettings", "Sampling", "SamplingArgs",
+           "OptionError", "SEEDS", "check_int", "check_seed"]

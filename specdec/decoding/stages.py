@@ -7,7 +7,8 @@ preview grids through `target.condition_on_preview`, decoded with `method`). MuL
 
 The result holds the target grids (`tokens`), the preview grids (`preview`) and both stages'
 statistics joined (`DecodeStats.add_stage`; the preview's passes are the model's own: target
-passes). The target stage draws from streams of its own (seed + TARGET_STAGE_SEED).
+passes). The target stage draws from streams of its own: those of the image indices
+TARGET_STAGE_INDEX on.
 """
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ import dataclasses
 from specdec.decoding.results import DecodeResult
 from specdec.settings import RunSettings
 
-#: The target stage of a two-stage decode draws from the streams of seed + this offset.
-TARGET_STAGE_SEED = 2 ** 40
+#: The target stage of image i draws from the streams of image index i + this offset, which a
+#: run's own indices do not reach (it was the seed + 2**40, whose streams are the seed's own:
+#: torch's CPU generators keep 32 bits of their seed, so both stages drew the same numbers).
+TARGET_STAGE_INDEX = 2 ** 31
 
 
 def target_stage_run(run: RunSettings) -> RunSettings:
     """The run settings of the target stage: its own random streams."""
-    return dataclasses.replace(run, seed=run.seed + TARGET_STAGE_SEED)
+    return dataclasses.replace(run, first_index=run.first_index + TARGET_STAGE_INDEX)
 
 
 def combine(first: DecodeResult, second: DecodeResult) -> DecodeResult:
@@ -39,4 +42,4 @@ def check_preview_stage(family_preview, target) -> None:
         raise ValueError(f"the preview stage has {family_preview.vocab_size} codes, the target {target.vocab_size}")
 
 
-__all__ = ["TARGET_STAGE_SEED", "check_preview_stage", "combine", "target_stage_run"]
+__all__ = ["TARGET_STAGE_INDEX", "check_preview_stage", "combine", "target_stage_run"]

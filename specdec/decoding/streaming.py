@@ -18,7 +18,7 @@ import torch
 
 from specdec.decoding.results import decode_images
 from specdec.decoding.scheduler import Finished, Partial, Request, Scheduler
-from specdec.settings import RunSettings, check_int
+from specdec.settings import RunSettings, check_int, check_seed
 
 
 class Requests:
@@ -79,7 +79,7 @@ class StreamingEngine:
             condition = one_class(condition)
         index = self._next_index if index is None else check_int(index, "index")
         if seed is not None:
-            check_int(seed, "seed")
+            check_seed(seed)
         self._next_index = index + 1
         self.queue.append(Request(condition, index, seed, index if tag is None else tag))
         return index

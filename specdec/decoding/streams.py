@@ -14,14 +14,16 @@ from typing import Optional, Sequence
 import torch
 
 from specdec.decoding.uploads import to_device
+from specdec.settings import check_seed
 
 
 def image_generator(seed: int, index: int = 0) -> torch.Generator:
-    """The generator of image `index` of a run seeded `seed`: images are reproducible one by one."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    mixed = (seed * 1_000_003 + index * 7_919 + 12_345) % (2 ** 62)
-    return torch.Generator().manual_seed(mixed)
+    """The generator of image `index` of a run seeded `seed`: images are reproducible one by one.
+    torch's CPU generator keeps 32 bits of its seed, so there are 2**32 streams: for one index,
+    each seed of [0, 2**32) (`check_seed`) has its own, and so has each index below 2**32 for one
+    seed (the map below is odd in both)."""
+    check_seed(seed)
+    return torch.Generator().manual_seed((seed * 1_000_003 + index * 7_919 + 12_345) % (2 ** 62))
 
 
 _MASK64 = 2 ** 64 - 1

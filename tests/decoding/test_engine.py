@@ -69,6 +69,30 @@ def test_image_streams_give_each_image_its_own_generator_stream():
         streams.rand((4,))
 
 
+def test_every_seed_in_range_has_streams_of_its_own():
+    """Seeds 0, 2**32 and 2**62 gave the same images, silently: torch's CPU generator keeps 32
+    bits of its seed. Seeds are ints in [0, 2**32) now, and each has its own streams."""
+    first = lambda seed, index=0: torch.rand(4, generator=image_generator(seed, index))  # noqa: E731
+    assert torch.equal(torch.rand(4, generator=torch.Generator().manual_seed(1)),
+                       torch.rand(4, generator=torch.Generator().manual_seed(1 + 2 ** 32)))   # (why)
+    assert len({tuple(first(s).tolist()) for s in (0, 1, 2 ** 31, 2 ** 32 - 1)}) == 4
+    assert len({tuple(first(7, i).tolist()) for i in (0, 1, 2 ** 31, 2 ** 32 - 1)}) == 4
+    for bad in (-1, 2 ** 32, 2 ** 62, True, 1.0):
+        with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
+            image_generator(bad)
+
+
+def test_the_target_stage_of_a_two_stage_decode_has_streams_of_its_own():
+    """It drew from seed + 2**40, whose streams are the seed's own (32 bits kept): GLM-Image's
+    target stage drew the very numbers of its preview stage."""
+    from specdec.decoding.stages import target_stage_run
+
+    run = RunSettings(seed=5, first_index=3)
+    second = target_stage_run(run)
+    assert not torch.equal(torch.rand(4, generator=image_generator(run.seed, run.first_index)),
+                           torch.rand(4, generator=image_generator(second.seed, second.first_index)))
+
+
 def test_row_linear_and_row_matmul_compute_each_row_alone():
     torch.manual_seed(0)
     lin = RowLinear(24, 40, bias=True)
