@@ -42,7 +42,7 @@ RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunSettings))
 
 
 def check_method(method: str) -> str:
-    if method not in _MODULES:
+    if not isinstance(method, str) or method not in _MODULES:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     return method
 
@@ -65,7 +65,7 @@ def options_for(method: str, preset: Optional[str] = None, family=None, **overri
     (`family_options`), then the named preset's published values where they differ from the
     defaults, then `overrides`; an unknown name is a ValueError listing the accepted ones."""
     cls = OPTIONS[check_method(method)]
-    if preset is not None and preset not in PRESETS[method]:
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS[method]):
         known = ", ".join(sorted(PRESETS[method])) or "none"
         raise ValueError(f"{method} has no preset {preset!r}; its presets: {known}")
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -131,6 +131,8 @@ def resolve(method: str, family, *, run: Optional[RunSettings] = None, preset: O
     those its module's `family_defaults` hook derives from the family, the family's own, the
     preset, then the caller's (`options_for`). `decode` and `specdec sample` resolve here."""
     module = _MODULES[check_method(method)]
+    if run is not None and not isinstance(run, RunSettings):
+        raise ValueError(f"run must be a specdec RunSettings (or None), got {type(run).__name__}")
     run = dataclasses.replace(run or RunSettings(), **{k: kwargs.pop(k) for k in RUN_FIELDS if k in kwargs})
     if run.sampling is None:
         run = dataclasses.replace(run, sampling=_field(family, "sampling") or DEFAULT_SAMPLING)
@@ -152,7 +154,10 @@ def _resources(module, family, given: dict, options) -> dict:
     view = _Family(family)
     hook = getattr(module, "resources", None)
     res = hook(view, given, options) if hook is not None else {k: given.get(k) for k in module.TAKES}
-    return {"tokenizer": given.get("tokenizer", view.tokenizer), **res}
+    tokenizer = given.get("tokenizer", view.tokenizer)
+    if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+        raise ValueError(f"tokenizer must be a VQ model with decode(tokens) -> images, got {type(tokenizer).__name__}")
+    return {"tokenizer": tokenizer, **res}
 
 
 def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=None,
@@ -254,7 +259,10 @@ def _conditions(target, classes, prompts, negative_prompts):
     if prompts is None:
         if negative_prompts is not None:
             raise ValueError("negative_prompts needs prompts")
-        return torch.as_tensor(classes)
+        try:
+            return torch.as_tensor(classes)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"classes must be class ids (ints, or an int tensor), got {classes!r}") from None
     if isinstance(prompts, Prompts):
         return prompts
     if isinstance(prompts, (str, torch.Tensor)):

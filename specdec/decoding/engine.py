@@ -32,6 +32,7 @@ from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
 from specdec.decoding.uploads import to_device
 from specdec.models.conditions import pad_with_first
+from specdec.ops.dispatch import resolve
 from specdec.ops.verification import verify_grid_unchecked
 from specdec.settings import RunSettings
 
@@ -143,6 +144,7 @@ class Engine:
         sampling = sampling or self.run.sampling_or_default
         runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
                             store=self.kept_runners, graphs=self.graphs)
+        resolve(self.run.backend, runner.device)     # (a backend this device lacks: refused before any pass)
         self._runners.append((runner, role))
         return runner
 

@@ -40,7 +40,7 @@ from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.lantern import check_delta, check_k, neighbor_table
 from specdec.decoding.mulo_rows import MuloRows, MuloStats  # noqa: F401  (MuloStats: the method's figures, named here)
 from specdec.decoding.zipar import check_window
-from specdec.settings import RunSettings, Sampling, check_int
+from specdec.settings import OptionError, RunSettings, Sampling, check_int
 
 DRAFTING = ("serial", "zipar")
 RESAMPLING = ("islands", "raster")
@@ -111,22 +111,24 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
     """A ValueError naming what `options` need and the models lack; returns `check_models`' r."""
     if drafter is None:
         if options.draft == "preview":
-            raise ValueError("mulo with draft='preview' needs the target's preview stage (drafter=family.preview); "
-                             "this model writes no preview")
+            raise OptionError("draft", "mulo with draft='preview' needs the target's preview stage "
+                              "(drafter=family.preview); this model writes no preview")
         raise ValueError("mulo needs a low-resolution drafter (drafter=...), or draft='preview' on a model that "
                          "writes its own preview (GLM-Image)")
     if options.draft == "preview" and not callable(getattr(target, "condition_on_preview", None)):
-        raise ValueError("draft='preview' needs a target conditioned on its own preview (condition_on_preview: "
-                         "a two-stage model such as GLM-Image)")
+        raise OptionError("draft", "draft='preview' needs a target conditioned on its own preview "
+                              "(condition_on_preview: a two-stage model such as GLM-Image)")
     factor = check_models(target, drafter, options.upsample)
     if options.drafting == "zipar":
         check_window(options.window, drafter.grid[1])
     if options.upsample == "pixel" and tokenizer is None:
-        raise ValueError("upsample='pixel' needs the VQ tokenizer (tokenizer=...); a model without a pixel decoder "
-                         "takes upsample='nearest' or 'learned'")
+        raise OptionError("upsample", "upsample='pixel' needs the VQ tokenizer (tokenizer=...); a model without a "
+                              "pixel decoder takes upsample='nearest' or 'learned'")
     if options.upsample == "learned":
         if upsampler is None:
-            raise ValueError("upsample='learned' needs the trained up-sampler (upsampler=...)")
+            raise OptionError("upsample", "upsample='learned' needs the trained up-sampler (upsampler=...)")
+        if not all(hasattr(upsampler, name) for name in ("codebook", "factor")):
+            raise ValueError(f"upsampler must be a TokenUpsampler (codebook, factor), got {type(upsampler).__name__}")
         if upsampler.codebook.shape[0] != target.vocab_size or upsampler.factor != factor:
             raise ValueError(f"the learned up-sampler maps {upsampler.codebook.shape[0]} codes by factor "
                              f"{upsampler.factor}; this target has {target.vocab_size} codes and factor {factor}")
@@ -189,7 +191,7 @@ def family_defaults(family, given: dict, options: dict, preset: Optional[str]) -
     if preset is not None or "upsample" in chosen:
         return
     net = given.get("upsampler", family.upsampler)
-    if net is not None and options.get("draft", own.get("draft")) == "preview":
+    if net is not None and options.get("draft", own.get("draft")) == "preview" and family.preview is not None:
         # The family's up-sampler fits only a preview/target ratio equal to its factor (not
         # GLM-Image's 19x13 -> 36x24).
         factor = _up.target_grid(tuple(family.preview.grid), tuple(family.target.grid))[1]

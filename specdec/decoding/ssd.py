@@ -45,7 +45,7 @@ from typing import Optional
 from specdec.decoding import heads as _heads
 from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.ssd_rows import SSDRows, SSDStats  # noqa: F401  (SSDStats: the method's figures, named here)
-from specdec.settings import RunSettings, check_int
+from specdec.settings import OptionError, RunSettings, check_int
 
 COMMIT = ("write", "verify")
 
@@ -94,8 +94,8 @@ def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = S
         raise ValueError("ssd needs its spatial heads (heads=...; the default family ships them as ssd_heads)")
     available = _heads.num_heads(heads, "vertical")
     if options.vertical_heads > available:
-        raise ValueError(f"vertical_heads must be an int in [1, {available}] (the heads' vertical count), "
-                         f"got {options.vertical_heads!r}")
+        raise OptionError("vertical_heads", f"vertical_heads must be an int in [1, {available}] (the heads' "
+                                            f"vertical count), got {options.vertical_heads!r}")
     cfg_w = getattr(getattr(heads, "config", None), "grid_width", None)
     if cfg_w is not None and cfg_w != target.grid[1]:
         raise ValueError(f"ssd heads were trained for grid width {cfg_w}, the target's grid is {tuple(target.grid)}")

@@ -24,12 +24,12 @@ from specdec.decoding.draws import draw
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
-from specdec.settings import RunSettings, check_int
+from specdec.settings import OptionError, RunSettings, check_int
 
 
 def check_window(window, width: int) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= width:
-        raise ValueError(f"window must be an int in [1, W] = [1, {width}], got {window!r}")
+        raise OptionError("window", f"window must be an int in [1, W] = [1, {width}], got {window!r}")
     return window
 
 

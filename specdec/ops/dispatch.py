@@ -33,8 +33,9 @@ from specdec.triton_kernels._interpreter import interpreting
 _C, _load_error = _extension.load()
 
 
-class BackendUnavailableError(RuntimeError):
-    """A backend was requested that cannot run here; the message says why."""
+class BackendUnavailableError(RuntimeError, ValueError):
+    """A backend was requested that cannot run here; the message says why (a ValueError too: a
+    setting the caller chose, which a command line reports in one line)."""
 
 
 # ---- the extension --------------------------------------------------------------------------

@@ -315,6 +315,65 @@ def test_other_bad_arguments(fam):
         lantern.decode(fam.target, CLASSES, heads=fam.ssd_heads)
 
 
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(classes=[1, None]), "classes must be class ids"),
+    (dict(classes="3"), "classes must be class ids"),
+    (dict(classes=[1], tokenizer=3), "tokenizer must be a VQ model"),
+    (dict(classes=[1], run={"seed": 1}), "run must be a specdec RunSettings"),
+    (dict(classes=[1], seed=-1), r"seed must be an int in \[0, 2\*\*32\)"),
+    (dict(classes=[1], seed=2 ** 32), r"seed must be an int in \[0, 2\*\*32\)"),
+    (dict(classes=[1], first_index=2 ** 63), "first_index must be an int in"),
+    (dict(classes=[1], backend="cuda"), "backend='cuda' is unavailable"),
+])
+def test_bad_decode_arguments_are_value_errors_naming_them(fam, kwargs, match):
+    """Found by feeding `decode` what users mistype: each is a ValueError that names the argument,
+    raised before any pass (was: a TypeError, an AttributeError after the whole batch, or a
+    RuntimeError from deep in torch)."""
+    with pytest.raises(ValueError, match=match):
+        decoding.decode("ar", fam, **kwargs)
+    with pytest.raises(ValueError, match="unknown method"):
+        decoding.decode(["ar"], fam, [1])
+    with pytest.raises(ValueError, match="has no preset"):
+        decoding.decode("mulo", fam, [1], preset=["published"])
+
+
+def test_options_that_do_not_fit_the_models_name_themselves(fam):
+    """An option refused against the models is an OptionError (a ValueError) whose `option` names
+    it, for a server's 400 (mulo's draft="preview" on a family without a preview stage was an
+    AttributeError)."""
+    from specdec.settings import OptionError
+
+    cases = [("mulo", dict(draft="preview"), "draft"), ("zipar", dict(window=5), "window"),
+             ("mulo", dict(drafting="zipar", window=3), "window"), ("ssd", dict(vertical_heads=3), "vertical_heads")]
+    for method, options, option in cases:
+        with pytest.raises(OptionError) as caught:
+            decoding.decode(method, fam, [1], **options)
+        assert caught.value.option == option, (method, options)
+
+
+def test_sampling_bounds_keep_the_kernels_finite(fam):
+    """A guidance scale or temperature whose scaled logits overflow float32 made NaN rows, and
+    every token the vocabulary's last, with no error: refused now; at the bounds, p is finite."""
+    from specdec import ops
+    from specdec.settings import MAX_CFG_SCALE, MIN_TEMPERATURE
+
+    for bad in (1e308, -1e308, 3e38, MAX_CFG_SCALE * 2, True):
+        with pytest.raises(ValueError, match="cfg_scale"):
+            Sampling(cfg_scale=bad)
+    for bad in (1e-40, 1e-308, MIN_TEMPERATURE / 2, True):
+        with pytest.raises(ValueError, match="temperature"):
+            Sampling(temperature=bad)
+    with pytest.raises(ValueError, match=r"top_k must be an int in \[0, 2\*\*63 - 1\]"):
+        Sampling(top_k=2 ** 63)
+    g = torch.Generator().manual_seed(0)
+    cond, uncond = 30 * torch.randn(8, 64, generator=g), 30 * torch.randn(8, 64, generator=g)
+    for cfg in (MAX_CFG_SCALE, -MAX_CFG_SCALE):
+        for backend in ("reference", "cpu"):
+            p = ops.sampling_probs(cond, uncond_logits=uncond, cfg_scale=cfg, temperature=MIN_TEMPERATURE,
+                                   backend=backend)
+            assert torch.isfinite(p).all() and torch.allclose(p.sum(1), torch.ones(8))
+
+
 @pytest.mark.parametrize("mode", ["nearest", "learned"])
 def test_mulo_other_upsamplers_and_zipar_drafting(fam, mode):
     torch.manual_seed(0)
