@@ -86,7 +86,7 @@ def _attend_keys(q, q_pos, q_rows, row_mask, lo, hi, b, k_base, v_base, sk_n, sv
 @triton.jit
 def _normalise(acc, m_i, l_i):
     """(out, lse) of a row's (acc, m, l); a row that saw nothing gets zeros and lse = -inf."""
-    seen = l_i > 0.0
+    seen = l_i != 0.0      # (!=, not >: a NaN sum stays NaN, as the reference gives)
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, -float("inf"))
     return out, lse

@@ -218,10 +218,10 @@ SPECDEC_INLINE void store_item(const Problem& pb, const Item& it, float* o_rows,
   const int64_t d = pb.d, dp = pb.dp;
   for (int64_t i = 0; i < it.nrows; ++i) {
     float* o = o_rows + i * dp;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    const float inv = l[i] != 0.0f ? 1.0f / l[i] : 0.0f;   // (!=, not >: a NaN sum stays NaN)
     for (int64_t c = 0; c < d; ++c) o[c] *= inv;
     store_row(pb.out, (it.out_row0 + i) * d, pb.dtype, d, o);
-    pb.lse[it.out_row0 + i] = l[i] > 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
+    pb.lse[it.out_row0 + i] = l[i] != 0.0f ? (m[i] + std::log2(l[i])) * kLn2 : kNegInf;
   }
 }
 
@@ -607,6 +607,10 @@ SPECDEC_INLINE void attend_few_body(const Problem& pb, int64_t b, int64_t h, int
       const float m_old = m[i];
       const float m_new = std::max(m_old, hmax_v<W>(mx));
       if (m_new == kNegInf) {  // nothing visible to this query yet: p = 0 for the tile
+        // (or only NaN scores, which the vector max drops: the row is NaN, as the reference's)
+        bool nan = false;
+        for (int j = 0; j < keys; ++j) nan |= s[j] != s[j];
+        if (nan) m[i] = l[i] = std::numeric_limits<float>::quiet_NaN();
         for (int v = 0; v < nv; ++v) store_v(s + v * W, F{});
         continue;
       }

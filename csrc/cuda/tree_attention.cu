@@ -286,14 +286,14 @@ __global__ void __launch_bounds__(kThreads) tree_attention_kernel(Params p) {
     const int64_t qi = q0 + r;
     if (qi >= p.nq) continue;
     const float l = l_s[r];
-    const float val = l > 0.0f ? os[r * L.ld_o + c] / l : 0.0f;
+    const float val = l != 0.0f ? os[r * L.ld_o + c] / l : 0.0f;
     out[(bh * p.nq + qi) * p.d + c] = E::from_float(val);
   }
   for (int r = tid; r < kBlockM; r += kThreads) {
     const int64_t qi = q0 + r;
     if (qi >= p.nq) continue;
     const float l = l_s[r];
-    p.lse[bh * p.nq + qi] = l > 0.0f ? (m_s[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+    p.lse[bh * p.nq + qi] = l != 0.0f ? (m_s[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
   }
 }
 

@@ -442,9 +442,9 @@ __global__ void __launch_bounds__(kThreads, 1) split_attention_kernel(SplitParam
     const int64_t row = (b * p.hq + h) * p.nq + qi;
     if (single) {
       if (c < d) {
-        static_cast<D*>(p.out)[row * p.d + c] = from_f<D>(ll > 0.0f ? acc / ll : 0.0f);
+        static_cast<D*>(p.out)[row * p.d + c] = from_f<D>(ll != 0.0f ? acc / ll : 0.0f);
       } else {
-        p.lse[row] = ll > 0.0f ? (mm + log2f(ll)) * kLn2 : -INFINITY;
+        p.lse[row] = ll != 0.0f ? (mm + log2f(ll)) * kLn2 : -INFINITY;
       }
     } else {
       const int64_t part = static_cast<int64_t>(blockIdx.z) * sp.rows_total + row;
@@ -478,9 +478,9 @@ __global__ void __launch_bounds__(kThreads) merge_splits_kernel(SplitParams sp, 
     if (c < d) acc += w * sp.part_o[part * d + c];
   }
   if (c < d) {
-    static_cast<D*>(sp.p.out)[row * d + c] = from_f<D>(ll > 0.0f ? acc / ll : 0.0f);
+    static_cast<D*>(sp.p.out)[row * d + c] = from_f<D>(ll != 0.0f ? acc / ll : 0.0f);
   } else {
-    sp.p.lse[row] = ll > 0.0f ? (mm + log2f(ll)) * kLn2 : -INFINITY;
+    sp.p.lse[row] = ll != 0.0f ? (mm + log2f(ll)) * kLn2 : -INFINITY;
   }
 }
 

@@ -123,6 +123,34 @@ def test_query_seeing_nothing_gives_zeros_and_neg_inf_lse(device, backend):
 
 
 @pytest.mark.parametrize("device,backend", ALL_PAIRS)
+@pytest.mark.parametrize("nq", [1, 6, 20])     # (the CPU kernel's few-query and row-block paths)
+@pytest.mark.parametrize("where", ["query", "key", "value"])
+def test_nan_in_a_row_gives_nan_for_that_row_only(device, backend, nq, where):
+    """The edge-case policy (docs/design.md): a NaN a query sees makes its output and lse NaN,
+    never a finite number (the CPU and Triton kernels once gave it zeros and lse = -inf, as if it
+    had seen no key); the other rows are untouched."""
+    gen = torch.Generator().manual_seed(3)
+    p = random_problem(gen, 2, 2, 1, nq, 40, 16, torch.float32, device=device)
+    clean_out, clean_lse = run(p, backend)
+    name = {"query": "q", "key": "k", "value": "v"}[where]
+    p[name] = p[name].clone()
+    if where == "query":
+        p["q"][0, 1, nq - 1, 3] = float("nan")        # image 0, head 1, its last query
+        hit = torch.zeros_like(clean_lse, dtype=torch.bool)
+        hit[0, 1, nq - 1] = True
+    else:
+        p[name][1, 0, 2, 5] = float("nan")            # image 1's key or value in slot 2: every query sees it
+        hit = torch.zeros_like(clean_lse, dtype=torch.bool)
+        hit[1] = True
+    out, lse = run(p, backend)
+    assert torch.equal(out[~hit], clean_out[~hit]) and torch.equal(lse[~hit], clean_lse[~hit])
+    if where == "value":          # (a NaN value spoils its own channel; the weights, hence lse, stay)
+        assert torch.isnan(out[hit][:, 5]).all() and torch.equal(lse[hit], clean_lse[hit])
+    else:
+        assert torch.isnan(out[hit]).all() and torch.isnan(lse[hit]).all()
+
+
+@pytest.mark.parametrize("device,backend", ALL_PAIRS)
 @pytest.mark.parametrize("nq,nk", [(0, 5), (3, 0)])
 def test_empty_queries_or_empty_cache(device, backend, nq, nk):
     gen = torch.Generator().manual_seed(10)
