@@ -29,6 +29,8 @@ def check_same_device(t: torch.Tensor, ref: torch.Tensor, name: str, ref_name: s
 
 
 def check_finite_scalar(value, name: str):
+    if isinstance(value, (bool, str)):     # (float() takes both, and neither is what the caller meant)
+        fail(f"{name} must be a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):

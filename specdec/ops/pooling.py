@@ -21,7 +21,7 @@ from specdec.ops import dispatch
 from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, check_finite_scalar, check_ids_in_range,
                                 check_same_device, check_table_in_range, check_tensor, fail)
 from specdec.reference import pooling as _reference
-from specdec.settings import SamplingArgs
+from specdec.settings import MAX_INT, SamplingArgs
 
 
 # ---- argument checks ------------------------------------------------------------------------
@@ -62,8 +62,8 @@ def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.
     temperature = check_finite_scalar(temperature, "temperature")
     if temperature <= 0:
         fail(f"temperature must be positive and finite, got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        fail(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= MAX_INT:
+        fail(f"top_k must be an int in [0, 2**63 - 1] (0 disables it), got {top_k!r}")
     top_p = check_top_p(top_p)
     return logits, uncond_logits, SamplingArgs(cfg_scale, temperature, top_k, top_p)
 
@@ -84,8 +84,9 @@ def pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, 
         check_tensor(neighbors, "neighbors")
         if neighbors.dim() != 2 or neighbors.shape[0] != v:
             fail(f"neighbors must have shape [V, K] with V = {v}, got {tuple(neighbors.shape)}")
-        if neighbors.dtype == torch.int64:
-            neighbors = neighbors.to(torch.int32)  # accepted for convenience; pass int32 to skip the copy
+        if neighbors.dtype == torch.int64:   # accepted for convenience; pass int32 to skip the copy
+            check_table_in_range(neighbors, v, "neighbors")     # (before the cast, which would wrap ids >= 2**31)
+            neighbors = neighbors.to(torch.int32)
         if neighbors.dtype not in (torch.int32, torch.int16):
             fail(f"neighbors must be int32 (or int16 when V <= 32767), got {neighbors.dtype}")
         if neighbors.dtype == torch.int16 and v > 32767:

@@ -23,6 +23,7 @@ from specdec.ops import dispatch
 from specdec.ops.checks import check_finite_scalar, check_same_device, check_tensor, fail, read_back
 from specdec.reference import verification as _reference
 from specdec.reference.verification import MASS_UNIT, MODES, RULES
+from specdec.settings import MAX_INT
 
 
 # ---- argument checks and randomness ---------------------------------------------------------
@@ -121,8 +122,8 @@ def verify_grid_args(p, q, rule, tau, uniforms, generator, mode, radius, valid):
         fail(f"rule must be one of {RULES}, got {rule!r}")
     if mode not in MODES:
         fail(f"mode must be one of {MODES}, got {mode!r}")
-    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-        fail(f"radius must be an int >= 0, got {radius!r}")
+    if isinstance(radius, bool) or not isinstance(radius, int) or not 0 <= radius <= MAX_INT:
+        fail(f"radius must be an int in [0, 2**63 - 1], got {radius!r}")
     if q is not None:
         _check_like_p(q, p)
     if valid is not None:

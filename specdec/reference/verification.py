@@ -147,7 +147,7 @@ def verify_grid(
         valid = torch.ones(b, h, w, dtype=torch.bool, device=device)
     rejected = rejected_positions(p, q, rule, tau, uniforms, valid)
     raster = torch.arange(h * w, device=device, dtype=torch.int64).view(1, h, w)
-    first_reject = torch.where(rejected, raster, torch.full_like(raster, h * w)).reshape(b, -1).amin(1)
+    first_reject = torch.where(rejected, raster, torch.full_like(raster, h * w)).flatten(1).amin(1)
     at_or_after = raster >= first_reject.view(b, 1, 1)
     if mode == "raster":
         resample = valid & at_or_after
@@ -156,7 +156,7 @@ def verify_grid(
     else:
         resample = valid & at_or_after & _dilate(rejected, radius)
     islands = label_runs(resample) if h == 1 else label_islands(resample)
-    num_islands = (islands == raster.to(torch.int32)).reshape(b, -1).sum(1).to(torch.int32)
+    num_islands = (islands == raster.to(torch.int32)).flatten(1).sum(1).to(torch.int32)
     return GridVerdict(valid & ~resample, resample, first_reject.to(torch.int32), islands, num_islands)
 
 
@@ -202,13 +202,12 @@ def sample_residual_row_errors(p: torch.Tensor, q: Optional[torch.Tensor],
 def verify_grid_errors(p: torch.Tensor, q: Optional[torch.Tensor], uniforms: Optional[torch.Tensor]) -> torch.Tensor:
     """The value checks of verify_grid, one int32 code per grid (0: fine; else the bits NAN_P,
     NAN_Q, BAD_GRID_UNIFORM); q and uniforms are given for rule="ratio" only."""
-    b = p.shape[0]
-    code = _flag(torch.isnan(p).reshape(b, -1).any(1), NAN_P)
+    code = _flag(torch.isnan(p).flatten(1).any(1), NAN_P)     # (flatten: a batch of no grids too)
     if q is not None:
-        code |= _flag(torch.isnan(q).reshape(b, -1).any(1), NAN_Q)
+        code |= _flag(torch.isnan(q).flatten(1).any(1), NAN_Q)
     if uniforms is not None:
         outside = ~((uniforms >= 0) & (uniforms < 1))
-        code |= _flag(outside.reshape(b, -1).any(1), BAD_GRID_UNIFORM)
+        code |= _flag(outside.flatten(1).any(1), BAD_GRID_UNIFORM)
     return code
 
 

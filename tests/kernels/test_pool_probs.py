@@ -230,6 +230,7 @@ def _bad_calls(device):
         ("neighbors", dict(ok, neighbors=torch.full((10, 4), -2, dtype=torch.int32, device=device))),
         ("neighbors", dict(ok, neighbors=neighbors[:9])),
         ("neighbors", dict(ok, neighbors=neighbors.float())),
+        ("neighbors", dict(ok, neighbors=neighbors.long() + 2 ** 32)),   # (int64 ids were cast to int32 first)
         ("logits", dict(ok, logits=logits[0])),
         ("logits", dict(ok, logits=logits.double())),
         ("uncond_logits", dict(ok, uncond_logits=uncond[:2])),
@@ -241,6 +242,9 @@ def _bad_calls(device):
         ("cfg_scale", dict(ok, uncond_logits=uncond, cfg_scale=float("nan"))),
         ("top_k", dict(ok, top_k=-1)),
         ("top_k", dict(ok, top_k=2.5)),
+        ("top_k", dict(ok, top_k=2 ** 63)),          # (past an int64: the op's schema failed on it)
+        ("temperature", dict(ok, temperature=True)),
+        ("cfg_scale", dict(ok, uncond_logits=uncond, cfg_scale="2")),
         ("delta", dict(ok, delta=-0.1)),
         ("delta", dict(ok, delta=float("nan"))),
     ]

@@ -333,7 +333,19 @@ def _bad_calls():
         ("p", lambda: ops.verify_grid(torch.full((2, 3, 4), float("nan")), tau=0.5)),
         ("q", lambda: ops.verify_grid(p, torch.full((2, 3, 4), float("nan")), rule="ratio")),
         ("p", lambda: ops.verify_grid(torch.rand(2, 0, 4), tau=0.5)),
+        ("radius", lambda: ops.verify_grid(p, tau=0.5, mode="local", radius=2 ** 63)),   # (past an int64)
     ]
+
+
+@pytest.mark.parametrize("device,backend", ALL_PAIRS)
+@pytest.mark.parametrize("rule", ["threshold", "ratio"])
+@pytest.mark.parametrize("mode", ["raster", "local", "independent"])
+def test_a_batch_of_no_grids_gives_empty_verdicts(device, backend, rule, mode):
+    """(The reference failed on it: reshape(0, -1) cannot infer a size.)"""
+    p = torch.rand(0, 3, 4, device=device)
+    q = torch.rand(0, 3, 4, device=device) if rule == "ratio" else None
+    v = ops.verify_grid(p, q, rule=rule, tau=0.5 if rule == "threshold" else None, mode=mode, backend=backend)
+    assert [tuple(t.shape) for t in v] == [(0, 3, 4), (0, 3, 4), (0,), (0, 3, 4), (0,)]
 
 
 @pytest.mark.parametrize("case", range(len(_bad_calls())))
