@@ -31,7 +31,7 @@ def class_names(family) -> List[str]:
 
 def _match_class(prompt: str, names: List[str]) -> Optional[int]:
     text = prompt.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():   # (str.isdigit takes "²" and "٣", which int() reads or not)
         return int(text) if int(text) < len(names) else None
     wanted = text.casefold()
     for i, name in enumerate(names):

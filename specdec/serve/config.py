@@ -101,9 +101,9 @@ class ModelSpec:
         if self.factory is not None:
             threads = (self.flags or {}).get("threads")
             if threads:
-                import torch
+                from specdec.cli_flags import set_threads
 
-                torch.set_num_threads(threads)
+                set_threads(threads)
             module, _, name = self.factory.partition(":")
             if not name:
                 raise ValueError(f"a family factory is 'module:callable', got {self.factory!r}")

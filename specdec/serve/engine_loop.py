@@ -25,7 +25,7 @@ from specdec.decoding import RESOURCES, stream
 from specdec.numerics import batch_invariant
 from specdec.serve.config import ServeConfig
 from specdec.serve.errors import APIError, invalid, server_error
-from specdec.serve.jobs import Failed, ImageReady, Job, PartialImage
+from specdec.serve.jobs import Failed, ImageReady, Job, PartialImage, Started
 from specdec.serve.render import formed, partial_pixels
 from specdec.serve.requests import EngineKey, Plan
 
@@ -68,6 +68,15 @@ class EngineLoop:
     # ---- called from the server's threads ----
     def start(self) -> None:
         self._thread.start()
+
+    def build_first(self, key: EngineKey) -> None:
+        """Build the engine of `key` (the server's default request) now, so that a server whose own
+        settings do not fit its models (a window wider than the grid, a backend this machine
+        lacks) does not start, rather than fail every request. Call before `start`."""
+        try:
+            self._slot_for(key)
+        except APIError as e:
+            raise ValueError(e.message) from None
 
     def warm_up_first(self, plan: Plan) -> None:
         """Before placing any request, build `plan`'s engine and warm it up on its first image's
@@ -230,8 +239,8 @@ class EngineLoop:
             run = dataclasses.replace(self.config.run, exact=key.exact)
             engine = stream(key.method, self.family, concurrency=self.config.concurrency, run=run,
                             preset=key.preset, sampling=key.sampling, **models, **key.options)
-        except ValueError as e:
-            raise invalid(f"{key.method} cannot run here: {e}", "method") from None
+        except ValueError as e:   # (an option that does not fit the models names itself)
+            raise invalid(f"{key.method} cannot run here: {e}", getattr(e, "option", "method")) from None
         except Exception as e:
             log.exception("building an engine failed")
             raise server_error(f"building the {key.method} engine failed: {e}") from None
@@ -248,6 +257,7 @@ class EngineLoop:
             self._fail(job, invalid(str(e), "prompt"))
             return
         slot.jobs[job.id] = job
+        job.send(Started())
 
     def _step(self, key: EngineKey, slot: Slot) -> None:
         try:

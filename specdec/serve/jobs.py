@@ -1,5 +1,5 @@
-"""A request on the engine loop (`Job`) and what the loop tells its handler (`PartialImage`,
-`ImageReady`, `Failed`). The loop calls `Job.send` from its own thread; `deliver` is the
+"""A request on the engine loop (`Job`) and what the loop tells its handler (`Started`,
+`PartialImage`, `ImageReady`, `Failed`). The loop calls `Job.send` from its own thread; `deliver` is the
 handler's thread-safe way in (an asyncio queue fed through `call_soon_threadsafe`)."""
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ class ImageReady(NamedTuple):
     finished: object            #: the engine's `Finished` (tokens, stats, pixels)
     latency_s: float            #: from the request's acceptance
     first_partial_s: Optional[float]   #: from acceptance to its request's first partial image
+
+
+class Started(NamedTuple):
+    """The request's images are on their engine: its options fit the models, so a streamed
+    response can begin (an error before this is the request's status, not an event)."""
 
 
 class Failed(NamedTuple):
@@ -62,4 +67,4 @@ class Job:
                 self.closed = True
 
 
-__all__ = ["Failed", "ImageReady", "Job", "PartialImage"]
+__all__ = ["Failed", "ImageReady", "Job", "PartialImage", "Started"]

@@ -68,7 +68,9 @@ def parse_body(raw: bytes) -> ImageGenerationBody:
     """The request body, or a 400 that names the first field in error (None: the body itself)."""
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise invalid("the body is nested too deeply", None, "invalid_json") from None
+    except ValueError as e:   # (bad UTF-8, bad JSON, a number of more digits than Python reads)
         raise invalid(f"the body is not valid JSON: {e}", None, "invalid_json") from None
     if not isinstance(data, dict):
         raise invalid("the body must be a JSON object", None, "invalid_json")

@@ -17,10 +17,10 @@ from specdec.serve.conditions import conditions_for
 from specdec.serve.config import ServeConfig
 from specdec.serve.errors import APIError, invalid
 from specdec.serve.protocol import SAMPLING_FIELDS, ImageGenerationBody
-from specdec.settings import Sampling
+from specdec.settings import MAX_INT, SEEDS, Sampling
 
-#: seeds are ints in [0, 2**63)
-MAX_SEED = 2 ** 63 - 1
+#: seeds are ints in [0, 2**32) (`specdec.settings.SEEDS`: two seeds, two images)
+MAX_SEED = SEEDS - 1
 #: options a request cannot set over HTTP: they take Python objects
 _NOT_OVER_HTTP = ("draft_sampling",)
 
@@ -87,8 +87,8 @@ class Planner:
         key = EngineKey(method, *self._options(method, body), self._sampling(body), self._exact(method, body))
         seed = self._seed(body.seed)
         first = 0 if body.first_index is None else body.first_index
-        if first < 0:
-            raise invalid(f"first_index must be >= 0, got {first}", "first_index")
+        if not 0 <= first <= MAX_INT:
+            raise invalid(f"first_index must lie in [0, 2**63), got {first}", "first_index")
         partial = 0 if body.partial_images is None else body.partial_images
         if not 0 <= partial <= 3:
             raise invalid(f"partial_images must lie in [0, 3], got {partial}", "partial_images")
@@ -174,7 +174,7 @@ class Planner:
             with self._lock:     # (handlers may plan from several threads)
                 return self._seeds.randrange(2 ** 31)
         if not 0 <= seed <= MAX_SEED:
-            raise invalid(f"seed must lie in [0, 2**63), got {seed}", "seed")
+            raise invalid(f"seed must lie in [0, 2**32), got {seed}", "seed")
         return seed
 
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from specdec.serve.errors import APIError
-from specdec.serve.jobs import Failed, ImageReady, Job, PartialImage
+from specdec.serve.jobs import Failed, ImageReady, Job, PartialImage, Started
 from specdec.serve.protocol import completed_event, error_event, image_stats, images_response, partial_event, sse
 from specdec.serve.render import encode
 
@@ -113,6 +113,25 @@ async def collect(service, job: Job, events: asyncio.Queue, request: Request):
     return JSONResponse(body)
 
 
+async def started(service, job: Job, events: asyncio.Queue, request: Request) -> Optional[JSONResponse]:
+    """Wait until the request's images are on their engine (None), so that a request the engine
+    refuses (an option that does not fit the models) is answered with its status before a stream
+    begins; else the error response (499 when the client went away meanwhile)."""
+    reader = EventReader(events, request)
+    try:
+        event = await reader.next()
+    finally:
+        reader.close()
+    if isinstance(event, Started):
+        return None
+    if isinstance(event, Failed):
+        service.metrics.request_done("failed" if event.error.status >= 500 else "invalid")
+        return error_response(event.error)
+    service.loop.cancel(job)
+    service.metrics.request_done("cancelled")
+    return error_response(APIError(499, "the client closed the request", None, "client_closed"))
+
+
 async def event_stream(service, job: Job, events: asyncio.Queue, request: Request):
     """The request's server-sent events: `image_generation.partial_image` as partial images form,
     `image_generation.completed` for each image, `error` if it fails; a comment line on a quiet
@@ -148,4 +167,4 @@ async def event_stream(service, job: Job, events: asyncio.Queue, request: Reques
         service.metrics.request_done(outcome or ("ok" if done == plan.n else "cancelled"))
 
 
-__all__ = ["EventReader", "collect", "error_response", "event_stream", "read_body"]
+__all__ = ["EventReader", "collect", "error_response", "event_stream", "read_body", "started"]

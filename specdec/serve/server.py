@@ -32,7 +32,7 @@ from specdec.serve.page import PAGE
 from specdec.serve.protocol import ImageGenerationBody, parse_body
 from specdec.serve.render import output_formats
 from specdec.serve.requests import Planner, tokens_per_image
-from specdec.serve.responses import collect, error_response, event_stream, read_body
+from specdec.serve.responses import collect, error_response, event_stream, read_body, started
 
 
 class Service:
@@ -55,9 +55,13 @@ class Service:
         self.metrics = ServeMetrics(lambda: self.loop.queue_depth, lambda: self.loop.running,
                                     lambda: self.loop.engines)
         self.loop.metrics = self.metrics
-        if config.warm_up:       # (the default request's engine; a seed given, not one of the planner's)
-            prompt = "a photo" if prompt_conditioned(family) else "0"
-            self.loop.warm_up_first(self.planner.plan(ImageGenerationBody(prompt=prompt, seed=0)))
+        # The default request's engine (a seed given, not one of the planner's), built now and
+        # warmed up first when asked
+        prompt = "a photo" if prompt_conditioned(family) else "0"
+        default = self.planner.plan(ImageGenerationBody(prompt=prompt, seed=0))
+        self.loop.build_first(default.key)
+        if config.warm_up:
+            self.loop.warm_up_first(default)
         self.started = int(time.time())
 
     def model_card(self) -> dict:
@@ -82,6 +86,9 @@ async def generate(request: Request):
                                      "invalid" if error.status < 500 else "failed")
         return error_response(error)
     if plan.stream:
+        refused = await started(service, job, events, request)
+        if refused is not None:
+            return refused
         return StreamingResponse(event_stream(service, job, events, request), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     return await collect(service, job, events, request)
@@ -148,7 +155,7 @@ def create_app(family, config: Optional[ServeConfig] = None, *, models: Optional
     app.add_api_route("/v1/images/generations", generate, methods=["POST"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model_id}", get_model, methods=["GET"])
-    app.add_api_route("/health", get_health, methods=["GET"])
+    app.add_api_route("/health", get_health, methods=["GET", "HEAD"])
     app.add_api_route("/metrics", get_metrics, methods=["GET"])
     app.add_api_route("/", get_page, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(StarletteHTTPException, _http_error)

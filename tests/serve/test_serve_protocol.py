@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from decoding_models import TinyFamily, single_thread  # noqa: E402, F401  (autouse fixture)
 from specdec.serve import create_app  # noqa: E402
+from specdec.serve.errors import APIError  # noqa: E402
+from specdec.serve.protocol import parse_body  # noqa: E402
 
 GOOD = {"prompt": "b", "seed": 1}
 
@@ -60,6 +62,21 @@ BAD = [
     ("transparent background", _with(background="transparent"), 400, "background", "invalid_value"),
     ("negative seed", _with(seed=-1), 400, "seed", "invalid_value"),
     ("seed too large", _with(seed=2 ** 64), 400, "seed", "invalid_value"),
+    ("seed past 32 bits", _with(seed=2 ** 32), 400, "seed", "invalid_value"),
+    ("first_index past int64", _with(first_index=2 ** 63), 400, "first_index", "invalid_value"),
+    ("nested too deeply", b"[" * 1500 + b"]" * 1500, 400, None, "invalid_json"),
+    ("a digit that is not ASCII", _with(prompt="\u00b2"), 400, "prompt", "unknown_class"),
+    ("an Arabic-Indic digit", _with(prompt="\u0663"), 400, "prompt", "unknown_class"),
+    ("cfg_scale overflowing float32", _with(cfg_scale=1e308), 400, "cfg_scale", "invalid_value"),
+    ("temperature underflowing", _with(temperature=1e-40), 400, "temperature", "invalid_value"),
+    ("top_k past int64", _with(top_k=2 ** 63), 400, "top_k", "invalid_value"),
+    ("radius past int64", _with(method="mulo", radius=2 ** 63), 400, "radius", "invalid_value"),
+    # options that do not fit the models: refused by the engine, named, and before a stream begins
+    ("a window wider than the grid", _with(method="zipar", window=5), 400, "window", "invalid_value"),
+    ("... streamed", _with(method="zipar", window=5, stream=True), 400, "window", "invalid_value"),
+    ("more vertical heads than the heads", _with(method="ssd", vertical_heads=3), 400, "vertical_heads",
+     "invalid_value"),
+    ("a preview the family lacks", _with(method="mulo", draft="preview"), 400, "draft", "invalid_value"),
     ("negative first_index", _with(first_index=-2), 400, "first_index", "invalid_value"),
     ("cfg_scale a string", _with(cfg_scale="high"), 400, "cfg_scale", "invalid_type"),
     ("temperature zero", _with(temperature=0.0), 400, "temperature", "invalid_value"),
@@ -104,6 +121,7 @@ def test_models_health_and_metrics(client):
     assert client.get("/v1/models/tiny").json()["id"] == "tiny"
     health = client.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert client.head("/health").status_code == 200      # (probes that send HEAD)
     assert health.headers["x-specdec-server"]
     r = client.post("/v1/images/generations", json={"prompt": "B", "seed": 0})   # (a class name in any case)
     assert r.status_code == 200
@@ -156,3 +174,23 @@ def test_a_family_without_a_pixel_decoder_is_refused_at_start():
     fam.tokenizer = None
     with pytest.raises(ValueError, match="pixel decoder"):
         create_app(fam)
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(method="zipar", options={"window": 5}), "window must be an int in"),
+    (dict(method="mulo", options={"draft": "preview"}), "needs the target's preview stage"),
+    (dict(backend="cuda"), "backend='cuda' is unavailable"),
+])
+def test_a_server_whose_own_settings_do_not_fit_its_models_does_not_start(settings, match):
+    """They passed the options' own checks, started, and failed every request with a 500."""
+    with pytest.raises(ValueError, match=match):
+        create_app(TinyFamily(), **settings)
+
+
+def test_a_body_python_cannot_read_is_invalid_json():
+    """A number of more digits than Python reads (a ValueError of its own) and a body nested past
+    the parser's stack were 500s."""
+    for raw in (b'{"prompt": "b", "seed": ' + b"9" * 5000 + b"}", b"[" * 5000 + b"]" * 5000):
+        with pytest.raises(APIError) as caught:
+            parse_body(raw)
+        assert (caught.value.status, caught.value.code) == (400, "invalid_json")
