@@ -26,7 +26,8 @@ from typing import Dict
 import torch
 
 from specdec import __version__
-from specdec.cli_flags import common_flags, embedded_family, load_model, model_file_flags, parse_sets, run_settings
+from specdec.cli_flags import (common_flags, embedded_family, load_model, model_file_flags, parse_sets, run_settings,
+                               set_threads, writable_file, writable_folder)
 from specdec.progress import ProgressLine
 
 
@@ -65,6 +66,7 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--class must lie in [0, {n_classes}), got {args.class_id}")
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
+    writable_file(args.out, "--out")
     classes = torch.full((args.num,), args.class_id, dtype=torch.long)
     bar = ProgressLine(args.num, label=args.method, enabled=not args.quiet)
     out = decoding.decode(args.method, fam, classes, run=run_settings(args, fam, bar), **options)
@@ -100,7 +102,8 @@ def cmd_generate_model(args) -> int:
     if args.num < 1:
         raise ValueError(f"--num must be >= 1, got {args.num}")
     tokens_only = args.out.endswith(".pt")
-    torch.set_num_threads(args.threads) if args.threads else None
+    set_threads(args.threads)
+    writable_file(args.out, "--out")
     fam, resources = load_model(args)
     options = {**resources, **options}
     classes, prompts, negative, what = model_conditions(fam.target, args.num, class_id=args.class_id,
@@ -136,6 +139,10 @@ def cmd_compare(args) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     options = parse_sets(args.set, per_method=True)
+    if args.json:
+        writable_file(args.json, "--json")
+    if args.out_dir:
+        writable_folder(args.out_dir, "--out-dir")
     fam = embedded_family(args)
     run = run_settings(args, fam)
     sampling = run.sampling
@@ -317,7 +324,7 @@ def main(argv=None) -> int:
         if args.command == "serve":
             return cmd_serve(args)
         return cmd_generate(args) if args.command == "generate" else cmd_compare(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:   # (OSError: a file or folder the run could not write after all)
         message = " ".join(str(e).splitlines())   # one line, whatever the exception wrote
         print(f"specdec {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ read the same flags through these functions; nothing here imports either of them
 from __future__ import annotations
 
 import ast
+import os
 from typing import Dict, List
 
 import torch
@@ -17,6 +18,15 @@ def value_of(text: str):
         return text
 
 
+#: Names --set cannot set: the arguments of `decode` that the commands pass themselves (from
+#: their flags), and the models, which file flags load (a value typed on a command line is no
+#: model). A preset and GLM-Image's preview_method / preview_options can be set.
+_NOT_SETTABLE = {"method": "--method", "family": "--grid or --model", "run": "the flags", "classes": "--class",
+                 "prompts": "--prompt", "negative_prompts": "--negative-prompt", "tokenizer": "--vq",
+                 "drafter": "--drafter", "heads": "--heads", "upsampler": "--upsampler", "codebook": None,
+                 "neighbors": None}
+
+
 def parse_sets(items: List[str], per_method: bool) -> Dict:
     out: Dict = {}
     for item in items or []:
@@ -27,10 +37,46 @@ def parse_sets(items: List[str], per_method: bool) -> Dict:
             if "." not in key:
                 raise ValueError(f"compare --set expects METHOD.KEY=VALUE, got {item!r}")
             method, key = key.split(".", 1)
-            out.setdefault(method, {})[key] = value_of(value)
+            out.setdefault(method, {})[_settable(key, item)] = value_of(value)
         else:
-            out[key] = value_of(value)
+            out[_settable(key, item)] = value_of(value)
     return out
+
+
+def _settable(key: str, item: str) -> str:
+    if key in _NOT_SETTABLE:
+        flag = _NOT_SETTABLE[key]
+        raise ValueError(f"--set {item}: {key} is not a method's option" + (f" (give it with {flag})" if flag else ""))
+    return key
+
+
+def set_threads(threads: int) -> None:
+    """--threads: torch's CPU threads, at most one per CPU (more only oversubscribes the cores, and
+    torch itself crashes at a hundred thousand)."""
+    most = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
+        raise ValueError(f"--threads must be an int in [1, {most}] (this machine's CPUs), got {threads}")
+    torch.set_num_threads(threads)
+
+
+def writable_file(path: str, flag: str) -> None:
+    """A file a command writes when it is done (--out, --json), checked before it starts, so that a
+    bad path costs no run: its folder is made now."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    writable_folder(os.path.dirname(os.path.abspath(path)) or ".", f"{flag} {path}: its folder")
+
+
+def writable_folder(path: str, what: str) -> None:
+    """A folder a command writes into (--out-dir), made now; `what` names it in the error."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{what} {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be made ({e.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} is not writable")
 
 
 #: The Sampling fields that flags of the same name set (unset: the family's own value).
@@ -56,8 +102,9 @@ def sampling_from(args, family=None):
 
 def run_settings(args, family=None, progress=None):
     """The run's settings from the common flags, built once per command (a bad value is one line)."""
-    from specdec.settings import RunSettings
+    from specdec.settings import RunSettings, check_seed
 
+    check_seed(args.seed, "--seed")
     if isinstance(args.batch_size, bool) or args.batch_size < 1:
         raise ValueError(f"--batch-size must be an int >= 1, got {args.batch_size}")
     if args.concurrency is not None and args.concurrency < 1:
@@ -77,6 +124,8 @@ def check_device(device: str) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"--device {device!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: specdec runs on cpu or cuda (cuda:1, ...)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -89,7 +138,7 @@ def embedded_family(args):
     from specdec.models.default import default
 
     check_device(args.device)
-    torch.set_num_threads(args.threads) if args.threads else None
+    set_threads(args.threads)
     return default(device=args.device, grid=args.grid)
 
 

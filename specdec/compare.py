@@ -41,6 +41,21 @@ def method_of(label: str) -> str:
     return label.split("+", 1)[0]
 
 
+def check_labels(methods: List[str], options: Dict[str, dict]) -> None:
+    """--methods names each label once, each a method or METHOD+NAME, and --set only those."""
+    if not methods:
+        raise ValueError("--methods names no method; choose among " + ", ".join(decoding.METHODS))
+    for m in methods:
+        decoding.check_method(method_of(m))
+        if m.endswith("+"):
+            raise ValueError(f"--methods: {m!r} has no variant name (METHOD+NAME, such as mulo+zipar)")
+        if methods.count(m) > 1:
+            raise ValueError(f"--methods names {m} twice (a variant is METHOD+NAME, such as mulo+zipar)")
+    for m in options:
+        if m not in methods:
+            raise ValueError(f"--set {m}.KEY=VALUE: --methods does not run {m} (it runs {', '.join(methods)})")
+
+
 def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, options: Dict[str, dict], *,
                 out_dir: Optional[str] = None, warmup: bool = True, progress=None, turn: int = COMPARE_TURN):
     """Every method on the same classes and seeds. The methods take turns, `turn` images each, so
@@ -52,8 +67,7 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     variant measured beside the default in the same run."""
     from specdec import images, quality
 
-    for m in list(methods) + list(options):
-        decoding.check_method(method_of(m))
+    check_labels(methods, options)
     if num_images < 2:
         raise ValueError(f"--num-images must be >= 2 (the Frechet distance needs two images), got {num_images}")
     n_classes = fam.target.num_classes

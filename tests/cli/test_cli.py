@@ -54,12 +54,45 @@ def test_generate_writes_a_png(tmp_path, monkeypatch, capsys):
     (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-p", "0"], "error: --top-p must be"),
     (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--cfg-scale", "nan"],
      "error: --cfg-scale must be a finite number"),
+    # found by feeding the commands what users mistype (each was a traceback, a crash or a silent run)
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--temperature", "1e-40"],
+     "error: --temperature must be a finite number >= 0.0001"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--top-k", str(2 ** 63)],
+     "error: --top-k must be an int in [0, 2**63 - 1]"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--seed", "-1"],
+     "error: --seed must be an int in [0, 2**32)"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--set", "run=1"],
+     "--set run=1: run is not a method's option"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png", "--set", "tokenizer=1"],
+     "tokenizer is not a method's option (give it with --vq)"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "."], "--out . is a folder"),
+    (["generate", "--method", "ar", "--class", "0", "--out", "x.png/y.png"], "is a file, not a folder"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--json", "."], "--json . is a folder"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--out-dir", "x.png"], "--out-dir x.png is a file"),
+    (["compare", "--methods", ",", "--num-images", "2"], "--methods names no method"),
+    (["compare", "--methods", "ar,ar", "--num-images", "2"], "--methods names ar twice"),
+    (["compare", "--methods", "ar,mulo+", "--num-images", "2"], "'mulo+' has no variant name"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--set", "mulo.tau=0.1"], "--methods does not run mulo"),
+    (["compare", "--methods", "ar", "--num-images", "2", "--set", "ar.run=1"], "run is not a method's option"),
 ])
 def test_bad_arguments_give_clear_errors(argv, match, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(cli, "embedded_family", lambda args: TinyFamily())
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.png").write_bytes(b"")        # (a file where a folder is asked for)
     assert cli.main(argv + ["--quiet"]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--threads", "100000"], "--threads must be an int in [1, "),     # (torch crashed)
+    (["--threads", "0"], "--threads must be an int in [1, "),
+    (["--device", "meta"], "--device 'meta': specdec runs on cpu or cuda"),
+])
+def test_threads_and_device_are_checked_before_anything_loads(flags, match, capsys, tmp_path):
+    for command in (["generate", "--method", "ar", "--class", "0", "--out", str(tmp_path / "x.png")],
+                    ["compare", "--methods", "ar", "--num-images", "2"]):
+        assert cli.main(command + flags + ["--quiet"]) == 2
+        assert match in capsys.readouterr().err
 
 
 def _default_family():
