@@ -71,11 +71,13 @@ def test_every_method_runs_on_cuda_deterministically(families, method, options):
 def test_compare_runs_on_cuda(families, tmp_path):
     """`specdec compare --device cuda`: decoders hand images back on the CPU, the evaluator lives
     on the GPU; the table must still fill every column."""
-    from specdec import cli
+    # `specdec compare` runs specdec.compare.run_compare: the seed and sampling go in one RunSettings
+    from specdec.compare import run_compare
+    from specdec.settings import RunSettings
 
     _, gpu = families
-    rows, _, _ = cli.run_compare(gpu, ["ar", "mulo"], 4, 0, decoding.Sampling(cfg_scale=2.0), {},
-                                 out_dir=str(tmp_path), warmup=False, show_progress=False)
+    run = RunSettings(seed=0, sampling=decoding.Sampling(cfg_scale=2.0))
+    rows, _, _ = run_compare(gpu, ["ar", "mulo"], 4, run, {}, out_dir=str(tmp_path), warmup=False)
     assert [r["method"] for r in rows] == ["ar", "mulo"]
     for r in rows:
         assert 0.0 <= r["class_accuracy"] <= 1.0 and r["fd"] >= 0.0
