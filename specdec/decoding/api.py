@@ -223,6 +223,9 @@ def stream(method: str, family, *, concurrency: int, run: Optional[RunSettings] 
     module = _MODULES[check_method(method)]
     target, preview = _field(family, "target"), _field(family, "preview")
     run, given, opts = resolve(method, family, run=run, preset=preset, **options)
+    if run.batch_size != 1 or run.concurrency is not None:
+        raise ValueError("stream decodes `concurrency` images at once, each in its own row: batch_size and a "
+                         "run's concurrency are decode's")
     decodes_preview = getattr(module, "decodes_preview", None)
     if preview is not None and not (decodes_preview is not None and decodes_preview(opts)):
         raise ValueError(f"{method} decodes a family with a preview stage in two stages, which decode(...) runs; "

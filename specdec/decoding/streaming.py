@@ -73,6 +73,8 @@ class StreamingEngine:
         it to `cancel` and results (default: the index; a server gives a request's images one)."""
         if (condition is None) == (prompt is None):
             raise ValueError("submit takes a class id (condition) or a prompt, one of them")
+        if negative_prompt is not None and prompt is None:
+            raise ValueError("negative_prompt goes with a prompt (a class id's unconditional input is the null class)")
         if self._condition is not None:
             condition = self._condition(condition, prompt, negative_prompt)
         else:

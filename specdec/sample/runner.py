@@ -67,12 +67,19 @@ def _get(family, name):
     return family.get(name) if isinstance(family, dict) else getattr(family, name, None)
 
 
+#: The run settings that `specdec sample` has no flag of its own for, and how to set them instead.
+_NO_FLAG = {"first_index": "sample numbers the images itself (--num; a rerun resumes)",
+            "progress": "sample shows its own progress", "backend": "set SPECDEC_BACKEND=cpu|cuda|triton|reference",
+            "adaptive_width": "it is on in exact mode (--exact)",
+            "sampling": "give it with the sampling flags (--cfg-scale, --temperature, --top-k, --top-p)"}
+
+
 def resolve(family, req: Request, device: torch.device) -> Job:
     decoding.check_method(req.method)
     for name in decoding.api.RUN_FIELDS:
         if name in req.options:
-            flag = "--" + name.replace("_", "-")
-            raise SampleError(f"--set {name}: a run setting, not an option of {req.method}: give it as {flag}")
+            how = _NO_FLAG.get(name, "give it as --" + name.replace("_", "-"))
+            raise SampleError(f"--set {name}: a run setting, not an option of {req.method}: {how}")
     try:
         # as `decoding.decode` resolves them: the family's sampling and option defaults included
         resolved = decoding.api.resolve(req.method, family, run=req.run, **req.options)

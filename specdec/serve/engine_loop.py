@@ -236,7 +236,7 @@ class EngineLoop:
             self._slots.pop(idle[0]).engine.close()
         models = {k: v for k, v in self.models.items() if k in RESOURCES[key.method] or k == "tokenizer"}
         try:
-            run = dataclasses.replace(self.config.run, exact=key.exact)
+            run = dataclasses.replace(self.config.run, exact=key.exact, batch_size=1, concurrency=None)
             engine = stream(key.method, self.family, concurrency=self.config.concurrency, run=run,
                             preset=key.preset, sampling=key.sampling, **models, **key.options)
         except ValueError as e:   # (an option that does not fit the models names itself)

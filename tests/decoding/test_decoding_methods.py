@@ -337,6 +337,16 @@ def test_bad_decode_arguments_are_value_errors_naming_them(fam, kwargs, match):
         decoding.decode("mulo", fam, [1], preset=["published"])
 
 
+def test_stream_refuses_what_it_would_ignore(fam):
+    """A stream's batch_size, and a negative prompt beside a class id, were silently ignored."""
+    with pytest.raises(ValueError, match="batch_size and a run's concurrency are decode's"):
+        decoding.stream("ar", fam, concurrency=2, batch_size=2)
+    engine = decoding.stream("ar", fam, concurrency=2)
+    with pytest.raises(ValueError, match="negative_prompt goes with a prompt"):
+        engine.submit(1, negative_prompt="blurry")
+    assert engine.idle
+
+
 def test_options_that_do_not_fit_the_models_name_themselves(fam):
     """An option refused against the models is an OptionError (a ValueError) whose `option` names
     it, for a server's 400 (mulo's draft="preview" on a family without a preview stage was an
