@@ -26,8 +26,8 @@ from typing import Dict
 import torch
 
 from specdec import __version__
-from specdec.cli_flags import (common_flags, embedded_family, load_model, model_file_flags, parse_sets, run_settings,
-                               set_threads, writable_file, writable_folder)
+from specdec.cli_flags import (OneLineParser, common_flags, embedded_family, load_model, model_file_flags, parse_sets,
+                               run_settings, set_threads, writable_file, writable_folder)
 from specdec.progress import ProgressLine
 
 
@@ -233,7 +233,7 @@ class VersionAction(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     from specdec.decoding import METHODS
 
-    p = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="specdec", description=__doc__.splitlines()[0])   # (its subcommands' parsers too)
     p.add_argument("--version", action=VersionAction, help="the version, the torch and the backends here, then exit")
     sub = p.add_subparsers(dest="command", required=True)
 

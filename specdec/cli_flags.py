@@ -4,11 +4,22 @@ sample, serve) and the server's own process builders (`specdec.serve.command`, a
 read the same flags through these functions; nothing here imports either of them."""
 from __future__ import annotations
 
+import argparse
 import ast
 import os
+import sys
 from typing import Dict, List
 
 import torch
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line, as every other error of the command line (argparse
+    prints its whole usage block first: 20 lines for one mistyped flag)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def value_of(text: str):

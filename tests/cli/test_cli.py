@@ -200,3 +200,17 @@ def test_version_prints_one_line_with_the_torch_and_the_backends(capsys):
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and line.startswith(f"specdec {specdec.__version__}, torch {torch.__version__}, ")
     assert "cpu: " in line and "reference" in line
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["generate", "--method", "ar", "--class", "x", "--out", "x.png"], "argument --class: invalid int value: 'x'"),
+    (["generate", "--method", "ar"], "the following arguments are required: --out"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_argparse_errors_are_one_line_too(argv, match, capsys):
+    """(argparse printed its usage block first, about 20 lines.)"""
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err and "--help" in err
