@@ -10,7 +10,7 @@ import torch
 
 from specdec import decoding
 from specdec.decoding.results import concat_results
-from specdec.settings import RunSettings
+from specdec.settings import SEEDS, RunSettings
 
 COLUMNS = ("method", "target_forwards", "step_compression", "wall_s", "speedup", "class_accuracy", "fd")
 
@@ -75,7 +75,7 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
     run = dataclasses.replace(run, progress=None)
     if warmup:   # first-call costs (allocator, kernel caches, compilation of a batch's shapes) are not the method's
         for m in methods:
-            warm = dataclasses.replace(run, seed=run.seed + 10_000)
+            warm = dataclasses.replace(run, seed=(run.seed + 10_000) % SEEDS)   # (seeds are 32-bit)
             width = run.concurrency or run.batch_size
             decoding.decode(method_of(m), fam, classes[:width], run=warm, **options.get(m, {}))
     parts: Dict[str, list] = {m: [] for m in methods}
