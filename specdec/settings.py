@@ -114,8 +114,9 @@ class OptionError(ValueError):
 
 
 #: seeds are ints in [0, 2**32): torch's CPU generators, which draw every image's numbers, keep
-#: 32 bits of their seed, so a larger seed would silently give a smaller one's images
-SEEDS = 2 ** 32
+#: 32 bits of their seed, so a larger seed would silently give a smaller one's images; image
+#: indices likewise (`first_index` and the indices after it)
+SEEDS = INDICES = 2 ** 32
 
 
 def check_seed(seed, name: str = "seed") -> int:
@@ -170,7 +171,7 @@ class RunSettings:
 
     def __post_init__(self):
         check_seed(self.seed)
-        check_int(self.first_index, "first_index")
+        check_int(self.first_index, "first_index", 0, INDICES - 1)
         if self.sampling is not None and not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a specdec Sampling, got {type(self.sampling).__name__}")
         if self.backend is not None and self.backend not in BACKENDS:
@@ -214,4 +215,4 @@ class RunSettings:
 
 
 __all__ = ["BACKENDS", "MAX_CFG_SCALE", "MAX_INT", "MIN_TEMPERATURE", "RunSettings", "Sampling", "SamplingArgs",
-           "OptionError", "SEEDS", "check_int", "check_seed"]
+           "INDICES", "OptionError", "SEEDS", "check_int", "check_seed"]

@@ -193,6 +193,7 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     stages.check_preview_stage(preview, target)
     # Prompts are encoded by the preview stage; the target stage's conditions add the preview.
     conditions = _conditions(preview, classes, prompts, negative_prompts)
+    stages.check_indices(run.first_index, len(conditions))
     decodes_preview = getattr(module, "decodes_preview", None)
     if decodes_preview is not None and decodes_preview(opts):
         return module.decode(target, conditions, **resources, options=opts, run=run)

@@ -43,7 +43,7 @@ from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
 from specdec import switches
 from specdec.models.conditions import Prompts, is_prompts
-from specdec.settings import RunSettings
+from specdec.settings import INDICES, RunSettings
 
 
 class Request(NamedTuple):
@@ -154,6 +154,9 @@ class Scheduler:
         """Queue a request: `condition` one class id (a 0-d tensor) or a `Prompts` of one prompt,
         drawing from the stream of image `index` of `seed` (None: the run's); `tag`: what `cancel`
         knows it by (None: its index)."""
+        if not 0 <= index < INDICES:     # (first_index + an image's place, past the streams there are)
+            raise ValueError(f"image index {index} is outside [0, 2**32): first_index plus the images after it must "
+                             "stay below 2**32")
         self.queue.append(Request(condition, index, seed, index if tag is None else tag))
 
     def cancel(self, tag: Hashable) -> int:

@@ -28,6 +28,14 @@ def target_stage_run(run: RunSettings) -> RunSettings:
     return dataclasses.replace(run, first_index=run.first_index + TARGET_STAGE_INDEX)
 
 
+def check_indices(first_index: int, n: int) -> None:
+    """A two-stage decode's images take indices below TARGET_STAGE_INDEX (their target stages
+    draw from those on)."""
+    if first_index + n > TARGET_STAGE_INDEX:
+        raise ValueError(f"first_index: a two-stage decode's images take indices below 2**31 (its target stage draws "
+                         f"from those on), got {first_index} for {n} image(s)")
+
+
 def combine(first: DecodeResult, second: DecodeResult) -> DecodeResult:
     """The result of a two-stage decode from its preview stage's and its target stage's."""
     stats = second.stats.add_stage(first.stats)
@@ -42,4 +50,4 @@ def check_preview_stage(family_preview, target) -> None:
         raise ValueError(f"the preview stage has {family_preview.vocab_size} codes, the target {target.vocab_size}")
 
 
-__all__ = ["TARGET_STAGE_INDEX", "check_preview_stage", "combine", "target_stage_run"]
+__all__ = ["TARGET_STAGE_INDEX", "check_indices", "check_preview_stage", "combine", "target_stage_run"]

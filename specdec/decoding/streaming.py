@@ -18,7 +18,7 @@ import torch
 
 from specdec.decoding.results import decode_images
 from specdec.decoding.scheduler import Finished, Partial, Request, Scheduler
-from specdec.settings import RunSettings, check_int, check_seed
+from specdec.settings import INDICES, RunSettings, check_int, check_seed
 
 
 class Requests:
@@ -79,7 +79,7 @@ class StreamingEngine:
             condition = self._condition(condition, prompt, negative_prompt)
         else:
             condition = one_class(condition)
-        index = self._next_index if index is None else check_int(index, "index")
+        index = self._next_index if index is None else check_int(index, "index", 0, INDICES - 1)
         if seed is not None:
             check_seed(seed)
         self._next_index = index + 1

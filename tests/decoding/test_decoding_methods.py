@@ -322,7 +322,8 @@ def test_other_bad_arguments(fam):
     (dict(classes=[1], run={"seed": 1}), "run must be a specdec RunSettings"),
     (dict(classes=[1], seed=-1), r"seed must be an int in \[0, 2\*\*32\)"),
     (dict(classes=[1], seed=2 ** 32), r"seed must be an int in \[0, 2\*\*32\)"),
-    (dict(classes=[1], first_index=2 ** 63), "first_index must be an int in"),
+    (dict(classes=[1], first_index=2 ** 32), "first_index must be an int in"),
+    (dict(classes=[1, 2], first_index=2 ** 32 - 1), r"image index 4294967296 is outside \[0, 2\*\*32\)"),
     (dict(classes=[1], backend="cuda"), "backend='cuda' is unavailable"),
 ])
 def test_bad_decode_arguments_are_value_errors_naming_them(fam, kwargs, match):

@@ -87,10 +87,15 @@ def test_the_target_stage_of_a_two_stage_decode_has_streams_of_its_own():
     target stage drew the very numbers of its preview stage."""
     from specdec.decoding.stages import target_stage_run
 
+    from specdec.decoding.stages import check_indices
+
     run = RunSettings(seed=5, first_index=3)
     second = target_stage_run(run)
     assert not torch.equal(torch.rand(4, generator=image_generator(run.seed, run.first_index)),
                            torch.rand(4, generator=image_generator(second.seed, second.first_index)))
+    check_indices(2 ** 31 - 2, 2)
+    with pytest.raises(ValueError, match="first_index: a two-stage decode's images take indices below 2"):
+        check_indices(2 ** 31 - 1, 2)      # (its second image's target stage would be the first's preview)
 
 
 def test_row_linear_and_row_matmul_compute_each_row_alone():
