@@ -44,7 +44,7 @@ class LoadSpec:
         return out
 
     def body(self, i: int) -> dict:
-        return {"prompt": str(i % self.classes), "seed": self.seed * 100_003 + i, "stream": True,
+        return {"prompt": str(i % self.classes), "seed": (self.seed * 100_003 + i) % 2 ** 32, "stream": True,
                 "partial_images": self.partial_images, **self.extra}
 
 

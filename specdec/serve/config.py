@@ -100,7 +100,7 @@ class ModelSpec:
         --drafter, --heads, --upsampler for --model)."""
         if self.factory is not None:
             threads = (self.flags or {}).get("threads")
-            if threads:
+            if threads is not None:
                 from specdec.cli_flags import set_threads
 
                 set_threads(threads)

@@ -69,12 +69,15 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def build_first(self, key: EngineKey) -> None:
-        """Build the engine of `key` (the server's default request) now, so that a server whose own
-        settings do not fit its models (a window wider than the grid, a backend this machine
-        lacks) does not start, rather than fail every request. Call before `start`."""
+    def check_default(self, key: EngineKey) -> None:
+        """Build the engine of `key` (the server's default request) once and close it, so that a
+        server whose own settings do not fit its models (a window wider than the grid, a backend
+        this machine lacks) does not start, rather than fail every request. Eager: the engine the
+        loop's thread builds later is the one that compiles (inductor and CUDA graphs keep state
+        per thread) and runs under the loop's `batch_invariant` setting, as this check does."""
         try:
-            self._slot_for(key)
+            with batch_invariant(self.config.batch_invariant):
+                self._build(key, compile=False).close()
         except APIError as e:
             raise ValueError(e.message) from None
 
@@ -209,20 +212,22 @@ class EngineLoop:
         """Each waiting request onto its engine, in order; one whose engine cannot be had yet (the
         pool is full of busy engines) waits, and the others go past it."""
         later: Deque[Job] = deque()
-        while self._waiting:
-            job = self._waiting.popleft()
-            if job.closed:
-                continue
-            try:
-                slot = self._slot_for(job.plan.key)
-            except APIError as error:
-                self._fail(job, error)
-                continue
-            if slot is None:
-                later.append(job)
-                continue
-            self._start(slot, job)
-        self._waiting = later
+        try:
+            while self._waiting:
+                job = self._waiting.popleft()
+                if job.closed:
+                    continue
+                try:
+                    slot = self._slot_for(job.plan.key)
+                except APIError as error:
+                    self._fail(job, error)
+                    continue
+                if slot is None:
+                    later.append(job)
+                    continue
+                self._start(slot, job)
+        finally:     # (the jobs still waiting are never lost, whatever was raised)
+            self._waiting = later + self._waiting
 
     def _slot_for(self, key: EngineKey) -> Optional[Slot]:
         """The engine of `key`, built if need be (an idle engine of another key makes room)."""
@@ -234,27 +239,36 @@ class EngineLoop:
             if not idle:
                 return None
             self._slots.pop(idle[0]).engine.close()
+        slot = self._slots[key] = Slot(self._build(key))
+        return slot
+
+    def _build(self, key: EngineKey, compile: Optional[bool] = None):
+        """A streaming engine for `key` (`compile`: None, the server's setting), or the request's
+        APIError: a 400 naming the option that does not fit the models, else a 500."""
         models = {k: v for k, v in self.models.items() if k in RESOURCES[key.method] or k == "tokenizer"}
+        run = dataclasses.replace(self.config.run, exact=key.exact, batch_size=1, concurrency=None)
+        if compile is not None:
+            run = dataclasses.replace(run, compile=compile)
         try:
-            run = dataclasses.replace(self.config.run, exact=key.exact, batch_size=1, concurrency=None)
-            engine = stream(key.method, self.family, concurrency=self.config.concurrency, run=run,
-                            preset=key.preset, sampling=key.sampling, **models, **key.options)
+            return stream(key.method, self.family, concurrency=self.config.concurrency, run=run,
+                          preset=key.preset, sampling=key.sampling, **models, **key.options)
         except ValueError as e:   # (an option that does not fit the models names itself)
             raise invalid(f"{key.method} cannot run here: {e}", getattr(e, "option", "method")) from None
         except Exception as e:
             log.exception("building an engine failed")
             raise server_error(f"building the {key.method} engine failed: {e}") from None
-        slot = self._slots[key] = Slot(engine)
-        return slot
 
     def _start(self, slot: Slot, job: Job) -> None:
         plan = job.plan
         try:
             for j, condition in enumerate(plan.conditions):
                 slot.engine.submit(index=plan.first_index + j, seed=plan.seed, tag=job.id, **condition)
-        except ValueError as e:
+        except Exception as e:     # (the job is answered whatever went wrong: a stream waits for it)
             slot.engine.cancel(job.id)
-            self._fail(job, invalid(str(e), "prompt"))
+            if not isinstance(e, ValueError):
+                log.exception("submitting a request failed")
+            self._fail(job, invalid(str(e), "prompt") if isinstance(e, ValueError) else
+                       server_error(f"submitting the request failed: {e}"))
             return
         slot.jobs[job.id] = job
         job.send(Started())

@@ -17,7 +17,7 @@ from specdec.serve.conditions import conditions_for
 from specdec.serve.config import ServeConfig
 from specdec.serve.errors import APIError, invalid
 from specdec.serve.protocol import SAMPLING_FIELDS, ImageGenerationBody
-from specdec.settings import MAX_INT, SEEDS, Sampling
+from specdec.settings import INDICES, SEEDS, Sampling
 
 #: seeds are ints in [0, 2**32) (`specdec.settings.SEEDS`: two seeds, two images)
 MAX_SEED = SEEDS - 1
@@ -87,8 +87,9 @@ class Planner:
         key = EngineKey(method, *self._options(method, body), self._sampling(body), self._exact(method, body))
         seed = self._seed(body.seed)
         first = 0 if body.first_index is None else body.first_index
-        if not 0 <= first <= MAX_INT:
-            raise invalid(f"first_index must lie in [0, 2**63), got {first}", "first_index")
+        if not 0 <= first <= INDICES - n:
+            raise invalid(f"first_index + n must be at most 2**32 (image indices are below 2**32), got {first} + {n}",
+                          "first_index")
         partial = 0 if body.partial_images is None else body.partial_images
         if not 0 <= partial <= 3:
             raise invalid(f"partial_images must lie in [0, 3], got {partial}", "partial_images")

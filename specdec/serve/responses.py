@@ -116,13 +116,15 @@ async def collect(service, job: Job, events: asyncio.Queue, request: Request):
 async def started(service, job: Job, events: asyncio.Queue, request: Request) -> Optional[JSONResponse]:
     """Wait until the request's images are on their engine (None), so that a request the engine
     refuses (an option that does not fit the models) is answered with its status before a stream
-    begins; else the error response (499 when the client went away meanwhile)."""
-    reader = EventReader(events, request)
+    begins; else the error response (499 when the client went away meanwhile). A wait past the
+    keep-alive interval (a warm-up, every engine busy) begins the stream anyway (None), whose
+    keep-alive lines then hold proxies open: a refusal after that is an `error` event."""
+    reader = EventReader(events, request, service.config.keepalive_s)
     try:
         event = await reader.next()
     finally:
         reader.close()
-    if isinstance(event, Started):
+    if isinstance(event, Started) or event is KEEPALIVE:
         return None
     if isinstance(event, Failed):
         service.metrics.request_done("failed" if event.error.status >= 500 else "invalid")

@@ -55,11 +55,11 @@ class Service:
         self.metrics = ServeMetrics(lambda: self.loop.queue_depth, lambda: self.loop.running,
                                     lambda: self.loop.engines)
         self.loop.metrics = self.metrics
-        # The default request's engine (a seed given, not one of the planner's), built now and
-        # warmed up first when asked
+        # The default request (a seed given, not one of the planner's): its engine checked now,
+        # and warmed up first when asked
         prompt = "a photo" if prompt_conditioned(family) else "0"
         default = self.planner.plan(ImageGenerationBody(prompt=prompt, seed=0))
-        self.loop.build_first(default.key)
+        self.loop.check_default(default.key)
         if config.warm_up:
             self.loop.warm_up_first(default)
         self.started = int(time.time())

@@ -1,6 +1,7 @@
 """The server's HTTP surface: every bad request is a 4xx in OpenAI's error shape naming its
 field, the model list, health and metrics; nothing here decodes more than one image."""
 import json
+import time
 
 import pytest
 
@@ -63,7 +64,8 @@ BAD = [
     ("negative seed", _with(seed=-1), 400, "seed", "invalid_value"),
     ("seed too large", _with(seed=2 ** 64), 400, "seed", "invalid_value"),
     ("seed past 32 bits", _with(seed=2 ** 32), 400, "seed", "invalid_value"),
-    ("first_index past int64", _with(first_index=2 ** 63), 400, "first_index", "invalid_value"),
+    ("first_index past 32 bits", _with(first_index=2 ** 32), 400, "first_index", "invalid_value"),
+    ("first_index + n past 32 bits", _with(first_index=2 ** 32 - 1, n=2), 400, "first_index", "invalid_value"),
     ("nested too deeply", b"[" * 1500 + b"]" * 1500, 400, None, "invalid_json"),
     ("a digit that is not ASCII", _with(prompt="\u00b2"), 400, "prompt", "unknown_class"),
     ("an Arabic-Indic digit", _with(prompt="\u0663"), 400, "prompt", "unknown_class"),
@@ -194,3 +196,42 @@ def test_a_body_python_cannot_read_is_invalid_json():
         with pytest.raises(APIError) as caught:
             parse_body(raw)
         assert (caught.value.status, caught.value.code) == (400, "invalid_json")
+
+
+def test_a_request_whose_submission_fails_is_answered_and_the_server_goes_on(monkeypatch):
+    """An exception other than a ValueError from `submit` lost the request: no answer, ever (a
+    streamed one now waits for its engine before its headers, so it would have hung)."""
+    app = create_app(TinyFamily(), method="ar", concurrency=2)
+    loop = app.state.service.loop
+    build = loop._build
+
+    def failing_for_seed_13(key, compile=None):
+        engine = build(key, compile)
+        submit = engine.submit
+
+        def submit_or_fail(*args, **kwargs):
+            if kwargs.get("seed") == 13:
+                raise RuntimeError("boom")
+            return submit(*args, **kwargs)
+        engine.submit = submit_or_fail
+        return engine
+    monkeypatch.setattr(loop, "_build", failing_for_seed_13)
+    with TestClient(app) as c:
+        for stream in (True, False):
+            r = c.post("/v1/images/generations", json={"prompt": "b", "seed": 13, "stream": stream})
+            assert r.status_code == 500 and "submitting the request failed" in r.json()["error"]["message"]
+        assert c.post("/v1/images/generations", json={"prompt": "b", "seed": 1}).status_code == 200
+
+
+def test_a_stream_that_waits_long_for_its_engine_begins_with_keep_alives(monkeypatch):
+    """A streamed response waits for its images to reach their engine, but not past the keep-alive
+    interval: proxies drop a connection that sends nothing."""
+    app = create_app(TinyFamily(), method="ar", concurrency=2, keepalive_s=0.3)
+    loop = app.state.service.loop
+    slot_for, since = loop._slot_for, time.monotonic()
+    monkeypatch.setattr(loop, "_slot_for", lambda key: None if time.monotonic() - since < 2.0 else slot_for(key))
+    with TestClient(app) as c:
+        with c.stream("POST", "/v1/images/generations", json={"prompt": "b", "seed": 1, "stream": True}) as r:
+            assert r.status_code == 200
+            text = "".join(r.iter_text())
+    assert ": keep-alive" in text and "image_generation.completed" in text
