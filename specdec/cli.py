@@ -118,8 +118,7 @@ def cmd_generate_model(args) -> int:
     out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative,
                           run=run_settings(args, fam, bar), **options)
     bar.close()
-    if tokens_only:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+    if tokens_only:     # (its folder was made by writable_file, before the run)
         torch.save({"tokens": out.tokens}, args.out)
     else:
         images.save_grid(out.images, args.out, nrow=min(args.num, 8))
@@ -163,8 +162,7 @@ def cmd_compare(args) -> int:
     if own:
         print("the family's own options: " + ", ".join(own))
     print(format_table(rows, fd_real))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
+    if args.json:       # (its folder was made by writable_file, before the run)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
         print(f"wrote {args.json}")

@@ -263,12 +263,14 @@ class EngineLoop:
         try:
             for j, condition in enumerate(plan.conditions):
                 slot.engine.submit(index=plan.first_index + j, seed=plan.seed, tag=job.id, **condition)
-        except Exception as e:     # (the job is answered whatever went wrong: a stream waits for it)
+        except ValueError as e:    # (a condition the model cannot take)
             slot.engine.cancel(job.id)
-            if not isinstance(e, ValueError):
-                log.exception("submitting a request failed")
-            self._fail(job, invalid(str(e), "prompt") if isinstance(e, ValueError) else
-                       server_error(f"submitting the request failed: {e}"))
+            self._fail(job, invalid(str(e), "prompt"))
+            return
+        except Exception as e:     # (answered whatever went wrong: a streamed request waits for it)
+            log.exception("submitting a request failed")
+            slot.engine.cancel(job.id)
+            self._fail(job, server_error(f"submitting the request failed: {e}"))
             return
         slot.jobs[job.id] = job
         job.send(Started())
