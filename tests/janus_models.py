@@ -32,3 +32,33 @@ def tiny_janus(patches=4, seed=0, layers=2):
 
 
 PROMPTS = [torch.tensor([BOS, 9, 12, 7, 20, BOI]), torch.tensor([BOS, 30, 5, BOI])]
+
+
+#: the tiny processor's text: one token per character, after Janus's special tokens
+CHARACTERS = "abcdefghijklmnopqrstuvwxyz .,:"
+#: a chat template of Janus-Pro's shape (a user turn, then the assistant's turn opened), in characters
+CHAT_TEMPLATE = ("{% for m in messages %}<bos>u: {% for c in m['content'] %}{{ c['text'] }}{% endfor %}"
+                 "{% endfor %}{% if add_generation_prompt %} a:{% endif %}")
+
+
+def tiny_processor(chat_template: bool = False):
+    """A JanusProcessor over a character-level tokenizer whose ids fit `tiny_janus`'s text
+    vocabulary (PAD, BOS, BOI as its generation config has them); `chat_template`: with
+    `CHAT_TEMPLATE`, as Janus-Pro's processors carry one."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import JanusImageProcessor, JanusProcessor, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<bos>": BOS, "<eos>": 2, "<begin_of_image>": BOI, "<end_of_image>": 4,
+             "<image_placeholder>": 5}
+    vocab.update({ch: 6 + i for i, ch in enumerate(CHARACTERS)})
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image_placeholder>", "boi_token": "<begin_of_image>",
+                              "eoi_token": "<end_of_image>"})
+    processor = JanusProcessor(image_processor=JanusImageProcessor(), tokenizer=tokenizer,
+                               use_default_system_prompt=False)
+    if chat_template:
+        processor.chat_template = CHAT_TEMPLATE
+    return processor

@@ -65,8 +65,15 @@ class JanusImageModel(HFImageModel):
         return torch.where(keep, ids, torch.full_like(ids, self.pad_token_id))
 
     def tokenize(self, text: str) -> torch.Tensor:
+        """A prompt as transformers' Janus recipe for image generation builds it: the processor's
+        chat template over one user message when it has one (Janus-Pro's: "<|User|>: text" then
+        "<|Assistant|>:", as DeepSeek's own code formats a generation prompt), then the processor
+        in generation_mode="image" (which appends the image-start token)."""
         if self.processor is None:
             raise ValueError("string prompts need the Janus processor (wrap(model, processor=...)); or pass token ids")
+        if getattr(self.processor, "chat_template", None):
+            messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
         return self.processor(text=[text], generation_mode="image", return_tensors="pt")["input_ids"][0]
 
 
