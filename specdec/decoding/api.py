@@ -18,7 +18,8 @@ from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
 from specdec.decoding.batching import check_classes
 from specdec.decoding.streaming import Requests, StreamingEngine, one_class
 from specdec.decoding.results import DecodeResult
-from specdec.models.conditions import Prompts
+from specdec.decoding.runner import check_guidance
+from specdec.models.conditions import Prompts, is_prompts
 from specdec.settings import RunSettings, Sampling, check_int
 
 #: One module per method (its options, presets, the models it takes, its decode): add a method here.
@@ -188,11 +189,11 @@ def decode(method: str, family, classes=None, *, prompts=None, negative_prompts=
     if preview is None:
         if preview_method != "ar" or preview_options:
             raise ValueError("preview_method and preview_options are for a family with a preview stage (GLM-Image)")
-        return module.decode(target, _conditions(target, classes, prompts, negative_prompts), **resources,
+        return module.decode(target, _conditions(target, classes, prompts, negative_prompts, run), **resources,
                              options=opts, run=run)
     stages.check_preview_stage(preview, target)
     # Prompts are encoded by the preview stage; the target stage's conditions add the preview.
-    conditions = _conditions(preview, classes, prompts, negative_prompts)
+    conditions = _conditions(preview, classes, prompts, negative_prompts, run)
     stages.check_indices(run.first_index, len(conditions))
     decodes_preview = getattr(module, "decodes_preview", None)
     if decodes_preview is not None and decodes_preview(opts):
@@ -247,17 +248,32 @@ def _request_condition(model, guided: bool):
                              "this family is class-conditional: submit a class id, not a prompt")
         if not prompted:
             return check_classes(model, one_class(class_id).reshape(1))[0]
-        made = _conditions(model, None, [prompt], None if negative is None else [negative])
-        check = getattr(model, "check_prompts", None)
-        if check is not None:
-            check(made, cfg=guided)
-        return made
+        try:
+            return _checked_prompts(model, _conditions(model, None, [prompt], _one(negative)), guided)
+        except ValueError as e:   # (encoded as a batch of one: named by submit's arguments instead)
+            message = str(e).replace("negative_prompts[0]", "negative_prompt").replace("prompts[0]", "prompt")
+            raise ValueError(message) from None
     return condition
 
 
-def _conditions(target, classes, prompts, negative_prompts):
+def _one(prompt) -> Optional[list]:
+    return None if prompt is None else [prompt]
+
+
+def _checked_prompts(model, conditions, guided: bool):
+    """`conditions` after the model's `check_prompts` (lengths, token ids; a text-conditional
+    model's hook): a prompt that does not fit is refused before any pass, by its argument."""
+    check = getattr(model, "check_prompts", None)
+    if check is not None and is_prompts(conditions):
+        check_guidance(model, guided)
+        check(conditions, cfg=guided)
+    return conditions
+
+
+def _conditions(target, classes, prompts, negative_prompts, run: Optional[RunSettings] = None):
     """Class ids as a tensor, or the prompts as a `Prompts` batch (encoded by the target's
-    `encode_prompts` when it has one: tokenisation and chat templates are the model's business)."""
+    `encode_prompts` when it has one: tokenisation and chat templates are the model's business),
+    checked (`_checked_prompts`) when `run` is given."""
     if (classes is None) == (prompts is None):
         raise ValueError("pass exactly one of classes (class-conditional models) and prompts (text-conditional ones)")
     if prompts is None:
@@ -268,13 +284,22 @@ def _conditions(target, classes, prompts, negative_prompts):
         except (TypeError, ValueError, RuntimeError):
             raise ValueError(f"classes must be class ids (ints, or an int tensor), got {classes!r}") from None
     if isinstance(prompts, Prompts):
-        return prompts
+        made = prompts
+    else:
+        prompts = _prompt_list(prompts, "prompts")
+        negatives = None if negative_prompts is None else _prompt_list(negative_prompts, "negative_prompts")
+        encode = getattr(target, "encode_prompts", None)
+        made = Prompts(prompts, negatives) if encode is None else encode(prompts, negatives)
+    return made if run is None else _checked_prompts(target, made, run.sampling_or_default.guided)
+
+
+def _prompt_list(prompts, name: str) -> list:
+    """One prompt (a string or a tensor of token ids) as a list of one; a list or tuple as a list."""
     if isinstance(prompts, (str, torch.Tensor)):
-        prompts = [prompts]
-    encode = getattr(target, "encode_prompts", None)
-    if encode is not None:
-        return encode(list(prompts), None if negative_prompts is None else list(negative_prompts))
-    return Prompts(list(prompts), None if negative_prompts is None else list(negative_prompts))
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"{name} must be a string, token ids, or a list of them, got {type(prompts).__name__}")
+    return list(prompts)
 
 
 __all__ = ["DEFAULT_SAMPLING", "METHODS", "OPTIONS", "PRESETS", "RESOURCES", "Resolved", "check_method", "decode",

@@ -89,14 +89,15 @@ class MuloOptions:
             raise ValueError(f"draft_sampling must be a Sampling or None, got {type(self.draft_sampling).__name__}")
 
 
-def check_models(target, drafter, upsample: str = "nearest"):
+def check_models(target, drafter, upsample: str = "nearest", drafter_name: str = "drafter"):
     """The drafter's fit for the target (same vocabulary, a grid no larger per side); returns r
     (H = r h, W = r w), or None where the grids do not divide (`nearest` and `pixel` only)."""
     check_grid_model(target, "target")
     check_grid_model(drafter, "drafter")
     (H, W), (h, w) = tuple(target.grid), tuple(drafter.grid)
     if h > H or w > W:
-        raise ValueError(f"drafter grid {(h, w)} is larger than the target grid {(H, W)} on a side")
+        raise ValueError(f"{drafter_name} grid {(h, w)} is larger than the target grid {(H, W)} on a side: MuLo-SD "
+                         "drafts at a lower resolution")
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}: "
                          "MuLo-SD needs one shared codebook")
@@ -118,7 +119,7 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
     if options.draft == "preview" and not callable(getattr(target, "condition_on_preview", None)):
         raise OptionError("draft", "draft='preview' needs a target conditioned on its own preview "
                               "(condition_on_preview: a two-stage model such as GLM-Image)")
-    factor = check_models(target, drafter, options.upsample)
+    factor = check_models(target, drafter, options.upsample, "preview" if options.draft == "preview" else "drafter")
     if options.drafting == "zipar":
         check_window(options.window, drafter.grid[1])
     if options.upsample == "pixel" and tokenizer is None:

@@ -76,6 +76,13 @@ def supports_guidance(model) -> bool:
     return bool(flag) if flag is not None else getattr(model, "null_class", None) is not None
 
 
+def check_guidance(model, guided: bool) -> None:
+    """A ValueError when sampling is `guided` (cfg_scale != 1) and `model` has no CFG."""
+    if guided and not supports_guidance(model):
+        raise ValueError(f"cfg_scale != 1 needs classifier-free guidance, which {type(model).__name__} does not "
+                         "have (a null class trained with label dropout, or an unconditional prompt): use cfg_scale=1")
+
+
 def weights_key(module):
     """(dtype, device) of a module's first parameter, or None: a graph traced without guards is
     only valid for the weights' dtype and device it was traced with."""
@@ -101,8 +108,7 @@ class ModelRunner:
         self.sampling = sampling
         self.backend = backend
         self.batch = batch
-        if sampling.guided and not supports_guidance(model):
-            raise ValueError("cfg_scale != 1 needs a model with a null class (trained with label dropout)")
+        check_guidance(model, sampling.guided)
         self.cache = model.new_cache(batch, cfg=sampling.guided) if cache is None else cache
         self.forwards = 0
         self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)

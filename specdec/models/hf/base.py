@@ -201,7 +201,11 @@ class HFImageModel(nn.Module, abc.ABC):
         if isinstance(prompt, str):
             prompt = self.tokenize(prompt)
         if not isinstance(prompt, torch.Tensor):
-            prompt = torch.as_tensor(prompt)
+            try:
+                prompt = torch.as_tensor(prompt)
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"{name} must be a string or non-empty 1-D int token ids, got "
+                                 f"{type(prompt).__name__} {prompt!r:.60}") from None
         if prompt.dim() == 2 and prompt.shape[0] == 1:
             prompt = prompt[0]
         if prompt.dim() != 1 or prompt.dtype not in (torch.int32, torch.int64) or prompt.numel() == 0:
@@ -229,13 +233,22 @@ class HFImageModel(nn.Module, abc.ABC):
         scheduler refuses a request when it is submitted, not in a step that other images share."""
         self._check_lengths(self._prompt_rows(len(cond.cond), cfg, *self.prepare_prompts(cond)))
 
-    def _check_lengths(self, rows: List[torch.Tensor]) -> None:
-        L = max(int(r.shape[0]) for r in rows)
-        if L > self.max_prompt_len:
-            raise ValueError(f"a prompt has {L} tokens; the model was wrapped with max_prompt_len="
-                             f"{self.max_prompt_len} (wrap(..., max_prompt_len=...))")
+    #: what the rows of prompts (`prompt_additions`) and of negative prompts (`negative_additions`)
+    #: hold besides the caller's tokens, as `_check_lengths`' message names it ("": nothing)
+    prompt_additions = negative_additions = ""
+    #: what `unconditional_prompt` is, as `_check_lengths` and `_prompt_rows` name it
+    unconditional_name = "the model's unconditional prompt"
 
-    def _prompt_rows(self, batch: int, cfg: bool, cond, uncond) -> List[torch.Tensor]:
+    def _check_lengths(self, rows: List[Tuple[str, torch.Tensor]]) -> None:
+        name, longest = max(rows, key=lambda row: int(row[1].shape[0]))
+        L = int(longest.shape[0])
+        if L > self.max_prompt_len:
+            added = self.prompt_additions if name.startswith("prompts[") else self.negative_additions
+            raise ValueError(f"{name} has {L} tokens{added}; the model was wrapped with "
+                             f"max_prompt_len={self.max_prompt_len} (wrap(..., max_prompt_len=...))")
+
+    def _prompt_rows(self, batch: int, cfg: bool, cond, uncond) -> List[Tuple[str, torch.Tensor]]:
+        """The cache's prompt rows in its order, each with the argument it came from (for errors)."""
         if isinstance(cond, torch.Tensor) and cond.dim() == 2:
             cond = Prompts(list(cond))
         if not is_prompts(cond):
@@ -244,7 +257,7 @@ class HFImageModel(nn.Module, abc.ABC):
             else:
                 raise ValueError("cond must be a Prompts batch (or a list of 1-D token ids) for a text-conditional "
                                  "model")
-        rows = [self._ids(c, f"prompts[{i}]") for i, c in enumerate(cond.cond)]
+        rows = [(f"prompts[{i}]", self._ids(c, f"prompts[{i}]")) for i, c in enumerate(cond.cond)]
         if len(rows) != batch:
             raise ValueError(f"{len(rows)} prompts for a cache of batch {batch}")
         if cfg:
@@ -253,15 +266,18 @@ class HFImageModel(nn.Module, abc.ABC):
                 raise ValueError(f"{len(negatives)} negative prompts for {len(rows)} prompts")
             # each image's conditional row, then its unconditional one (the cache's CFG order)
             paired = []
-            for i, c in enumerate(rows):
+            for i, (name, c) in enumerate(rows):
                 n = None if negatives is None else negatives[i]
-                paired += [c, self.unconditional_prompt(c).long() if n is None else self._ids(n,
-                                                                                              f"negative_prompts[{i}]")]
+                if n is None:
+                    negative = (f"{self.unconditional_name} (for {name})", self.unconditional_prompt(c).long())
+                else:
+                    negative = (f"negative_prompts[{i}]", self._ids(n, f"negative_prompts[{i}]"))
+                paired += [(name, c), negative]
             rows = paired
         vocab = self.language_model.get_input_embeddings().num_embeddings
-        for i, r in enumerate(rows):
+        for name, r in rows:
             if int(r.min()) < 0 or int(r.max()) >= vocab:
-                raise ValueError(f"prompt row {i} has token ids outside [0, {vocab})")
+                raise ValueError(f"{name} has token ids outside [0, {vocab})")
         return rows
 
     def prefill(self, cache: HFSlotCache, cond, uncond=None, backend: Optional[str] = None) -> ForwardOutput:
@@ -276,8 +292,9 @@ class HFImageModel(nn.Module, abc.ABC):
         return self._prefill(cache, cond, uncond, backend)
 
     def _prefill(self, cache: HFSlotCache, cond, uncond, backend: Optional[str]) -> ForwardOutput:
-        rows = self._prompt_rows(cache.batch, cache.cfg, *self.prepare_prompts(cond, uncond))
-        self._check_lengths(rows)
+        named = self._prompt_rows(cache.batch, cache.cfg, *self.prepare_prompts(cond, uncond))
+        self._check_lengths(named)
+        rows = [r for _, r in named]
         lengths = [int(r.shape[0]) for r in rows]
         L = max(lengths)
         device = cache.device

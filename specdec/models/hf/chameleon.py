@@ -81,13 +81,23 @@ class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
         return self.header_ids.to(ids.device)
 
     # ---- the header after every prompt ---------------------------------------------------------
-    def with_header(self, ids: torch.Tensor) -> torch.Tensor:
-        """`ids` followed by image start, size(H), size(W) (kept as is when it already ends with them)."""
+    prompt_additions = negative_additions = " with the image header (image start, size(H), size(W))"
+    unconditional_name = "the image header alone (Lumina-mGPT's unconditional context)"
+
+    def with_header(self, ids: torch.Tensor, name: str = "a prompt") -> torch.Tensor:
+        """`ids` followed by image start, size(H), size(W) (kept as is when it already ends with
+        them). A prompt whose last three tokens hold an image start but not this header asks for
+        another size (or ends mid-header): refused, where a second header would go after it."""
         ids = ids.long()
         head = self.header_ids.to(ids.device)
         n = head.numel()
         if ids.numel() >= n and torch.equal(ids[-n:], head):
             return ids
+        if bool((ids[-n:] == self.layout.image_start).any()):
+            H, W = self.grid
+            raise ValueError(f"{name} ends with an image header ({ids[-n:].tolist()}) that is not this model's "
+                             f"{head.tolist()} for a {H}x{W} grid: leave the header out (it is appended), or "
+                             "wrap the model for that size (wrap(..., grid=...))")
         return torch.cat([ids, head])
 
     def prepare_prompts(self, cond, uncond=None):
@@ -100,9 +110,10 @@ class ChameleonImageModel(TextVocabularyImageTokens, HFImageModel):
         if is_prompts(cond):
             neg = uncond if uncond is not None else cond.negative
             if neg is not None:
-                neg = [None if n is None else self.with_header(self._ids(n, f"negative_prompts[{i}]"))
-                       for i, n in enumerate(neg)]
-            cond = Prompts([self.with_header(self._ids(c, f"prompts[{i}]")) for i, c in enumerate(cond.cond)], neg)
+                neg = [None if n is None else self.with_header(self._ids(n, f"negative_prompts[{i}]"),
+                                                               f"negative_prompts[{i}]") for i, n in enumerate(neg)]
+            cond = Prompts([self.with_header(self._ids(c, f"prompts[{i}]"), f"prompts[{i}]")
+                            for i, c in enumerate(cond.cond)], neg)
             uncond = None
         return cond, uncond
 

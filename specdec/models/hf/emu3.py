@@ -153,6 +153,10 @@ class Emu3ImageModel(TextVocabularyImageTokens, HFImageModel):
         return self.__dict__["_image_tokenizer"]
 
     # ---- HFImageModel hooks --------------------------------------------------------------------
+    prompt_additions = " with the generation suffix (image start, the size string, the image wrapper)"
+    unconditional_name = ("the default negative prompt (wrap(..., negative_prompt=...); with a processor "
+                          "specdec.models.hf.emu3.NEGATIVE_PROMPT)")
+
     @property
     def language_model(self) -> nn.Module:
         return self.hf_model.model.text_model

@@ -232,6 +232,32 @@ def test_bad_input():
         m.encode_prompts(["a cat"])
 
 
+@pytest.mark.parametrize("bad", [None, 5, b"ab", ["ab", "cd"], [1.5, 2.5], torch.zeros(0, dtype=torch.long)])
+def test_a_prompt_that_is_not_token_ids_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match=r"^prompts\[1\] must be a string or non-empty 1-D int token ids"):
+        model().encode_prompts([torch.tensor([1, 2]), bad])
+    if bad is not None:     # (a None negative prompt is the model's own)
+        with pytest.raises(ValueError, match=r"^negative_prompts\[0\] must be"):
+            model().encode_prompts([torch.tensor([1, 2])], [bad])
+
+
+def test_prompt_rows_are_named_by_their_argument_in_errors():
+    """CFG interleaves each image's conditional and unconditional rows in the cache: an error names
+    the argument the row came from, not the row."""
+    m = model()
+    cache = m.new_cache(2, cfg=True)
+    ok, oov, long = torch.tensor([1, 2]), torch.tensor([1, 64]), torch.arange(1, 12)
+    with pytest.raises(ValueError, match=r"^negative_prompts\[1\] has token ids outside \[0, 64\)"):
+        m.prefill(cache, Prompts([ok, ok], [None, oov]))
+    with pytest.raises(ValueError, match=r"^prompts\[1\] has token ids outside"):
+        m.prefill(cache, Prompts([ok, oov]))
+    with pytest.raises(ValueError, match=r"^negative_prompts\[0\] has 11 tokens; .*max_prompt_len=8"):
+        m.prefill(cache, Prompts([ok, ok], [long, None]))
+    with pytest.raises(ValueError, match=r"^the model's unconditional prompt \(for prompts\[1\]\) has token ids"):
+        m.unconditional_prompt = lambda ids: torch.full_like(ids, 99)
+        m.prefill(cache, Prompts([ok, ok], [ok, None]))
+
+
 def test_an_adapter_must_define_the_hooks():
     """The base is abstract: a subclass without the model-specific hooks cannot be built, and one
     without a default unconditional prompt asks for negative prompts by name."""

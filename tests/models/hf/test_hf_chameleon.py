@@ -212,6 +212,18 @@ def test_prompts_that_already_end_with_the_header_are_not_extended():
     assert torch.equal(out.tokens[0], expected)
 
 
+def test_a_prompt_ending_in_another_sizes_header_is_refused():
+    """A header for another grid (or a cut one) would get this model's header after it: refused."""
+    fam = family()
+    start, h, w = fam.target.layout.header
+    for tail in ([start, h + 1, w + 1], [start], [start, h]):
+        prompt = torch.cat([PROMPTS[0], torch.tensor(tail)])
+        with pytest.raises(ValueError, match=r"^prompts\[0\] ends with an image header .* for a 4x4 grid"):
+            decoding.decode("ar", fam, prompts=[prompt], sampling=Sampling(cfg_scale=3.0))
+        with pytest.raises(ValueError, match=r"^negative_prompts\[0\] ends with an image header"):
+            decoding.decode("ar", fam, prompts=PROMPTS[:1], negative_prompts=[prompt], sampling=Sampling(cfg_scale=3.0))
+
+
 @pytest.fixture(scope="module")
 def full_family():
     """Target 4x4 with a recording decoder, MuLo-SD's 2x2 drafter and a same-grid sd drafter

@@ -287,6 +287,19 @@ def test_string_prompts_through_the_processor():
     assert torch.equal(out.tokens, ref)
 
 
+def test_a_prompt_too_long_is_named_with_what_the_model_adds():
+    """Emu3's default negative prompt (197 characters: 198 tokens here, one per character) counts
+    against max_prompt_len: the error names it, not "a prompt"; a prompt's generation suffix is
+    named as part of its length."""
+    fam = wrap(tiny_emu3(seed=0), grid=None, processor=tiny_processor(GRID), max_prompt_len=64)
+    with pytest.raises(ValueError, match=r"^the default negative prompt \(.*NEGATIVE_PROMPT\) \(for prompts\[0\]\) "
+                                         r"has 198 tokens; the model was wrapped with max_prompt_len=64"):
+        decode("ar", fam, prompts=["ab"], sampling=GREEDY)
+    decode("ar", fam, prompts=["ab"], negative_prompts=["kl"], sampling=GREEDY)
+    with pytest.raises(ValueError, match=r"^prompts\[1\] has \d+ tokens with the generation suffix"):
+        decode("ar", fam, prompts=["ab", "a" * 64], negative_prompts=["kl", "kl"], sampling=GREEDY)
+
+
 def test_load_pretrained_folder(tmp_path):
     """A save_pretrained folder (model + Emu3Processor) loads through hf.load_pretrained as an
     Emu3 family (grid given: a reloaded Emu3Processor has its class defaults, 90 x 90), and

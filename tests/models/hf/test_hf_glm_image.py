@@ -340,8 +340,11 @@ def test_prior_token_ids_are_the_pipelines_2x_nearest():
 
 def test_refusals(family):
     ps = prompts()
-    with pytest.raises(ValueError, match="cfg_scale != 1 needs"):
+    with pytest.raises(ValueError, match="^cfg_scale != 1 needs classifier-free guidance, which .* does not have"):
         decode("ar", family, prompts=ps, sampling=Sampling(cfg_scale=2.0))
+    small = wrap(grid=(2, 5), preview=(3, 2))       # (the preview drafts: it must be no larger)
+    with pytest.raises(ValueError, match=r"^preview grid \(3, 2\) is larger than the target grid \(2, 5\)"):
+        decode("mulo", small, prompts=prompts((2, 5), (3, 2)), sampling=GREEDY)
     with pytest.raises(ValueError, match="no classifier-free guidance"):
         family.target.new_cache(1, cfg=True)
     with pytest.raises(ValueError, match="no negative prompts"):

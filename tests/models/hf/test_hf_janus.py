@@ -14,7 +14,7 @@ from specdec.models.family import ModelFamily  # noqa: E402
 from specdec.models.hf import wrap  # noqa: E402
 from specdec.models.hf.janus import JanusImageModel  # noqa: E402
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig  # noqa: E402
-from janus_models import BOI, BOS, PAD, PROMPTS, V, tiny_janus  # noqa: E402
+from janus_models import BOI, BOS, PAD, PROMPTS, V, tiny_janus, tiny_processor  # noqa: E402
 
 def hf_generate(m, ids, scale):
     """transformers' own Janus image generation, greedy, with its sdpa attention."""
@@ -123,6 +123,45 @@ def test_missing_token_ids_are_named():
     # a negative prompt needs none of them
     dec.decode("ar", fam, prompts=PROMPTS[:1], negative_prompts=[torch.tensor([BOS, PAD, BOI])],
                sampling=Sampling(cfg_scale=2.0, top_k=1))
+
+
+@pytest.mark.parametrize("chat_template", [False, True])
+def test_string_prompts_are_transformers_janus_recipe(chat_template):
+    """A string prompt is what transformers' Janus recipe for image generation feeds: the chat
+    template over one user message (when the processor has one), then the processor in image
+    mode; greedy `ar` on it gives `generate`'s tokens for those ids."""
+    processor = tiny_processor(chat_template)
+    text = "a red fox"
+    if chat_template:
+        messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    ids = processor(text=text, generation_mode="image", return_tensors="pt")["input_ids"][0]
+    assert ids.tolist()[-1] == BOI and (BOS in ids.tolist()) == chat_template
+    m = tiny_janus()
+    ref = hf_generate(m, ids, 3.0)
+    fam = wrap(m, processor)
+    assert torch.equal(fam.target.tokenize("a red fox"), ids)
+    out = dec.decode("ar", fam, prompts="a red fox", sampling=Sampling(cfg_scale=3.0, top_k=1))
+    assert torch.equal(out.tokens[0].reshape(1, -1), ref)
+
+
+def test_prompt_arguments_of_decode():
+    """`prompts` and `negative_prompts` take one prompt or a list of them; anything else is refused
+    by name."""
+    fam = wrap(tiny_janus(layers=1), tiny_processor())
+    kw = dict(sampling=Sampling(cfg_scale=2.0), seed=0)
+    one = dec.decode("ar", fam, prompts="ab", negative_prompts="kl", **kw)
+    assert torch.equal(one.tokens, dec.decode("ar", fam, prompts=["ab"], negative_prompts=["kl"], **kw).tokens)
+    with pytest.raises(ValueError, match="^prompts must be a string, token ids, or a list of them, got int"):
+        dec.decode("ar", fam, prompts=5, **kw)
+    with pytest.raises(ValueError, match=r"^prompts\[0\] must be a string or non-empty 1-D int token ids"):
+        dec.decode("ar", fam, prompts=[["ab", "cd"]], **kw)
+    engine = dec.stream("ar", fam, concurrency=1, sampling=Sampling(cfg_scale=2.0))
+    with pytest.raises(ValueError, match=r"^negative_prompt must be a string or non-empty 1-D int token ids"):
+        engine.submit(prompt="ab", negative_prompt=b"kl")       # (named as submit names it)
+    with pytest.raises(ValueError, match=r"^prompt has 70 tokens; .*max_prompt_len=64"):
+        dec.stream("ar", wrap(tiny_janus(layers=1), tiny_processor(), max_prompt_len=64), concurrency=1,
+                   sampling=Sampling(cfg_scale=2.0)).submit(prompt="a" * 69)
 
 
 def test_load_pretrained_round_trip(tmp_path):
