@@ -27,7 +27,8 @@ import torch
 
 from specdec import __version__
 from specdec.cli_flags import (OneLineParser, common_flags, embedded_family, load_model, model_file_flags, parse_sets,
-                               run_settings, set_threads, writable_file, writable_folder)
+                               run_settings, set_threads)
+from specdec.user_inputs import writable_file, writable_folder
 from specdec.progress import ProgressLine
 
 

@@ -70,26 +70,6 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def writable_file(path: str, flag: str) -> None:
-    """A file a command writes when it is done (--out, --json), checked before it starts, so that a
-    bad path costs no run: its folder is made now."""
-    if os.path.isdir(path):
-        raise ValueError(f"{flag} {path} is a folder; give a file name")
-    writable_folder(os.path.dirname(os.path.abspath(path)) or ".", f"{flag} {path}: its folder")
-
-
-def writable_folder(path: str, what: str) -> None:
-    """A folder a command writes into (--out-dir), made now; `what` names it in the error."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{what} {path} is a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{what} {path} cannot be made ({e.strerror})") from None
-    if not os.access(path, os.W_OK):
-        raise ValueError(f"{what} {path} is not writable")
-
-
 #: The Sampling fields that flags of the same name set (unset: the family's own value).
 _SAMPLING_FIELDS = ("cfg_scale", "temperature", "top_k", "top_p", "cfg_interval", "cfg_rule")
 
@@ -223,7 +203,8 @@ def model_file_flags(m) -> None:
 def common_flags(sp) -> None:
     """The flags every command shares: seed, device, the embedded family, sampling, batching."""
     sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N; sample: auto (default: the GPU "
+                                                    "of its local rank when there is one), cpu or cuda")
     sp.add_argument("--grid", type=int, choices=(16, 32), default=16,
                     help="the embedded family: 16x16 tokens (32 px, the default) or 32x32 tokens (64 px, "
                          "drafted by the 16x16 target in MuLo-SD)")

@@ -1,5 +1,6 @@
 """A model family, the conditions of its images and a method's extra models, from what a user
-names: file paths, class ids, prompts. The CLI (`specdec generate --model`) maps its flags onto
+names: file paths, class ids, prompts; and the files and folders a command will write, checked
+before it runs. The CLI (`specdec generate --model`) maps its flags onto
 these typed calls; training and sampling scripts call them the same way.
 
 Errors are one line and name the user's input as the CLI spells it (--model, --class, ...), so
@@ -151,4 +152,32 @@ def method_resources(method: str, family: ModelFamily, files: ModelFiles, *, dra
     return out
 
 
-__all__ = ["Conditions", "ModelFiles", "RESOURCE_FLAGS", "load_model_family", "method_resources", "model_conditions"]
+
+
+def writable_file(path: str, flag: str) -> None:
+    """A file a command writes when it is done (--out, --json), checked before it starts, so that a
+    bad path costs no run: its folder is made now."""
+    if not path:
+        raise ValueError(f"{flag} is empty: give a file name")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    writable_folder(os.path.dirname(os.path.abspath(path)) or ".", f"{flag} {path}: its folder")
+
+
+def writable_folder(path: str, what: str) -> None:
+    """A folder a command writes into (--out-dir, sample's --out), made now; `what` names it in
+    the error."""
+    if not path:
+        raise ValueError(f"{what} is empty: give a folder")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{what} {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{what} {path} cannot be made ({e.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} is not writable")
+
+
+__all__ = ["Conditions", "ModelFiles", "RESOURCE_FLAGS", "load_model_family", "method_resources", "model_conditions",
+           "writable_file", "writable_folder"]

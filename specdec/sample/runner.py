@@ -26,7 +26,10 @@ from typing import Dict, List, Optional
 import torch
 
 from specdec import decoding
-from specdec.settings import RunSettings
+from specdec.decoding import stages
+from specdec.decoding.batching import not_exact
+from specdec.settings import INDICES, RunSettings
+from specdec.user_inputs import writable_folder
 from specdec.images import to_uint8
 from specdec.sample import plan, settings, store
 from specdec.sample.plan import Refused, SampleError
@@ -75,7 +78,13 @@ _NO_FLAG = {"first_index": "sample numbers the images itself (--num; a rerun res
 
 
 def resolve(family, req: Request, device: torch.device) -> Job:
+    try:
+        writable_folder(req.out_dir, "--out")   # (before any model work: a bad path costs no run)
+    except ValueError as e:
+        raise SampleError(str(e)) from None
     decoding.check_method(req.method)
+    if req.run.exact and (why := not_exact(req.method)):
+        raise SampleError(f"--exact: {why}")
     for name in decoding.api.RUN_FIELDS:
         if name in req.options:
             how = _NO_FLAG.get(name, "give it as --" + name.replace("_", "-"))
@@ -93,18 +102,26 @@ def resolve(family, req: Request, device: torch.device) -> Job:
 
     target = _get(family, "target")
     num_classes, names = target.num_classes, tuple(_get(family, "class_names") or ())
+    # image i draws from stream i: a run takes indices below INDICES (a two-stage family's below
+    # the indices its target stages draw from), checked before one item per image is made
+    most = INDICES if _get(family, "preview") is None else stages.TARGET_STAGE_INDEX
     prompts = classes = None
     if req.prompts is not None:
         if req.classes is not None:
             raise SampleError("--classes and --prompts exclude each other (a prompt line names its class)")
         prompts = plan.read_prompts(req.prompts, num_classes, names)
+        total = sum(p["n"] for p in prompts)
+        if total > most:
+            raise SampleError(f"--prompts {req.prompts} asks for {total} images; a run takes at most {most}")
         items = plan.prompt_items(prompts)
         if req.num is not None and req.num != len(items):
             raise SampleError(f"--num {req.num} differs from the {len(items)} images --prompts {req.prompts} asks for "
                               "(the sum of its \"n\"); leave --num out")
     else:
-        if req.num is None or isinstance(req.num, bool) or not isinstance(req.num, int) or req.num < 1:
-            raise SampleError(f"--num must be an int >= 1, got {req.num!r}")
+        if req.num is None:
+            raise SampleError("--num is required (or --prompts FILE, whose lines give the number of images)")
+        if isinstance(req.num, bool) or not isinstance(req.num, int) or not 1 <= req.num <= most:
+            raise SampleError(f"--num must be an int in [1, {most}], got {req.num!r}")
         classes = plan.parse_classes(req.classes, num_classes, names)
         items = plan.class_items(req.num, classes, num_classes)
 
@@ -148,16 +165,20 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
                           "command can continue") from None
     if recorded is None and os.path.isdir(out_dir) and os.listdir(out_dir):
         raise SampleError(f"--out {out_dir} is not empty and holds no config.json of a sample run; choose a new --out")
-    chosen = job.settings if recorded is None else settings.check_against(recorded, job.settings, out_dir)
+    records = store.read_manifest(out_dir)
+    chosen = job.settings if recorded is None else settings.check_against(recorded, job.settings, out_dir,
+                                                                           max(records, default=-1))
     os.makedirs(out_dir, exist_ok=True)
-    store.remove_temporaries(out_dir)     # no process of this run has written yet
+    # no process of this run has written yet: what killed processes left, and the statistics of
+    # the ranks of an earlier run (a world of fewer ranks would leave some behind), go
+    store.remove_temporaries(out_dir)
+    store.remove_rank_stats(out_dir)
     store.atomic_write_json(config_path, chosen)
     if job.prompts is not None:
         for p, obj in enumerate(job.prompts):
             meta = {k: v for k, v in obj.items() if k != "n"}
             store.atomic_write(os.path.join(out_dir, plan.prompt_dir(p), "metadata.jsonl"),
                                (json.dumps(meta, sort_keys=True) + "\n").encode())
-    records = store.read_manifest(out_dir)
     pending = [it.index for it in job.items if store.verified(out_dir, records.get(it.index), it.path) is None]
     return {"pending": pending, "attempt": _attempt_id()}
 

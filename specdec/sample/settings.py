@@ -1,18 +1,21 @@
 """The settings that decide a run's images, recorded in DIR/config.json and compared when a
 command is run again against the same directory: method, its options after defaults, seed,
-sampling, compiled or eager, exact mode, conditioning, device type and a hash of the models'
-weights. A difference is an error naming each setting that differs; the number of images may
-grow (a longer run of the same settings extends the first one: image i does not depend on N) but
-not shrink.
+sampling, compiled or eager, exact mode, conditioning, device type, a hash of the models'
+weights, and under a token budget each image's share of it. A difference is an error naming
+each value that differs ("options.tau"); the number of images may grow (a longer run of the
+same settings extends the first one: image i does not depend on N) and shrink only to images
+not done yet (an interrupted run asked for too many).
 
 Batch size, world size and threads are not settings of the images (image i is keyed by the seed
-and i alone) and may change between runs.
+and i alone) and may change between runs; under a token budget (--max-tokens-per-pass) the
+batch size or concurrency sets the share, which must stay the same.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import re
 from typing import Dict, Iterable, List
 
 import torch
@@ -76,17 +79,38 @@ def make_settings(*, method: str, options, run, conditioning: dict, device: torc
     return {"format": FORMAT, "method": method, "options": _jsonable(record), "seed": run.seed,
             "sampling": _sampling_record(run.sampling), "compile": run.compile, **_jsonable(conditioning),
             "device_type": device.type, "model_sha256": model_hash, "num": num,
-            # (recorded only when set: a run recorded before exact mode existed still resumes)
-            **({"exact": True} if run.exact else {})}
+            # (recorded only when set: a run recorded before exact mode or token budgets existed
+            # still resumes) Under a token budget each image's share, the budget over the batch
+            # size or concurrency, decides how it speculates, and so its tokens outside exact mode.
+            **({"exact": True} if run.exact else {}),
+            **({"token_share": run.token_share} if run.token_share is not None and not run.exact else {})}
 
 
 #: Keys that may differ between a directory and a new command.
 FREE = {"num"}
 
 
-def differences(recorded: dict, wanted: dict) -> List[str]:
-    keys = sorted((set(recorded) | set(wanted)) - FREE)
-    return [k for k in keys if recorded.get(k) != wanted.get(k)]
+def differences(recorded, wanted, prefix: str = "") -> List[str]:
+    """The settings that differ, each named down to the value that differs ("options.tau",
+    "prompts[3].n"), `FREE` keys aside."""
+    if isinstance(recorded, dict) and isinstance(wanted, dict):
+        keys = sorted(set(recorded) | set(wanted), key=str)
+        return [d for k in keys if prefix or k not in FREE
+                for d in differences(recorded.get(k), wanted.get(k), f"{prefix}.{k}" if prefix else str(k))]
+    if isinstance(recorded, list) and isinstance(wanted, list) and len(recorded) == len(wanted):
+        return [d for i, (a, b) in enumerate(zip(recorded, wanted)) for d in differences(a, b, f"{prefix}[{i}]")]
+    return [] if recorded == wanted else [prefix]
+
+
+def _at(settings: dict, path: str):
+    """The value a `differences` path names (None where the settings lack it)."""
+    value = settings
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        if part.startswith("["):
+            value = value[int(part[1:-1])] if isinstance(value, list) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _short(value) -> str:
@@ -94,18 +118,22 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_against(recorded: dict, wanted: dict, out_dir: str) -> dict:
-    """The settings to record for this run: `wanted`, whose num may be larger than the recorded
-    one (extending the run) but not smaller (samples.npz would no longer cover the images/ the
+def check_against(recorded: dict, wanted: dict, out_dir: str, last_done: int = -1) -> dict:
+    """The settings to record for this run: `wanted`, whose num may differ from the recorded one
+    (a longer run extends the first: image i does not depend on N), but not fall to or below an
+    image index already done (`last_done`: samples.npz would no longer cover the images/ the
     directory holds). Raises SampleError naming every setting that differs."""
     diff = differences(recorded, wanted)
     if diff:
-        detail = "; ".join(f"{k}: {_short(recorded.get(k))} there, {_short(wanted.get(k))} now" for k in diff)
-        raise SampleError(f"--out {out_dir} holds a run with other settings ({detail}); "
+        detail = "; ".join(f"{k}: {_short(_at(recorded, k))} there, {_short(_at(wanted, k))} now" for k in diff)
+        hint = (" (the token share is --max-tokens-per-pass over --batch-size or --concurrency)"
+                if "token_share" in diff else "")
+        raise SampleError(f"--out {out_dir} holds a run with other settings ({detail}){hint}; "
                           "rerun with the same settings to resume it, or choose a new --out")
-    if wanted["num"] < recorded.get("num", 0):
-        raise SampleError(f"--num {wanted['num']} is below the {recorded['num']} images --out {out_dir} was started "
-                          "with; a run may only grow (take the first images of its samples.npz instead)")
+    if wanted["num"] <= last_done:
+        raise SampleError(f"--num {wanted['num']}: --out {out_dir} already holds image {last_done} (of the "
+                          f"{recorded.get('num')} it was started with); a run may only shrink to the images not "
+                          "yet done (take the first images of its samples.npz instead)")
     return wanted
 
 

@@ -52,6 +52,13 @@ def remove_temporaries(out_dir: str) -> int:
     return len(stale)
 
 
+def remove_rank_stats(out_dir: str) -> None:
+    """Delete the per-rank statistics of earlier runs (STATS_DIR/rank*.json; call before any
+    process of the new run writes)."""
+    for path in glob.glob(os.path.join(glob.escape(out_dir), STATS_DIR, "rank*.json")):
+        os.remove(path)
+
+
 def atomic_write_json(path: str, obj) -> None:
     atomic_write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 

@@ -16,7 +16,7 @@ import torch
 
 from decoding_models import TinyFamily, single_thread  # noqa: F401  (autouse fixture)
 from specdec import cli, decoding
-from specdec.sample import plan, store
+from specdec.sample import plan, settings, store
 from specdec.progress import ProgressLine
 
 from helpers import ROOT  # noqa: E402
@@ -147,8 +147,8 @@ def test_rerun_of_a_finished_run_decodes_nothing_and_a_longer_one_extends_it(tin
 
 @pytest.mark.parametrize("change, named", [
     (["--seed", "1"], "seed"),
-    (["--set", "tau=0.1"], "options"),
-    (["--cfg-scale", "3"], "sampling"),
+    (["--set", "tau=0.1"], "options.tau"),       # (named down to the value that differs)
+    (["--cfg-scale", "3"], "sampling.cfg_scale"),
     (["--classes", "1"], "classes"),
 ])
 def test_a_rerun_with_other_settings_is_refused_naming_them(tiny, tmp_path, capsys, change, named):
@@ -160,6 +160,16 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tiny, tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err and f"{named}:" in err and "choose a new --out" in err
     assert files(out) == before
+
+
+def test_differences_name_each_value_that_differs():
+    there = {"num": 3, "seed": 0, "options": {"tau": 0.05, "k": 8}, "prompts": [{"class": 1, "n": 4}] * 2}
+    now = {"num": 9, "seed": 0, "options": {"tau": 0.1, "k": 8}, "prompts": [{"class": 1, "n": 4}, {"class": 1}],
+           "exact": True}
+    assert settings.differences(there, now) == ["exact", "options.tau", "prompts[1].n"]   # (num may change)
+    assert settings.differences(there, dict(there, prompts=[])) == ["prompts"]
+    with pytest.raises(plan.SampleError, match=r"options.tau: 0.05 there, 0.1 now; prompts\[1\].n: 4 there, null now"):
+        settings.check_against(there, dict(now, exact=None), "d")
 
 
 def test_exact_mode_is_a_setting_of_the_images(tiny, tmp_path, capsys):
@@ -183,7 +193,56 @@ def test_another_method_or_model_or_fewer_images_is_refused(tiny, tmp_path, monk
     assert "model_sha256" in capsys.readouterr().err
     monkeypatch.setattr(cli, "embedded_family", lambda args: tiny)
     assert sample(out, method="ar", num=2) == 2
-    assert "--num 2 is below the 3 images" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--num 2: --out" in err and "already holds image 2" in err
+
+
+def test_a_run_may_shrink_to_the_images_not_done_yet(tiny, tmp_path, monkeypatch, capsys):
+    """An interrupted run that asked for too many images (a typo) may be rerun with fewer, down to
+    the images done; a finished run may not shrink (its samples.npz covers them all)."""
+    out = tmp_path / "s"
+    assert sample(out, num=3) == 0
+    real = decoding.decode
+
+    def interrupted(method, family, classes, *, run, **kw):
+        if run.first_index >= 3:
+            raise KeyboardInterrupt
+        return real(method, family, classes, run=run, **kw)
+    monkeypatch.setattr(decoding, "decode", interrupted)
+    assert sample(out, num=9000) == 130
+    monkeypatch.setattr(decoding, "decode", real)
+    assert sample(out, num=4) == 0
+    assert json.loads((out / "config.json").read_text())["num"] == 4
+    assert sample(tmp_path / "four", num=4) == 0
+    assert np.array_equal(npz(out), npz(tmp_path / "four"))
+    capsys.readouterr()
+    assert sample(out, num=3) == 2
+    assert "already holds image 3" in capsys.readouterr().err
+
+
+def test_a_token_budget_records_each_images_share(tiny, tmp_path, capsys):
+    """Outside exact mode an image's tokens depend on its share of a token budget (the budget
+    over the batch size): recorded, and a rerun at another share is refused by name."""
+    out = tmp_path / "t"
+    assert sample(out, "--max-tokens-per-pass", 4, "--batch-size", 2, method="sd", num=3) == 0
+    assert json.loads((out / "config.json").read_text())["token_share"] == 2
+    assert sample(out, "--max-tokens-per-pass", 2, "--batch-size", 1, method="sd", num=4) == 0   # the same share
+    capsys.readouterr()
+    assert sample(out, method="sd", num=4) == 2
+    err = capsys.readouterr().err
+    assert "token_share: 2 there, null now" in err and "--max-tokens-per-pass over --batch-size" in err
+    assert sample(out, "--max-tokens-per-pass", 4, "--batch-size", 1, method="sd", num=4) == 2
+    assert "token_share: 2 there, 4 now" in capsys.readouterr().err
+    assert sample(tmp_path / "x", "--max-tokens-per-pass", 4, "--exact", method="sd", num=2) == 0
+    assert "token_share" not in json.loads((tmp_path / "x" / "config.json").read_text())   # (no effect on images)
+
+
+def test_an_earlier_runs_rank_statistics_are_removed(tiny, tmp_path):
+    out = tmp_path / "r"
+    assert sample(out, num=2) == 0
+    (out / "stats" / "rank0001.json").write_text("{}")      # (as a run of two ranks leaves it)
+    assert sample(out, num=3) == 0
+    assert sorted(os.listdir(out / "stats")) == ["rank0000.json"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,8 +269,14 @@ def test_methods_decoding_a_batch_one_image_at_a_time_give_the_same_images(tiny,
 
 @pytest.mark.parametrize("argv, match", [
     (["--method", "medusa", "--num", "2"], "unknown method 'medusa'"),
-    (["--method", "ar"], "--num must be an int >= 1"),
-    (["--method", "ar", "--num", "0"], "--num must be an int >= 1"),
+    (["--method", "ar"], "--num is required (or --prompts FILE"),
+    (["--method", "ar", "--num", "0"], "--num must be an int in [1, 4294967296], got 0"),
+    # (refused before one item per image is made: it ran out of memory)
+    (["--method", "ar", "--num", str(2 ** 40)], "--num must be an int in [1, 4294967296]"),
+    (["--method", "ar", "--prompts", "huge.jsonl"], "asks for 8589934592 images; a run takes at most 4294967296"),
+    (["--method", "mulo", "--num", "2", "--exact"], "--exact: mulo is not lossless"),
+    (["--method", "ar", "--num", "2", "--out", "thesis.tex"], "--out thesis.tex is a file, not a folder"),
+    (["--method", "ar", "--num", "2", "--out", ""], "--out is empty: give a folder"),
     (["--method", "ar", "--num", "2", "--batch-size", "0"], "--batch-size must be"),
     (["--method", "ar", "--num", "2", "--classes", "7"], "--classes: class ids must lie in [0, 3)"),
     (["--method", "ar", "--num", "2", "--classes", "sock"], "--classes: unknown class 'sock'"),
@@ -229,6 +294,8 @@ def test_bad_input_gives_one_line_naming_the_argument(tiny, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text.jsonl").write_text('{"prompt": "a photo of a cat"}\n')
     (tmp_path / "one.jsonl").write_text('{"class": 0}\n')
+    (tmp_path / "huge.jsonl").write_text('{"class": 0, "n": 4294967296}\n{"class": 1, "n": 4294967296}\n')
+    (tmp_path / "thesis.tex").write_text("keep me")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "thesis.tex").write_text("keep me")
     if "--out" not in argv:
