@@ -61,6 +61,8 @@ class Sampling:
                 or not math.isfinite(self.cfg_interval)):
             raise ValueError(f"cfg_interval must be a finite number (-1: guidance for every token), got "
                              f"{self.cfg_interval!r}")
+        if self.cfg_interval < -1:      # (the same setting as -1: one value, so that equal settings compare equal)
+            object.__setattr__(self, "cfg_interval", -1)
         if self.cfg_rule not in ("always", "llamagen"):
             raise ValueError(f"cfg_rule must be 'always' or 'llamagen', got {self.cfg_rule!r}")
 

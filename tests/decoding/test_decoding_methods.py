@@ -376,6 +376,8 @@ def test_sampling_bounds_keep_the_kernels_finite(fam):
             Sampling(temperature=bad)
     with pytest.raises(ValueError, match=r"top_k must be an int in \[0, 2\*\*63 - 1\]"):
         Sampling(top_k=2 ** 63)
+    # every cfg_interval below -1 means -1 (guidance for every token): one value, as `sample` records it
+    assert Sampling(cfg_scale=2.0, cfg_interval=-5) == Sampling(cfg_scale=2.0)
     g = torch.Generator().manual_seed(0)
     cond, uncond = 30 * torch.randn(8, 64, generator=g), 30 * torch.randn(8, 64, generator=g)
     for cfg in (MAX_CFG_SCALE, -MAX_CFG_SCALE):
