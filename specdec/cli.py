@@ -112,8 +112,8 @@ def cmd_generate_model(args) -> int:
                                                         negative_prompts=args.negative_prompt or (),
                                                         caption_embeddings=args.caption_embeddings)
     if not tokens_only and getattr(fam, "tokenizer", None) is None:
-        raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq); write the token "
-                         "grids instead with --out FILE.pt")
+        raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq; transformers' "
+                         "GLM-Image and Chameleon bring none); write the token grids instead with --out FILE.pt")
     total = args.num * (1 if classes is not None else len(prompts))
     bar = ProgressLine(total, label=args.method, enabled=not args.quiet)
     out = decoding.decode(args.method, fam, classes, prompts=prompts, negative_prompts=negative,

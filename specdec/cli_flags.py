@@ -135,12 +135,15 @@ def embedded_family(args):
 
 #: The flag of each parameter of specdec.models.loading that a LoadError may name.
 LOAD_FLAGS = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size",
-               "drafter": "--drafter", "heads": "--heads", "upsampler": "--upsampler"}
+               "drafter": "--drafter", "heads": "--heads", "upsampler": "--upsampler", "height": "--height",
+               "width": "--width"}
 
 
 def flagged(error, flag: str = None) -> ValueError:
-    """A LoadError as the one-line error of the flag it concerns."""
-    return ValueError(f"{flag or LOAD_FLAGS.get(error.argument, error.argument)} {error.message}")
+    """A LoadError as the one-line error of the flag it concerns (the library's keywords as the
+    flags that set them)."""
+    message = error.message.replace("trust_pickle=True", "--trust-pickle")
+    return ValueError(f"{flag or LOAD_FLAGS.get(error.argument, error.argument)} {message}")
 
 
 def model_files(args):
@@ -179,17 +182,19 @@ def model_file_flags(m) -> None:
     m.add_argument("--gpt-size", default="GPT-XL",
                    help="LlamaGen GPT size of --model (GPT-B, GPT-L, GPT-XL, ...; or a dict of GPTConfig fields)")
     m.add_argument("--vq-size", default="VQ-16", help="LlamaGen VQ size of --vq (VQ-16, VQ-8)")
-    m.add_argument("--grid-size", type=int, default=16,
-                   help="LlamaGen tokens per side: image size / 16 for VQ-16 (16: 256 px, 24: 384 px, 32: 512 px)")
-    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="float32",
-                   help="weights and activations of --model")
+    m.add_argument("--grid-size", type=int, default=None,
+                   help="tokens per side: LlamaGen's, image size / 16 for VQ-16 (16: 256 px, the default; 24: 384 px; "
+                        "32: 512 px); a folder's own unless given (Lumina-mGPT 512 / 768 / 1024 px: 32 / 48 / 64)")
+    m.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="weights and activations of --model (default: a folder's saved dtype; float32 for LlamaGen)")
     m.add_argument("--height", type=int, default=None, help="GLM-Image: the image height in pixels (a multiple of 32)")
     m.add_argument("--width", type=int, default=None, help="GLM-Image: the image width in pixels (a multiple of 32)")
     m.add_argument("--trust-pickle", action="store_true",
                    help="read a LlamaGen .pt that needs full unpickling (only files you trust)")
     m.add_argument("--drafter", default=None, metavar="PATH",
                    help="a second model (same kinds as --model) as the drafter: mulo's low-resolution one "
-                        "(its grid divides --model's, same codebook), or sd's / lantern's same-grid one")
+                        "(a grid no larger than --model's, same codebook; the learned up-sampler needs one that "
+                        "divides it), or sd's / lantern's same-grid one")
     m.add_argument("--drafter-grid", type=int, default=None, metavar="N",
                    help="tokens per side of --drafter (default: the drafter's own; mulo: --model's grid / r)")
     m.add_argument("--heads", default=None, metavar="FILE",

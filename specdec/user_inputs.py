@@ -29,8 +29,10 @@ class ModelFiles:
     vq: Optional[str] = None
     gpt_size: Union[str, dict] = "GPT-XL"
     vq_size: Union[str, dict] = "VQ-16"
-    grid_size: int = 16            #: LlamaGen checkpoints' token grid
-    dtype: str = "float32"         #: a key of specdec.models.loading.DTYPES
+    #: tokens per side: a LlamaGen checkpoint's (None: 16), or another than a folder's own (None: its own)
+    grid_size: Optional[int] = None
+    #: a key of specdec.models.loading.DTYPES; None: float32 for LlamaGen, a folder's saved dtype
+    dtype: Optional[str] = None
     height: Optional[int] = None   #: GLM-Image: the image size in pixels
     width: Optional[int] = None
     trust_pickle: bool = False
@@ -43,16 +45,35 @@ def load_model_family(files: ModelFiles, path: Optional[str] = None, grid: Optio
     drafter = path is not None
     path = files.path if path is None else path
     folder = os.path.isdir(path)
-    if grid is None and not folder:
-        grid = files.grid_size            # a folder knows its own grid
+    check_image_size(files.height, files.width)
+    if folder:
+        for name, value, default in (("gpt_size", files.gpt_size, "GPT-XL"), ("vq_size", files.vq_size, "VQ-16")):
+            if value != default:
+                raise LoadError(name, f"{value}: is for LlamaGen checkpoints; a transformers folder knows its own "
+                                      "architecture")
+    if grid is None and not (folder and drafter):
+        grid = files.grid_size            # (a drafter's folder keeps its own grid unless --drafter-grid says)
     if files.quiet and folder:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()   # transformers' own "Loading weights" bar
     size = {k: v for k, v in (("height", files.height), ("width", files.width)) if v is not None}
     return load_family(path, vq=files.vq if not drafter or not folder else None, gpt_size=files.gpt_size,
-                       vq_size=files.vq_size, grid=grid, device=files.device, dtype=DTYPES[files.dtype],
+                       vq_size=files.vq_size, grid=grid, device=files.device,
+                       dtype=None if files.dtype is None else DTYPES[files.dtype],
                        trust_pickle=files.trust_pickle, hf_options=size or None)
+
+
+def check_image_size(height: Optional[int], width: Optional[int]) -> None:
+    """GLM-Image's --height and --width: both or neither, multiples of 32 pixels (its processor
+    would floor another size silently: --height 100 made 96). Raises LoadError."""
+    if height is None and width is None:
+        return
+    if height is None or width is None:
+        raise LoadError("height", "and --width go together (GLM-Image's image size in pixels)")
+    for name, value in (("height", height), ("width", width)):
+        if value < 32 or value % 32:
+            raise LoadError(name, f"{value}: GLM-Image's image size is a multiple of 32 pixels (at least 32)")
 
 
 class Conditions(NamedTuple):
@@ -179,5 +200,5 @@ def writable_folder(path: str, what: str) -> None:
         raise ValueError(f"{what} {path} is not writable")
 
 
-__all__ = ["Conditions", "ModelFiles", "RESOURCE_FLAGS", "load_model_family", "method_resources", "model_conditions",
-           "writable_file", "writable_folder"]
+__all__ = ["Conditions", "ModelFiles", "RESOURCE_FLAGS", "check_image_size", "load_model_family", "method_resources",
+           "model_conditions", "writable_file", "writable_folder"]

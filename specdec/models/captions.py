@@ -118,14 +118,20 @@ def _captions(obj: dict, embs_key: str, masks_key: str, path: str) -> List[torch
         embs = embs[None]
     masks = obj.get(masks_key)
     if masks is None:
-        return list(embs)
-    if not isinstance(masks, torch.Tensor):
-        raise ValueError(f"{path}: {masks_key} must be a tensor [N, T]")
-    masks = masks.reshape(-1, masks.shape[-1])
-    if tuple(masks.shape) != tuple(embs.shape[:2]):
-        raise ValueError(f"{path}: {masks_key} {tuple(masks.shape)} does not match {embs_key} {tuple(embs.shape)}")
-    # Each caption is its first sum(mask) features, as LlamaGen's sample_t2i.py reads T5's output.
-    return [e[:n] for e, n in zip(embs, _prefix_lengths(masks, f"{path}: {masks_key}"))]
+        captions = list(embs)
+    else:
+        if not isinstance(masks, torch.Tensor):
+            raise ValueError(f"{path}: {masks_key} must be a tensor [N, T]")
+        masks = masks.reshape(-1, masks.shape[-1])
+        if tuple(masks.shape) != tuple(embs.shape[:2]):
+            raise ValueError(f"{path}: {masks_key} {tuple(masks.shape)} does not match {embs_key} {tuple(embs.shape)}")
+        # Each caption is its first sum(mask) features, as LlamaGen's sample_t2i.py reads T5's output.
+        captions = [e[:n] for e, n in zip(embs, _prefix_lengths(masks, f"{path}: {masks_key}"))]
+    for i, c in enumerate(captions):
+        if not bool(torch.isfinite(c).all()):
+            # (T5 in float16 can overflow; NaN features made every token of the image the vocabulary's last)
+            raise ValueError(f"{path}: {embs_key}[{i}] holds NaN or infinite values")
+    return captions
 
 
 def read_caption_embeddings(path: str):

@@ -15,6 +15,8 @@ that lists the keys. Pickled checkpoints are read with `torch.load(weights_only=
 from __future__ import annotations
 
 import os
+import re
+import zipfile
 from typing import Dict, Optional
 
 import torch
@@ -35,15 +37,25 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> Dict[str, torch.Te
     if not os.path.exists(path):
         raise FileNotFoundError(path)
     if path.endswith(".safetensors"):
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        obj = load_file(path)
+        try:
+            obj = load_file(path)
+        except SafetensorError as exc:
+            raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
     else:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
         except Exception as exc:  # weights_only refuses pickled non-tensor objects
-            raise ValueError(f"{path}: cannot be read with torch.load(weights_only=True) ({exc}); "
-                             "if you trust the file, pass trust_pickle=True") from exc
+            text = str(exc).strip()
+            # (torch's refusal is a paragraph; what it refused is on its "WeightsUnpickler error:" line)
+            found = re.search(r"WeightsUnpickler error: *(.+)", text)
+            first = (found.group(1) if found else text.splitlines()[0] if text else type(exc).__name__)[:200]
+            # (torch.save writes a zip archive: only one that holds more than tensors can need unpickling)
+            hint = ("; if you trust the file, pass trust_pickle=True"
+                    if not trust_pickle and zipfile.is_zipfile(path) else "")
+            raise ValueError(f"{path}: cannot be read by torch.load ({first}){hint}") from None
     for _ in range(2):  # e.g. {"model": {"module": ...}}
         if isinstance(obj, dict) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
             inner = next((obj[k] for k in _WRAPPERS if isinstance(obj.get(k), dict)), None)

@@ -50,9 +50,13 @@ def _load_transformers(path: str, device, dtype, grid: Optional[int], hf_options
                                 f"({e})") from None
     options = {} if grid is None else {"grid": (grid, grid)}
     options.update(hf_options or {})
+    from safetensors import SafetensorError
+
     try:
         return load_pretrained(path, device=device, dtype=dtype, **options)
-    except (OSError, KeyError, RuntimeError, ImportError, TypeError) as e:
+    except ValueError as e:     # (the adapter's refusals, which say what is wrong)
+        raise LoadError("path", str(e) if path in str(e) else f"{path}: {e}") from None
+    except (OSError, KeyError, RuntimeError, ImportError, TypeError, SafetensorError) as e:
         raise LoadError("path", f"{path}: {type(e).__name__}: {e}") from None
 
 
@@ -86,6 +90,8 @@ def load_family(path: str, *, vq: Optional[str] = None, gpt_size: Union[str, dic
                                     grid_size=16 if grid is None else grid,
                                     vq_size=size_config(vq_size, "vq_size"), device=device,
                                     dtype=dtype or torch.float32, trust_pickle=trust_pickle)
+    except ValueError as e:     # (an unreadable file, keys or shapes that do not fit: the message names the file)
+        raise LoadError("path", str(e)) from None
     except (OSError, RuntimeError, TypeError) as e:   # e.g. no checkpoint at all, a bad size dict
         raise LoadError("path", f"{path}: {type(e).__name__}: {e}") from None
 
@@ -98,8 +104,11 @@ def load_ssd_heads(path: str, target, device="cpu"):
 
     if not os.path.exists(path):
         raise LoadError("heads", f"{path}: no such file or directory")
-    heads, _ = load_module(path, lambda c: SSDHeads(SSDHeadsConfig(**c)),
-                           "train them with `python -m specdec.train ssd --model ...`")
+    try:
+        heads, _ = load_module(path, lambda c: SSDHeads(SSDHeadsConfig(**c)),
+                               "train them with `python -m specdec.train ssd --model ...`")
+    except ValueError as e:
+        raise LoadError("heads", str(e)) from None
     if heads.config.dim != target.hidden_dim or heads.config.grid_width != target.grid[1]:
         raise LoadError("heads", f"{path}: heads for hidden size {heads.config.dim} and grid width "
                                  f"{heads.config.grid_width}, the model has {target.hidden_dim} and {target.grid[1]}")
@@ -113,7 +122,10 @@ def load_upsampler_file(path: str, device="cpu"):
 
     if not os.path.exists(path):
         raise LoadError("upsampler", f"{path}: no such file or directory")
-    return load_upsampler(path, device=device)
+    try:
+        return load_upsampler(path, device=device)
+    except ValueError as e:
+        raise LoadError("upsampler", str(e)) from None
 
 
 __all__ = ["DTYPES", "LoadError", "load_family", "load_ssd_heads", "load_upsampler_file", "size_config"]

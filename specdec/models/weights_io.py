@@ -15,6 +15,10 @@ def save_weights(module: torch.nn.Module, path: str, config: dict, **info) -> No
     meta = {"config": json.dumps(config)}
     meta.update({k: json.dumps(v) for k, v in info.items()})
     save_file(state, path, metadata=meta)
+    # (safetensors writes its files 0600; weights are shared like any file the user makes)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def load_module(path: str, build, hint: str = "train it first"):
@@ -25,9 +29,20 @@ def load_module(path: str, build, hint: str = "train it first"):
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} is missing: {hint}")
-    state, config, info = load_weights(path)
-    module = build(config)
-    module.load_state_dict(state)
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a folder, not a weights file")
+    from safetensors import SafetensorError
+
+    try:
+        state, config, info = load_weights(path)
+    except (SafetensorError, ValueError) as e:     # (not safetensors, or metadata that is not JSON)
+        raise ValueError(f"{path}: not a weights file of specdec's training scripts ({e})") from None
+    try:
+        module = build(config)
+        module.load_state_dict(state)
+    except (TypeError, KeyError, RuntimeError) as e:   # (another module's config or weights)
+        raise ValueError(f"{path} holds other weights than expected ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0]}): {hint}") from None
     return module.eval(), info
 
 

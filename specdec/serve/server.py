@@ -42,8 +42,12 @@ class Service:
     def __init__(self, family, config: ServeConfig, models: Optional[dict] = None):
         tokenizer = getattr(family, "tokenizer", None)
         if tokenizer is None:
-            raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq): the images API "
-                             "returns images")
+            raise ValueError("this model has no pixel decoder (a LlamaGen checkpoint needs --vq; transformers' "
+                             "GLM-Image and Chameleon bring none): the images API returns images")
+        target = family.target
+        if getattr(target, "num_classes", None) is None and not hasattr(target, "encode_prompts"):
+            raise ValueError("this model takes T5 caption features (LlamaGen text-to-image), which the server cannot "
+                             "make from a request's text")
         # (the server's own options are checked once here, not found wrong in every request)
         options_for(config.method, config.preset, family, **config.options)
         H, W = family.target.grid

@@ -40,6 +40,10 @@ def files(tmp_path_factory):
     save_file({"caption_embs": embs, "emb_masks": masks}, str(d / "caps.safetensors"))
     torch.save({"caption_embs": torch.randn(2, SLOTS, 5)}, str(d / "caps_bad_dim.pt"))
     (d / "garbage.pt").write_bytes(b"not a checkpoint")
+    (d / "garbage.safetensors").write_bytes(b"not a checkpoint")
+    nan = embs.clone()
+    nan[1, 0, 0] = float("nan")      # (T5 in float16 overflows: the image came out as the last token, exit 0)
+    torch.save({"caption_embs": nan, "emb_masks": masks}, str(d / "caps_nan.pt"))
     (d / "folder").mkdir()
     (d / "hf").mkdir()
     (d / "hf" / "config.json").write_text("{}")
@@ -128,7 +132,15 @@ def one_line_error(argv, capsys, match):
 @pytest.mark.parametrize("extra, match", [
     (["--model", "{d}/missing.pt"], "--model {d}/missing.pt: no such file or directory"),
     (["--model", "{d}/folder"], "no config.json"),
-    (["--model", "{d}/garbage.pt"], "cannot be read with torch.load"),
+    # (not a zip archive torch.save writes: no hint that --trust-pickle would read it)
+    (["--model", "{d}/garbage.pt"], "--model {d}/garbage.pt: cannot be read by torch.load ("),
+    (["--model", "{d}/garbage.safetensors", "--gpt-size", TINY_SIZE], "not a readable safetensors file"),
+    (["--model", "{d}/t2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--vq", "{d}/vq.pt", "--vq-size",
+      repr(TINY_VQ), "--caption-embeddings", "{d}/caps_nan.pt"], "caption_embs[1] holds NaN or infinite values"),
+    (["--model", "{d}/hf", "--height", "128", "--prompt", "x"], "--height and --width go together"),
+    (["--model", "{d}/hf", "--height", "100", "--width", "96", "--prompt", "x"],
+     "--height 100: GLM-Image's image size is a multiple of 32"),
+    (["--model", "{d}/hf", "--gpt-size", "GPT-B", "--prompt", "x"], "--gpt-size GPT-B: is for LlamaGen checkpoints"),
     (["--model", "{d}/t2i.pt", "--gpt-size", "GPT-B"], "shape mismatches"),
     (["--model", "{d}/t2i.pt", "--gpt-size", "GPT-Q"], "config_name must be one of"),
     (["--model", "{d}/t2i.pt", "--gpt-size", '{"n_layer": 2, "heads": 2}'], "TypeError"),
@@ -216,6 +228,10 @@ def heads_files(files):
     save_weights(good, str(files / "heads.safetensors"), good.config.to_dict())
     bad = SSDHeads(SSDHeadsConfig(dim=16, grid_width=4, ffn_hidden=16))
     save_weights(bad, str(files / "heads16.safetensors"), bad.config.to_dict())
+    from specdec.models.upsampler import TokenUpsampler
+
+    up = TokenUpsampler(16, 4, factor=2, channels=8)
+    save_weights(up, str(files / "upsampler.safetensors"), up.config)
     return good
 
 
@@ -246,6 +262,11 @@ def test_ssd_heads_and_a_drafter_from_files(files, heads_files, tmp_path):
     ("ar", ["--drafter", "{d}/c2i.pt"], "--drafter: ar takes no drafter"),
     ("ssd", ["--heads", "{d}/nope.safetensors"], "--heads {d}/nope.safetensors: no such file or directory"),
     ("mulo", ["--upsampler", "{d}/nope.safetensors"], "--upsampler {d}/nope.safetensors: no such file"),
+    # corrupt, swapped or not files at all: tracebacks (SafetensorError, TypeError) or no flag named before
+    ("ssd", ["--heads", "{d}/garbage.safetensors"], "--heads {d}/garbage.safetensors: not a weights file"),
+    ("ssd", ["--heads", "{d}/folder"], "--heads {d}/folder is a folder, not a weights file"),
+    ("ssd", ["--heads", "{d}/upsampler.safetensors"], "--heads {d}/upsampler.safetensors holds other weights"),
+    ("mulo", ["--upsampler", "{d}/heads.safetensors"], "--upsampler {d}/heads.safetensors holds other weights"),
 ])
 def test_resource_file_errors_are_one_line(files, heads_files, method, extra, match, capsys, tmp_path):
     d = str(files)

@@ -173,3 +173,20 @@ def test_glm_image_from_the_command_line(tmp_path, keep_threads, capsys):
         tokens = torch.load(str(out))["tokens"]
         assert tokens.shape == (2, 24, 16) and int(tokens.max()) < 16384
         assert prior_token_ids(tokens).shape == (2, 4 * 24 * 16)
+
+
+def test_a_folder_loads_as_saved_unless_the_flags_say_otherwise(janus_folder, tmp_path):
+    """The CLI's loading (`user_inputs.load_model_family`): a folder keeps its saved dtype (a
+    bfloat16 Janus-Pro 7B was upcast to float32, twice the memory) and its own grid unless
+    --grid-size gives one (there was no way to ask a Lumina-mGPT folder for its 512 px grid);
+    GLM-Image's --height and --width on another model are refused by name."""
+    from specdec.models.loading import LoadError
+    from specdec.user_inputs import ModelFiles, load_model_family
+
+    assert load_model_family(ModelFiles(str(janus_folder))).target.grid == (4, 4)
+    assert load_model_family(ModelFiles(str(janus_folder), grid_size=2)).target.grid == (2, 2)
+    saved = tmp_path / "bf16"
+    tiny_janus(patches=4, seed=0).to(torch.bfloat16).save_pretrained(str(saved))
+    assert next(load_model_family(ModelFiles(str(saved))).target.parameters()).dtype == torch.bfloat16
+    with pytest.raises(LoadError, match="height and width .pixels. are GLM-Image's options; this is a Janus"):
+        load_model_family(ModelFiles(str(janus_folder), height=64, width=64))

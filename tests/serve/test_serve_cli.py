@@ -80,3 +80,17 @@ def test_without_the_extras_the_cli_works_and_serve_says_what_to_install(monkeyp
             "print(sorted({'fastapi', 'uvicorn', 'ray'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_serve_refuses_a_model_it_could_not_make_images_of():
+    """A server of a text-to-image LlamaGen started, then answered every request with a 400 (it
+    takes T5 caption features, not text); one without a pixel decoder is refused too."""
+    import types
+
+    from llamagen_models import tiny_t2i
+    from specdec.serve.server import Service
+
+    with pytest.raises(ValueError, match="takes T5 caption features"):
+        Service(types.SimpleNamespace(target=tiny_t2i(), tokenizer=object()), ServeConfig())
+    with pytest.raises(ValueError, match="no pixel decoder .* GLM-Image and Chameleon bring none"):
+        Service(types.SimpleNamespace(target=tiny_t2i(), tokenizer=None), ServeConfig())

@@ -61,6 +61,10 @@ def load_pretrained(path: str, device="cpu", dtype=None, **options) -> ModelFami
         found = ", ".join(getattr(config, "architectures", None) or [config.model_type])
         raise ValueError(f"{path}: architecture {found} is not supported by specdec; supported: "
                          f"{', '.join(sorted(ADAPTERS))}")
+    sized = sorted({"height", "width"} & set(options))
+    if sized and names[0] != "GlmImageForConditionalGeneration":   # (before the weights are read)
+        raise ValueError(f"{path}: {' and '.join(sized)} (pixels) are GLM-Image's options; this is a {names[0]}, "
+                         "whose grid the folder fixes (grid=(H, W) to change it)")
     cls = getattr(transformers, names[0])
     kw = {} if dtype is None else {"dtype": dtype}
     model = cls.from_pretrained(path, **kw).to(device)

@@ -116,7 +116,8 @@ class HFImageModel(nn.Module, abc.ABC):
     # ---- hooks with defaults ------------------------------------------------------------------
     def tokenize(self, text: str) -> torch.Tensor:
         if self.processor is None:
-            raise ValueError("string prompts need a processor (wrap(model, processor=...)); or pass token ids")
+            raise ValueError("string prompts need a processor: save it beside the model (processor.save_pretrained "
+                             "into its folder) or pass wrap(model, processor=...); or give token ids")
         return self.processor(text=[text], return_tensors="pt")["input_ids"][0]
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:

@@ -184,8 +184,9 @@ class GlmImageStage(HFImageModel):
         over one user message when it has one (else the bare text), with the grid tail for this
         model's size."""
         if self.processor is None:
-            raise ValueError("string prompts need the GlmImageProcessor (wrap(model, processor=...)); or pass token "
-                             "ids")
+            raise ValueError("string prompts need the GlmImageProcessor: save it beside the model "
+                             "(processor.save_pretrained into its folder) or pass wrap(model, processor=...); or "
+                             "give token ids")
         th, tw = self._pixels()
         if getattr(self.processor, "chat_template", None):
             messages = [[{"role": "user", "content": [{"type": "text", "text": text}]}]]

@@ -70,7 +70,9 @@ class JanusImageModel(HFImageModel):
         "<|Assistant|>:", as DeepSeek's own code formats a generation prompt), then the processor
         in generation_mode="image" (which appends the image-start token)."""
         if self.processor is None:
-            raise ValueError("string prompts need the Janus processor (wrap(model, processor=...)); or pass token ids")
+            raise ValueError("string prompts need the Janus processor: save it beside the model "
+                             "(processor.save_pretrained into its folder) or pass wrap(model, processor=...); or "
+                             "give token ids")
         if getattr(self.processor, "chat_template", None):
             messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
             text = self.processor.apply_chat_template(messages, add_generation_prompt=True)
