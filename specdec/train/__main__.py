@@ -9,7 +9,9 @@ time. Every script uses one torch thread by default, so two jobs fill a 2-core m
 """
 from __future__ import annotations
 
+import argparse
 import importlib
+import signal
 import subprocess
 import sys
 import time
@@ -44,11 +46,17 @@ _LONGEST_FIRST = ("target32", "sd_drafter32", "target", "upsampler32", "upsample
 
 
 def run_one(name: str, argv: List[str]) -> None:
-    if name in GPT_RECIPES:
-        train_recipe(name, argv)
-    else:
-        module, extra = VARIANTS.get(name, (name, []))
-        importlib.import_module(f"specdec.train.{module}").main(extra + list(argv))
+    """Script `name` with `argv`; a bad flag, file or value is one line naming it (exit 2)."""
+    sys.argv[0] = f"python -m specdec.train {name}"     # (what argparse's usage line names)
+    try:
+        if name in GPT_RECIPES:
+            train_recipe(name, argv)
+        else:
+            module, extra = VARIANTS.get(name, (name, []))
+            importlib.import_module(f"specdec.train.{module}").main(extra + list(argv))
+    except (ValueError, OSError) as e:
+        print(f"specdec.train {name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        sys.exit(2)
 
 
 def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object],
@@ -58,6 +66,16 @@ def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object],
     per script; raises RuntimeError naming the first script that fails."""
     pending = sorted(names, key=_LONGEST_FIRST.index)
     running, done, times = {}, set(), {}
+    try:
+        _run_in_order(pending, running, done, times, jobs, start, poll_seconds)
+    finally:     # (a failure, Ctrl-C or SIGTERM: no script goes on writing weights after `all` stopped)
+        for proc, _ in running.values():
+            proc.terminate()
+    return times
+
+
+def _run_in_order(pending: list, running: dict, done: set, times: dict, jobs: int, start, poll_seconds: float):
+    names = set(pending)
     while pending or running:
         for name in [n for n in pending if all(d in done or d not in names for d in NEEDS[n])]:
             if len(running) >= jobs:
@@ -73,12 +91,9 @@ def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object],
                 continue
             del running[name]
             if rc != 0:
-                for other, _ in running.values():
-                    other.terminate()
                 raise RuntimeError(f"training script {name!r} failed with exit code {rc}")
             done.add(name)
             times[name] = time.perf_counter() - t0
-    return times
 
 
 def main(argv=None) -> None:
@@ -90,18 +105,35 @@ def main(argv=None) -> None:
     if name != "all":
         run_one(name, rest)
         return
-    jobs = 2
-    if "--jobs" in rest:
-        i = rest.index("--jobs")
-        jobs = int(rest[i + 1])
-        rest = rest[:i] + rest[i + 2:]
-        if jobs < 1:
-            raise SystemExit("--jobs must be >= 1")
+    jobs, rest = _all_flags(rest)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # (so that `schedule` stops its scripts)
     t0 = time.perf_counter()
-    times = schedule(SCRIPTS, jobs, lambda n: subprocess.Popen([sys.executable, "-m", "specdec.train", n, *rest]))
+    try:
+        times = schedule(SCRIPTS, jobs, lambda n: subprocess.Popen([sys.executable, "-m", "specdec.train", n, *rest]))
+    except RuntimeError as e:
+        raise SystemExit(f"specdec.train all: error: {e}") from None
     for n, t in times.items():
         print(f"{n:12s} {t:7.1f} s")
     print(f"{'wall':12s} {time.perf_counter() - t0:7.1f} s with {jobs} job(s)")
+
+
+def _all_flags(rest: List[str]):
+    """(jobs, the flags every script gets) of `all`'s flags: --jobs N and the flags every script
+    shares (common.base_parser's); another script's own flag would fail in the scripts without it."""
+    from specdec.train.common import base_parser
+
+    shared = base_parser("")
+    parser = argparse.ArgumentParser(prog="python -m specdec.train all", parents=[shared], add_help=False,
+                                     conflict_handler="resolve")
+    parser.add_argument("--jobs", type=int, default=2, help="scripts run at once")
+    args = parser.parse_args(rest)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be an int >= 1, got {args.jobs}")
+    forwarded = list(rest)
+    if "--jobs" in forwarded:
+        i = forwarded.index("--jobs")
+        forwarded = forwarded[:i] + forwarded[i + 2:]
+    return args.jobs, [a for a in forwarded if not a.startswith("--jobs=")]
 
 
 if __name__ == "__main__":

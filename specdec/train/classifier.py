@@ -24,7 +24,9 @@ POOL = 2000
 
 
 def main(argv=None) -> None:
-    args = common.base_parser(__doc__).parse_args(argv)
+    p = common.base_parser(__doc__)
+    args = p.parse_args(argv)
+    common.check_args(p, args)
     common.setup(args)
     log = common.Log("classifier")
     steps, bs = args.steps or DEFAULT_STEPS, args.batch_size or DEFAULT_BATCH
@@ -48,7 +50,7 @@ def main(argv=None) -> None:
         loss.backward()
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            log(f"step {step}/{steps} loss {loss.item():.4f}")
+            log(f"step {step}/{steps} loss {common.check_loss(loss, step):.4f}")
     model.eval()
     test_images, test_labels = load_split("test", args.data)
     xt = to_model_images(test_images, 32)

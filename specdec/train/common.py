@@ -1,7 +1,9 @@
-"""Pieces every training script shares: arguments, seeding, threads, timing, logging."""
+"""Pieces every training script shares: arguments and their checks, seeding, threads, timing,
+logging."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import time
@@ -26,9 +28,47 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+#: Flags of `own_generations.add_model_arguments` (and a script's own, `model_only=`) that only a
+#: model of the user's takes: given without --model they would be ignored.
+MODEL_FLAGS = ("prompts", "vq", "gpt_size", "vq_size", "grid_size", "dtype", "trust_pickle", "device", "cfg_scale",
+               "height", "width")
+
+
+def check_args(parser: argparse.ArgumentParser, args, model_only: tuple = ()) -> None:
+    """The flags' values, before any work: a ValueError naming the first flag at fault (the
+    entry point prints it as one line). Counts are ints >= 1 (0 was read as "the default"),
+    numbers finite, --seed a seed, --out a folder that can be written (made now; with --model
+    given, never the package's own), and the flags of a model of one's own only with --model."""
+    from specdec.cli_flags import check_device
+    from specdec.settings import check_seed
+    from specdec.user_inputs import writable_folder
+
+    values = vars(args)
+    for name in ("steps", "batch_size", "limit", "samples"):
+        if values.get(name) is not None and values[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be an int >= 1, got {values[name]}")
+    for name, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    check_seed(args.seed, "--seed")
+    if values.get("model") is None:
+        given = [n for n in MODEL_FLAGS + tuple(model_only) if n in values and values[n] != parser.get_default(n)]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} is for a model of your own (--model PATH); the embedded "
+                             "family trains on the CPU with the script's own settings")
+    else:
+        if os.path.abspath(args.out) == os.path.abspath(DEFAULT_OUT):
+            raise ValueError("--out is required with --model: the default, the package's weights folder, holds the "
+                             "embedded family's own weights")
+        check_device(values["device"])
+    writable_folder(args.out, "--out")
+
+
 def setup(args) -> None:
     """Deterministic given the seed: seeds every RNG and fixes the thread count."""
-    torch.set_num_threads(args.threads)
+    from specdec.cli_flags import set_threads
+
+    set_threads(args.threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -50,6 +90,16 @@ class Log:
 
     def __call__(self, msg: str) -> None:
         print(f"[{self.name} {self.elapsed():7.1f}s wall {self.cpu():7.1f}s cpu] {msg}", flush=True)
+
+
+def check_loss(loss: torch.Tensor, step: int) -> float:
+    """The loss as a float, a ValueError when it is not finite: weights trained on it would be
+    NaN, saved with no error (called where the loss is logged: a NaN persists once it appears)."""
+    value = loss.item()
+    if not math.isfinite(value):
+        raise ValueError(f"the loss is {value} at step {step}: stopped before saving (check the learning settings "
+                         "and the data)")
+    return value
 
 
 def cosine_lr(step: int, total: int, base: float, warmup: int = 50) -> float:

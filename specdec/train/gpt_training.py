@@ -67,6 +67,7 @@ def train_gpt(name: str, argv, *, image_size: int, config: GPTConfig, steps: int
     """`folder`: a subfolder of --out the weights go to (the 32x32-token family's), as `file`."""
     p = common.base_parser(f"train the {name} GPT")
     args = p.parse_args(argv)
+    common.check_args(p, args)
     common.setup(args)
     if folder is not None:
         args.out = os.path.join(args.out, folder)
@@ -101,7 +102,7 @@ def train_gpt(name: str, argv, *, image_size: int, config: GPTConfig, steps: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            log(f"step {step}/{steps} loss {loss.item():.4f}")
+            log(f"step {step}/{steps} loss {common.check_loss(loss, step):.4f}")
     model.eval()
     path = os.path.join(args.out, f"{file or name}.safetensors")
     save_weights(model, path, config.to_dict(), train_seconds=log.elapsed(), train_cpu_seconds=log.cpu(), steps=steps)

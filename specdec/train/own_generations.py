@@ -32,9 +32,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vq", default=None, metavar="PATH", help="LlamaGen: the VQ checkpoint (needed by the up-sampler)")
     g.add_argument("--gpt-size", default="GPT-XL", help="LlamaGen: the GPT size of --model")
     g.add_argument("--vq-size", default="VQ-16", help="LlamaGen: the VQ size of --vq")
-    g.add_argument("--grid-size", type=int, default=16, help="LlamaGen: tokens per side")
-    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                   help="weights and activations of --model (the trained module stays float32)")
+    g.add_argument("--grid-size", type=int, default=None,
+                   help="tokens per side: LlamaGen's (default 16), or another than a folder's own")
+    g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="weights and activations of --model (default: a folder's saved dtype, float32 for LlamaGen; "
+                        "the trained module stays float32)")
     g.add_argument("--trust-pickle", action="store_true", help="LlamaGen: read a .pt that needs full unpickling")
     g.add_argument("--device", default="cpu")
     g.add_argument("--cfg-scale", type=float, default=None,
@@ -49,42 +51,45 @@ def read_prompt_file(path) -> List[Union[str, torch.Tensor]]:
     if not path or not os.path.isfile(path):
         raise SystemExit(f"--prompts: {path!r} is not a file (one prompt per line)")
     prompts: List[Union[str, torch.Tensor]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("["):
-                try:
-                    ids = json.loads(line)
-                except json.JSONDecodeError:
-                    ids = None
-                if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
-                    raise SystemExit(f"--prompts: {path}:{n}: a line starting with '[' must be a JSON list of "
-                                     "token ids >= 0")
-                prompts.append(torch.tensor(ids, dtype=torch.long))
-            else:
-                prompts.append(line)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"--prompts: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("["):
+            try:
+                ids = json.loads(line)
+            except json.JSONDecodeError:
+                ids = None
+            if not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+                raise SystemExit(f"--prompts: {path}:{n}: a line starting with '[' must be a JSON list of "
+                                 "token ids >= 0")
+            prompts.append(torch.tensor(ids, dtype=torch.long))
+        else:
+            prompts.append(line)
     if not prompts:
         raise SystemExit(f"--prompts: {path} holds no prompt")
     return prompts
 
 
 def load_model(args):
-    """The family of --model (specdec.models.loading, as `specdec generate --model` loads it), a
-    bad file a one-line exit naming the flag."""
-    from specdec.models.loading import DTYPES, LoadError, load_family
+    """The family of --model, loaded as `specdec generate --model` loads it; a bad file or
+    setting is a ValueError naming the flag."""
+    from specdec.cli_flags import check_device, flagged
+    from specdec.models.loading import LoadError
+    from specdec.user_inputs import ModelFiles, load_model_family
 
-    flags = {"path": "--model", "vq": "--vq", "gpt_size": "--gpt-size", "vq_size": "--vq-size"}
-    grid = None if os.path.isdir(args.model) else args.grid_size
-    size = {k: v for k, v in (("height", getattr(args, "height", None)), ("width", getattr(args, "width", None)))
-            if v is not None}
+    files = ModelFiles(args.model, device=check_device(args.device), vq=args.vq, gpt_size=args.gpt_size,
+                       vq_size=args.vq_size, grid_size=args.grid_size, dtype=args.dtype, height=args.height,
+                       width=args.width, trust_pickle=args.trust_pickle)
     try:
-        return load_family(args.model, vq=args.vq, gpt_size=args.gpt_size, vq_size=args.vq_size, grid=grid,
-                           device=args.device, dtype=DTYPES[args.dtype], trust_pickle=args.trust_pickle,
-                           hf_options=size or None)
+        return load_model_family(files)
     except LoadError as e:
-        raise SystemExit(f"{flags.get(e.argument, e.argument)} {e.message}") from None
+        raise flagged(e) from None
 
 
 class Generations(NamedTuple):

@@ -114,7 +114,7 @@ def fit_heads(target, h_in: torch.Tensor, tokens: torch.Tensor, *, steps: int, b
         loss.backward()
         opt.step()
         if step % 100 == 0 or step == steps - 1:
-            log(f"step {step}/{steps} smooth-l1 {loss.item():.4f}")
+            log(f"step {step}/{steps} smooth-l1 {common.check_loss(loss, step):.4f}")
     # Held-out check: how often the head's draft token equals the target's argmax there.
     with torch.no_grad():
         rows = torch.arange(S - held_out, S)  # held-out conditional rows
@@ -137,6 +137,9 @@ def main(argv=None) -> None:
                    help="the embedded family: 16 (weights/), or 32 (the 32x32-token family in weights/grid32/)")
     add_model_arguments(p)
     args = p.parse_args(argv)
+    common.check_args(p, args)
+    if args.samples < 2:     # (a quarter of them, at least one, is held out for the agreement check)
+        raise ValueError(f"--samples must be >= 2 (one is held out), got {args.samples}")
     common.setup(args)
     if args.grid == 32 and args.model is None:
         args.out = os.path.join(args.out, GRID32)

@@ -62,6 +62,7 @@ def fit_upsampler(codebook: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
         loss.backward()
         opt.step()
         if step % 100 == 0 or step == steps - 1:
+            common.check_loss(loss, step)
             with torch.no_grad():
                 acc = (logits.argmax(1) == high[idx]).float().mean().item()
             px = f"pixel mse {loss_px.item():.4f} " if pixel else "(no pixel loss) "
@@ -79,6 +80,9 @@ def main(argv=None) -> None:
                         "the 32x32-token family in weights/grid32/)")
     add_model_arguments(p)
     args = p.parse_args(argv)
+    common.check_args(p, args, model_only=("samples", "factor"))
+    if args.factor < 1:
+        raise ValueError(f"--factor must be an int >= 1, got {args.factor}")
     common.setup(args)
     log = common.Log("upsampler" if args.grid == 16 else "upsampler32")
     steps, batch = args.steps or 400, args.batch_size or 64

@@ -33,6 +33,9 @@ def main(argv=None) -> None:
     p = common.base_parser(__doc__)
     p.add_argument("--codebook-size", type=int, default=256)
     args = p.parse_args(argv)
+    common.check_args(p, args)
+    if args.codebook_size < 2:
+        raise ValueError(f"--codebook-size must be an int >= 2, got {args.codebook_size}")
     common.setup(args)
     log = common.Log("vq")
     steps = args.steps or DEFAULT_STEPS
@@ -70,6 +73,7 @@ def main(argv=None) -> None:
         else:
             dead = None
         if step % 50 == 0 or step == steps - 1:
+            common.check_loss(torch.tensor(loss_total), step)
             log(f"step {step}/{steps} loss {loss_total:.4f}" + (f" restarted {dead}" if dead else ""))
     model.eval()
     test, _ = load_split("test", args.data)

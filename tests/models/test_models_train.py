@@ -1,5 +1,6 @@
 """The training scripts end to end on a tiny synthetic Fashion-MNIST written by the test (the
 CI machine has no data set), plus the IDX reader."""
+import argparse
 import os
 
 import numpy as np
@@ -163,6 +164,109 @@ def test_protocol_distillation_pairs_equal_the_teacher_forced_ones():
     assert torch.equal(rows, torch.cat([tokens, tokens]))
 
 
-def test_ssd_script_names_a_model_it_cannot_load(tmp_path, keep_threads):
-    with pytest.raises(SystemExit, match="no config.json"):
-        train_main.main(["ssd", "--model", str(tmp_path), "--prompts", str(tmp_path / "none.txt"), "--steps", "1"])
+def _refused(argv, capsys) -> str:
+    """A training command refused with one line naming what is at fault (exit 2, no traceback)."""
+    with pytest.raises(SystemExit) as stop:
+        train_main.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_ssd_script_names_a_model_it_cannot_load(tmp_path, keep_threads, capsys):
+    out = ["--out", str(tmp_path / "heads")]
+    err = _refused(["ssd", "--model", str(tmp_path), "--prompts", str(tmp_path / "none.txt"), "--steps", "1", *out],
+                   capsys)
+    assert err.startswith("specdec.train ssd: error: --model ") and "no config.json" in err
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    err = _refused(["ssd", "--model", str(garbage), "--steps", "1", *out], capsys)
+    assert err.startswith(f"specdec.train ssd: error: --model {garbage}: cannot be read by torch.load (")
+    assert "trust" not in err      # (not an archive torch.save writes: unpickling would not read it either)
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"model": {"w": torch.zeros(1)}, "args": argparse.Namespace(lr=1)}, str(pickled))
+    err = _refused(["ssd", "--model", str(pickled), "--steps", "1", *out], capsys)
+    assert "argparse.Namespace" in err and err.rstrip().endswith("if you trust the file, pass --trust-pickle")
+
+
+@pytest.mark.parametrize("argv, message", [
+    # counts: 0 was read as "the script's default", -1 trained nothing and saved untrained weights
+    (["ssd", "--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["ssd", "--steps", "-1"], "--steps must be an int >= 1, got -1"),
+    (["upsampler", "--batch-size", "0"], "--batch-size must be an int >= 1, got 0"),
+    (["vq", "--limit", "0"], "--limit must be an int >= 1, got 0"),
+    (["vq", "--codebook-size", "1"], "--codebook-size must be an int >= 2"),
+    (["classifier", "--threads", "0"], "--threads must be an int in [1, "),
+    (["target", "--seed", "-1"], "--seed must be an int in [0, 2**32)"),
+    # NaN saved NaN weights with exit 0
+    (["upsampler", "--ce-weight", "nan"], "--ce-weight must be a finite number, got nan"),
+    # flags of a model of one's own were silently ignored on the embedded family
+    (["ssd", "--cfg-scale", "9"], "--cfg-scale is for a model of your own (--model PATH)"),
+    (["upsampler", "--factor", "4"], "--factor is for a model of your own"),
+    (["ssd", "--prompts", "p.txt"], "--prompts is for a model of your own"),
+    (["upsampler", "--device", "cuda"], "--device is for a model of your own"),
+    # with --model: never the package's weights (the default --out overwrote the shipped heads)
+    (["ssd", "--model", "m", "--samples", "4"], "--out is required with --model"),
+    (["ssd", "--model", "m", "--out", "o", "--samples", "1"], "--samples must be >= 2 (one is held out)"),
+    (["ssd", "--model", "m", "--out", "o", "--device", "cuda:99"], "--device cuda:99"),
+    (["upsampler", "--model", "m", "--out", "o", "--factor", "0"], "--factor must be an int >= 1, got 0"),
+    (["ssd", "--out", "afile"], "--out afile is a file, not a folder"),
+])
+def test_bad_flags_are_one_line_before_any_work(tmp_path, monkeypatch, keep_threads, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    err = _refused(argv, capsys)
+    assert err.startswith(f"specdec.train {argv[0]}: error: {message}"), err
+
+
+def test_a_nan_loss_stops_before_saving(tmp_path, keep_threads, capsys):
+    folder = _synthetic(str(tmp_path / "fmnist"))
+    out = tmp_path / "weights"
+    common = ["--data", folder, "--out", str(out), "--steps", "2"]
+    train_main.main(["vq", *common, "--batch-size", "8"])
+    from specdec.train import common as train_common
+
+    real = train_common.cosine_lr
+    try:
+        train_common.cosine_lr = lambda *a, **k: float("nan")      # (a learning rate that diverges)
+        err = _refused(["upsampler", *common, "--batch-size", "4"], capsys)
+    finally:
+        train_common.cosine_lr = real
+    assert "the loss is nan at step" in err and "stopped before saving" in err
+    assert not (out / "upsampler.safetensors").exists()
+
+
+def test_train_all_takes_only_the_flags_every_script_shares(capsys):
+    with pytest.raises(SystemExit) as stop:
+        train_main.main(["all", "--samples", "4"])
+    assert stop.value.code == 2 and "unrecognized arguments: --samples 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        train_main.main(["all", "--jobs", "0"])
+    assert stop.value.code == 2 and "--jobs must be an int >= 1" in capsys.readouterr().err
+    assert train_main._all_flags(["--jobs", "3", "--steps", "2", "--jobs=4"]) == (4, ["--steps", "2"])
+
+
+def test_train_all_stops_its_running_scripts_when_stopped():
+    """SIGTERM to `all` left a running script writing weights after `all` had died."""
+    stopped = []
+
+    class Running(_FakeProc):
+        def poll(self):
+            raise SystemExit(143)         # (as the SIGTERM handler does, during the wait)
+
+        def terminate(self):
+            stopped.append(self.name)
+    with pytest.raises(SystemExit):
+        train_main.schedule(["vq", "classifier"], 2, lambda n: Running(n, 1), poll_seconds=0)
+    assert sorted(stopped) == ["classifier", "vq"]
+
+
+def test_saved_weights_are_readable_as_any_file_the_user_makes(tmp_path):
+    """safetensors writes 0600; the shipped weights are 0644: a trained file follows the umask."""
+    from specdec.models.weights_io import save_weights
+
+    path = tmp_path / "w.safetensors"
+    save_weights(torch.nn.Linear(2, 2), str(path), {})
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
