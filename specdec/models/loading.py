@@ -9,6 +9,7 @@ which of its own arguments it was (the CLI maps them to its flags).
 from __future__ import annotations
 
 import ast
+import json
 import os
 from typing import Optional, Union
 
@@ -43,6 +44,16 @@ def size_config(text: Union[str, dict], argument: str) -> Union[str, dict]:
 
 
 def _load_transformers(path: str, device, dtype, grid: Optional[int], hf_options: Optional[dict]) -> ModelFamily:
+    sized = sorted({"height", "width"} & set(hf_options or {}))
+    if sized:
+        try:
+            with open(os.path.join(path, "config.json")) as f:
+                architectures = json.load(f).get("architectures") or ["a model of no named architecture"]
+        except (OSError, ValueError, AttributeError):
+            architectures = None         # (loading it below says what is wrong with the folder)
+        if architectures is not None and "GlmImageForConditionalGeneration" not in architectures:
+            raise LoadError(sized[0], f"is GLM-Image's image size in pixels; {path} holds {architectures[0]}, whose "
+                                      "grid --grid-size sets")
     try:
         from specdec.models.hf import load_pretrained
     except ImportError as e:
@@ -83,15 +94,22 @@ def load_family(path: str, *, vq: Optional[str] = None, gpt_size: Union[str, dic
         raise LoadError("path", f"{path}: options {sorted(hf_options)} are for a transformers folder")
     if vq is not None and not os.path.exists(vq):
         raise LoadError("vq", f"{vq}: no such file")
+    from specdec.models.gpt import LLAMAGEN_CONFIGS
     from specdec.models.llamagen_family import load_llamagen_family
+    from specdec.models.llamagen_vq import LLAMAGEN_VQ_CONFIGS
 
+    # (the sizes checked here, where each error can name its own flag)
+    sizes = {}
+    for argument, value, names in (("gpt_size", gpt_size, LLAMAGEN_CONFIGS), ("vq_size", vq_size, LLAMAGEN_VQ_CONFIGS)):
+        sizes[argument] = size_config(value, argument)
+        if isinstance(sizes[argument], str) and sizes[argument] not in names:
+            raise LoadError(argument, f"{value}: not a LlamaGen size ({', '.join(sorted(names))}, or a dict of "
+                                      "config fields)")
     try:
-        return load_llamagen_family(path, vq, gpt_size=size_config(gpt_size, "gpt_size"),
-                                    grid_size=16 if grid is None else grid,
-                                    vq_size=size_config(vq_size, "vq_size"), device=device,
-                                    dtype=dtype or torch.float32, trust_pickle=trust_pickle)
-    except ValueError as e:     # (an unreadable file, keys or shapes that do not fit: the message names the file)
-        raise LoadError("path", str(e)) from None
+        return load_llamagen_family(path, vq, grid_size=16 if grid is None else grid, device=device,
+                                    dtype=dtype or torch.float32, trust_pickle=trust_pickle, **sizes)
+    except ValueError as e:     # (an unreadable file, keys or shapes that do not fit: the message names its file)
+        raise LoadError("vq" if vq is not None and str(e).startswith(vq) else "path", str(e)) from None
     except (OSError, RuntimeError, TypeError) as e:   # e.g. no checkpoint at all, a bad size dict
         raise LoadError("path", f"{path}: {type(e).__name__}: {e}") from None
 

@@ -6,19 +6,20 @@ import os
 
 import torch
 
+from specdec.files import atomic_write
+
 
 def save_weights(module: torch.nn.Module, path: str, config: dict, **info) -> None:
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     meta = {"config": json.dumps(config)}
     meta.update({k: json.dumps(v) for k, v in info.items()})
-    save_file(state, path, metadata=meta)
-    # (safetensors writes its files 0600; weights are shared like any file the user makes)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    # Renamed into place whole (`specdec.files`): a script stopped while saving (`train all`
+    # stopping its scripts) leaves the old file, never a truncated one; and written by us, not by
+    # safetensors' save_file, the file gets the umask's mode (save_file's are 0600).
+    atomic_write(path, save(state, metadata=meta))
 
 
 def load_module(path: str, build, hint: str = "train it first"):

@@ -79,9 +79,10 @@ def make_settings(*, method: str, options, run, conditioning: dict, device: torc
     return {"format": FORMAT, "method": method, "options": _jsonable(record), "seed": run.seed,
             "sampling": _sampling_record(run.sampling), "compile": run.compile, **_jsonable(conditioning),
             "device_type": device.type, "model_sha256": model_hash, "num": num,
-            # (recorded only when set: a run recorded before exact mode or token budgets existed
-            # still resumes) Under a token budget each image's share, the budget over the batch
-            # size or concurrency, decides how it speculates, and so its tokens outside exact mode.
+            # (recorded only when set, so that a run recorded before exact mode or token shares
+            # existed still resumes; one recorded then under a budget is refused: its share is not
+            # known) Under a token budget each image's share, the budget over the batch size or
+            # concurrency, decides how it speculates, and so its tokens outside exact mode.
             **({"exact": True} if run.exact else {}),
             **({"token_share": run.token_share} if run.token_share is not None and not run.exact else {})}
 

@@ -18,29 +18,10 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
+from specdec.files import atomic_write, temporary_path
+
 MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
-
-
-def _temporary(path: str) -> str:
-    """Where `path` is written before the rename: same folder (a rename within one filesystem is
-    atomic), hidden (evaluators globbing *.png skip it), unique per process."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    return os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def remove_temporaries(out_dir: str) -> int:
@@ -177,7 +158,7 @@ class LineCounter:
 def write_npz(path: str, images: Iterable[np.ndarray], shape: Tuple[int, int, int, int]) -> None:
     """uint8 [N, H, W, 3] under arr_0, as np.savez writes it (what the ADM evaluator loads), but
     streamed one image at a time: 50,000 ImageNet-size images would not fit in memory at once."""
-    tmp = _temporary(path)
+    tmp = temporary_path(path)
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False, "shape": shape}
     written = 0
     try:

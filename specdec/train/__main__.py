@@ -47,7 +47,7 @@ _LONGEST_FIRST = ("target32", "sd_drafter32", "target", "upsampler32", "upsample
 
 def run_one(name: str, argv: List[str]) -> None:
     """Script `name` with `argv`; a bad flag, file or value is one line naming it (exit 2)."""
-    sys.argv[0] = f"python -m specdec.train {name}"     # (what argparse's usage line names)
+    program, sys.argv[0] = sys.argv[0], f"python -m specdec.train {name}"     # (what argparse's usage names)
     try:
         if name in GPT_RECIPES:
             train_recipe(name, argv)
@@ -57,6 +57,8 @@ def run_one(name: str, argv: List[str]) -> None:
     except (ValueError, OSError) as e:
         print(f"specdec.train {name}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        sys.argv[0] = program
 
 
 def schedule(names: Sequence[str], jobs: int, start: Callable[[str], object],
@@ -124,7 +126,7 @@ def _all_flags(rest: List[str]):
 
     shared = base_parser("")
     parser = argparse.ArgumentParser(prog="python -m specdec.train all", parents=[shared], add_help=False,
-                                     conflict_handler="resolve")
+                                     conflict_handler="resolve", allow_abbrev=False)
     parser.add_argument("--jobs", type=int, default=2, help="scripts run at once")
     args = parser.parse_args(rest)
     if args.jobs < 1:

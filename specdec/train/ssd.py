@@ -140,6 +140,8 @@ def main(argv=None) -> None:
     common.check_args(p, args)
     if args.samples < 2:     # (a quarter of them, at least one, is held out for the agreement check)
         raise ValueError(f"--samples must be >= 2 (one is held out), got {args.samples}")
+    if args.model is not None and args.grid != 16:
+        raise ValueError("--grid chooses an embedded family; a --model's grid is its own (--grid-size)")
     common.setup(args)
     if args.grid == 32 and args.model is None:
         args.out = os.path.join(args.out, GRID32)

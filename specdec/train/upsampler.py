@@ -83,6 +83,8 @@ def main(argv=None) -> None:
     common.check_args(p, args, model_only=("samples", "factor"))
     if args.factor < 1:
         raise ValueError(f"--factor must be an int >= 1, got {args.factor}")
+    if args.model is not None and args.grid != 16:
+        raise ValueError("--grid chooses an embedded family; a --model's grid is its own (--grid-size)")
     common.setup(args)
     log = common.Log("upsampler" if args.grid == 16 else "upsampler32")
     steps, batch = args.steps or 400, args.batch_size or 64

@@ -127,6 +127,8 @@ def one_line_error(argv, capsys, match):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("specdec generate: error:"), err
     assert match in err, err
+    if match.startswith("--"):      # (a flag named: the error begins with it)
+        assert err.startswith(f"specdec generate: error: {match}"), err
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -142,7 +144,12 @@ def one_line_error(argv, capsys, match):
      "--height 100: GLM-Image's image size is a multiple of 32"),
     (["--model", "{d}/hf", "--gpt-size", "GPT-B", "--prompt", "x"], "--gpt-size GPT-B: is for LlamaGen checkpoints"),
     (["--model", "{d}/t2i.pt", "--gpt-size", "GPT-B"], "shape mismatches"),
-    (["--model", "{d}/t2i.pt", "--gpt-size", "GPT-Q"], "config_name must be one of"),
+    (["--model", "{d}/t2i.pt", "--gpt-size", "GPT-Q"], "--gpt-size GPT-Q: not a LlamaGen size (GPT-1B, "),
+    (["--model", "{d}/t2i.pt", "--gpt-size", "{bad"], "--gpt-size expected a size name or a dict"),
+    (["--model", "{d}/t2i.pt", "--vq-size", "VQ-99"], "--vq-size VQ-99: not a LlamaGen size"),
+    # (the VQ's own errors name --vq, not --model)
+    (["--model", "{d}/t2i.pt", "--gpt-size", TINY_SIZE, "--grid-size", "4", "--vq", "{d}/garbage.pt"],
+     "--vq {d}/garbage.pt: cannot be read by torch.load"),
     (["--model", "{d}/t2i.pt", "--gpt-size", '{"n_layer": 2, "heads": 2}'], "TypeError"),
     (["--model", "{d}/t2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--prompt", "a fox"],
      "pass --caption-embeddings"),
@@ -155,7 +162,7 @@ def one_line_error(argv, capsys, match):
     (["--model", "{d}/t2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--caption-embeddings", "{d}/caps.pt"],
      "no pixel decoder"),
     (["--model", "{d}/t2i.pt", "--vq", "{d}/vq32.pt", "--vq-size", repr(TINY_VQ), "--grid-size", "4",
-      "--gpt-size", TINY_SIZE], "not a matching pair"),
+      "--gpt-size", TINY_SIZE], "--vq {d}/vq32.pt: the VQ has 32 codes"),
     (["--model", "{d}/t2i.pt", "--vq", "{d}/nope.pt"], "--vq {d}/nope.pt: no such file"),
     (["--model", "{d}/c2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--out", "x.pt"],
      "class-conditional: pass --class"),

@@ -211,6 +211,7 @@ def test_ssd_script_names_a_model_it_cannot_load(tmp_path, keep_threads, capsys)
     (["ssd", "--model", "m", "--out", "o", "--device", "cuda:99"], "--device cuda:99"),
     (["upsampler", "--model", "m", "--out", "o", "--factor", "0"], "--factor must be an int >= 1, got 0"),
     (["ssd", "--out", "afile"], "--out afile is a file, not a folder"),
+    (["ssd", "--model", "m", "--out", "o", "--grid", "32"], "--grid chooses an embedded family"),
 ])
 def test_bad_flags_are_one_line_before_any_work(tmp_path, monkeypatch, keep_threads, capsys, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -259,6 +260,22 @@ def test_train_all_stops_its_running_scripts_when_stopped():
     with pytest.raises(SystemExit):
         train_main.schedule(["vq", "classifier"], 2, lambda n: Running(n, 1), poll_seconds=0)
     assert sorted(stopped) == ["classifier", "vq"]
+
+
+def test_a_save_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
+    """`train all` stops its scripts: one stopped while saving must not leave a truncated file
+    (by default in the package's weights folder, which would break the embedded family)."""
+    from specdec.models.weights_io import load_weights, save_weights
+
+    path = tmp_path / "w.safetensors"
+    save_weights(torch.nn.Linear(2, 2), str(path), {"n": 1})
+
+    def stopped(src, dst):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        save_weights(torch.nn.Linear(3, 3), str(path), {"n": 2})
+    assert load_weights(str(path))[1] == {"n": 1} and os.listdir(tmp_path) == ["w.safetensors"]
 
 
 def test_saved_weights_are_readable_as_any_file_the_user_makes(tmp_path):

@@ -188,5 +188,7 @@ def test_a_folder_loads_as_saved_unless_the_flags_say_otherwise(janus_folder, tm
     saved = tmp_path / "bf16"
     tiny_janus(patches=4, seed=0).to(torch.bfloat16).save_pretrained(str(saved))
     assert next(load_model_family(ModelFiles(str(saved))).target.parameters()).dtype == torch.bfloat16
-    with pytest.raises(LoadError, match="height and width .pixels. are GLM-Image's options; this is a Janus"):
+    with pytest.raises(LoadError, match="is GLM-Image's image size in pixels; .* holds JanusForConditionalGeneration"):
         load_model_family(ModelFiles(str(janus_folder), height=64, width=64))
+    with pytest.raises(ValueError, match="height and width .pixels. are GLM-Image's options; this is a Janus"):
+        load_pretrained(str(janus_folder), height=64, width=64)     # (the Python API says the same)
