@@ -165,14 +165,16 @@ def method_resources(method: str, family: ModelFamily, files: ModelFiles, *, dra
             out["drafter"] = load_model_family(files, drafter, drafter_grid).target
         except LoadError as e:
             raise LoadError("drafter" if e.argument == "path" else e.argument, e.message) from None
+        kinds = ["class-conditional" if getattr(m, "num_classes", None) is not None else "text-conditional"
+                 for m in (out["drafter"], family.target)]
+        if kinds[0] != kinds[1]:     # (found only in the drafter's first prefill, naming no flag)
+            raise LoadError("drafter", f"{drafter}: a {kinds[0]} model drafting for a {kinds[1]} --model")
     if heads is not None:
         out["heads"] = load_ssd_heads(heads, family.target, files.device)
     if upsampler is not None:
         out["upsampler"] = load_upsampler_file(upsampler, files.device)
         out["upsample"] = "learned"
     return out
-
-
 
 
 def writable_file(path: str, flag: str) -> None:

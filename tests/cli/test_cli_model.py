@@ -267,6 +267,7 @@ def test_ssd_heads_and_a_drafter_from_files(files, heads_files, tmp_path):
      "heads for hidden size 16 and grid width 4, the model has 32 and 4"),
     ("ar", ["--heads", "{d}/heads.safetensors"], "--heads: ar takes no SSD heads"),
     ("ar", ["--drafter", "{d}/c2i.pt"], "--drafter: ar takes no drafter"),
+    ("sd", ["--drafter", "{d}/t2i.pt"], "--drafter {d}/t2i.pt: a text-conditional model drafting for a class-"),
     ("ssd", ["--heads", "{d}/nope.safetensors"], "--heads {d}/nope.safetensors: no such file or directory"),
     ("mulo", ["--upsampler", "{d}/nope.safetensors"], "--upsampler {d}/nope.safetensors: no such file"),
     # corrupt, swapped or not files at all: tracebacks (SafetensorError, TypeError) or no flag named before
