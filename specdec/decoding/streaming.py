@@ -7,7 +7,8 @@
             ...
         # submit more as they arrive
 
-`StreamingEngine` is the scheduler's loop (`specdec.decoding.scheduler`) one step at a time.
+`StreamingEngine` is the scheduler's loop (`specdec.decoding.scheduler`) one step at a time. It is
+not thread-safe: one thread makes all its calls (`specdec.serve.engine_loop` owns a server's).
 """
 from __future__ import annotations
 
