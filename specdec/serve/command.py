@@ -86,8 +86,10 @@ def config_from_args(args, family) -> ServeConfig:
     run = run_settings(args, family)
     run = dataclasses.replace(run, concurrency=None, backend=args.backend, progress=None)
     name = args.model_name or (os.path.basename(os.path.normpath(args.model)) if args.model else "specdec-embedded")
+    options = parse_sets(args.set, per_method=False)
+    preset = options.pop("preset", None)      # (--set preset=NAME: the default method's preset, as generate takes it)
     return ServeConfig(method=args.method, concurrency=args.concurrency or DEFAULT_CONCURRENCY, model_name=name,
-                       run=run, options=parse_sets(args.set, per_method=False), max_queue=args.max_queue,
+                       run=run, options=options, preset=preset, max_queue=args.max_queue,
                        max_n=args.max_n, max_body_bytes=args.max_body, max_engines=args.max_engines,
                        partial_every=args.partial_every, batch_invariant=args.batch_invariant,
                        drain_timeout_s=args.drain_timeout, warm_up=run.compile and not args.no_warm_up)

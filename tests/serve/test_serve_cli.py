@@ -27,6 +27,10 @@ def test_the_flags_become_the_servers_settings():
     assert config.run.sampling == dataclasses.replace(DEFAULT_SAMPLING, cfg_scale=3.0)   # (as generate)
     assert config.run.backend == "reference" and config.run.concurrency is None
     assert config.capacity == 10 and config.run.exact is False
+    # --set preset=NAME is the default method's preset (it reached options_for twice: a TypeError)
+    flags = flags_from({"method": "ssd", "set": ["preset=published", "chunk=3"], "family": TINY})
+    config = config_from_args(cli.argparse.Namespace(**flags), family)
+    assert (config.preset, config.options) == ("published", {"chunk": 3})
     flags = flags_from({"method": "sd", "exact": True, "family": TINY})
     assert config_from_args(cli.argparse.Namespace(**flags), family).run.exact is True
     # a compiled server warms its default engine up first, unless told not to; an eager one never
@@ -45,6 +49,8 @@ def test_serve_runs_uvicorn_on_the_app_of_its_flags(monkeypatch, capsys):
     assert (started["host"], started["port"]) == ("127.0.0.1", 8123)
     assert service.config.model_name == "tiny" and service.config.method == "ar" and service.size == "8x8"
     assert "8x8 images" in capsys.readouterr().out
+    assert cli.main(["serve", "--family", TINY, "--method", "ssd", "--set", "preset=published"]) == 0
+    assert started["app"].state.service.config.preset == "published"
 
 
 def test_serve_refuses_bad_flags_in_one_line(capsys):
