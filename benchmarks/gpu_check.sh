@@ -8,17 +8,19 @@
 #   GPU_CHECK_STEPS=pool benchmarks/gpu_check.sh OUTDIR   # the pooling check (below)
 #   GPU_CHECK_STEPS="build continuous" benchmarks/gpu_check.sh OUTDIR   # continuous batching, CUDA graphs
 #
-# Steps: (1) build specdec._C for this GPU's architecture, (1b) exact mode's race kernels on CUDA
-# and Triton (bit for bit and the chi-square test; never run on a GPU), (2) the whole test suite,
-# CUDA tensors included (Triton compiled for real, no interpreter; pytest-xdist workers when
-# installed), (3) copy bandwidth and bf16 matrix rate, (4) the kernel benchmarks, (4b) the opt-in
-# attention paths (SPECDEC_ATTN_PATH=decode|prefill|auto, never run on a GPU before), (5) the same
-# against torch.compile(flex_attention) (compiles for a while, so apart), (6) `specdec compare` of
-# every method on CUDA, (7) the same for ar and SSD's exact commit="verify" variant, (7b) the decode
+# Steps, the ones never run on a GPU first: (1) build specdec._C for this GPU's architecture (the
+# CUDA kernels required: SPECDEC_CUDA=1), (2) exact mode's race kernels on CUDA and Triton (bit for
+# bit and the chi-square test), (3) the tests that run on CUDA tensors or compile Triton for real
+# (tests/kernels and the decoders' CUDA tests; the whole suite runs in CI on CPUs), (4) the decode
 # engine's tables (benchmarks/decoders/record_engine.py: every method eager at batch 1 and 16, then
-# ar, mulo and ssd compiled with CUDA graphs, never run on a GPU before; two runs with a timeout
-# each, so a slow first compile cannot cost the eager table, and a run stopped by its timeout still
-# saves what it measured), (8) OUTDIR/summary.md. Step (5) runs only when GPU_CHECK_STEPS names it.
+# ar, mulo and ssd compiled with CUDA graphs; two runs with a timeout each, so a slow first compile
+# cannot cost the eager table, and a run stopped by its timeout still saves what it measured), (5)
+# the opt-in attention paths (SPECDEC_ATTN_PATH=decode|prefill|auto), (6) copy bandwidth and bf16
+# matrix rate, (7) the kernel benchmarks, (8) `specdec compare` of every method on CUDA (measured
+# on the H200 on 2026-11-30, so last), OUTDIR/summary.md after every step. The same against
+# torch.compile(flex_attention) (compiles for a while) runs only when GPU_CHECK_STEPS names flex.
+# A pytest step stopped by its timeout gets SIGINT, so that it still prints its summary and writes
+# its junit file; every step is killed 15 s after its signal.
 # The decoder and model benchmarks time one CPU thread, so they are left to the CPU runs.
 # The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", one lent call
 # of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
@@ -59,20 +61,20 @@ KERNEL_BENCH="not flex_compiled and not opt_in_path and not decode_two_images an
 COMPARE_IMAGES="${COMPARE_IMAGES:-16}"  # enough for times on a GPU, not for FD
 
 STEPS=(
-  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info())); print(specdec.switches.describe())'"
+  "build|170|env SPECDEC_NO_EXT=1 $PY -m pip install -q --no-build-isolation --no-deps --no-index -e . && env SPECDEC_CUDA=1 CXX=$BUILD_CXX CC=$BUILD_CC MAX_JOBS=\${MAX_JOBS:-16} $PY setup.py -q build_ext --inplace && $PY -c 'import specdec, json; print(json.dumps(specdec.build_info())); print(specdec.switches.describe())'"
   # Exact mode's CUDA and Triton race kernels, bit for bit against the reference and by the
-  # chi-square test of the tokens (never run on a GPU), before the whole suite that holds them too.
+  # chi-square test of the tokens (never run on a GPU); the tests step leaves their files out.
   "exact|60|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_exact_sampling.py tests/kernels/test_exact_sampling_gpu.py -k 'cuda or triton or gpu' --tb=short -rfEs"
-  "tests|170|$PY -m pytest -q -p no:cacheprovider tests $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
-  "limits|30|$PY benchmarks/machine/device_limits.py $LOGS/limits.json"
-  "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
-  "attn_paths|120|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k opt_in_path"
-  "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
-  "compare|110|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
-  "compare_verify|50|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda --methods ar,ssd --set ssd.commit=verify"
+  # (the lowering checks of test_build.py expect the pinned Triton's code; the device has its own)
+  "tests|170|$PY -m pytest -q -p no:cacheprovider tests/kernels tests/decoding/test_decoding_cuda.py tests/decoding/test_engine.py --ignore=tests/kernels/test_exact_sampling.py --ignore=tests/kernels/test_exact_sampling_gpu.py --deselect=tests/kernels/test_build.py::test_triton_kernels_lower_to_sm90a --deselect=tests/kernels/test_build.py::test_triton_pooling_kernels_use_128bit_loads $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
   "engine_eager|90|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
   # (every decode runs on the scheduler, whose compiled passes replay CUDA graphs only with the switch)
   "engine|150|env SPECDEC_CONTINUOUS_GRAPHS=1 $PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
+  "attn_paths|120|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k opt_in_path"
+  "limits|30|$PY benchmarks/machine/device_limits.py $LOGS/limits.json"
+  "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
+  "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
+  "compare|110|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
   "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py tests/kernels/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
   "pool_paths|180|$PY benchmarks/kernels/pool_paths.py $OUT/pool_paths.json"
   # The kernels against torch.compile of their reference, SDPA, FlexAttention and FlashInfer where
@@ -86,10 +88,10 @@ STEPS=(
   # cost of a target pass against the tokens fed, compiled with CUDA graphs.
   "real_size|240|$PY benchmarks/decoders/record_real_size.py --device cuda --compile --layers 4 --tokens 1,16,64,256 --decode-models none"
 )
-# flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"), to keep the default
-# within one 10-minute device call (measured on an H200: build 52 s, tests 105 s, bench 60 s,
-# compare 91 s, compare_verify 32 s).
-SELECTED="${GPU_CHECK_STEPS:-build exact tests limits bench attn_paths compare compare_verify engine_eager engine}"
+# flex compiles for minutes: only when asked (GPU_CHECK_STEPS="... flex"). The default fills one
+# 10-minute device call in the order of STEPS (measured on an H200 on 2026-11-30: build 52 s, the
+# whole suite of then 105 s, bench 60 s, compare 91 s); what the budget leaves out is skipped.
+SELECTED="${GPU_CHECK_STEPS:-build exact tests engine_eager engine attn_paths limits bench compare}"
 [[ "$SELECTED" == pool ]] && SELECTED="build pool_tests pool_paths"
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
@@ -144,11 +146,13 @@ save_results() {
 }
 
 declare -A RESULT SECONDS_TAKEN
+# (once: importing torch and starting CUDA after every step cost seconds of the budget each time)
+DEVICE_LINE=$("$PY" -c 'import torch, triton; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| triton", triton.__version__)' 2>/dev/null)
 write_summary() {
   {
     echo "# specdec GPU check — $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
-    "$PY" -c 'import torch, triton; print("Device:", torch.cuda.get_device_name(0), "| torch", torch.__version__, "| triton", triton.__version__)' 2>/dev/null
+    echo "$DEVICE_LINE"
     echo
     echo "| step | result | seconds |"
     echo "|---|---|---|"
@@ -163,7 +167,7 @@ write_summary() {
     done
     echo
     [[ -f "$LOGS/limits.json" ]] && { echo '```'; cat "$LOGS/limits.json"; echo '```'; }
-    for name in compare compare_verify engine_eager engine continuous; do
+    for name in engine_eager engine compare continuous; do
       [[ -f "$LOGS/$name.log" ]] && { echo; echo "### $name"; echo '```'; tail -n 14 "$LOGS/$name.log"; echo '```'; }
     done
     [[ -f "$LOGS/pool_paths.log" ]] && { echo; echo "### pool_paths"; echo '```'; tail -n 130 "$LOGS/pool_paths.log"; echo '```'; }
@@ -183,7 +187,10 @@ for step in "${STEPS[@]}"; do
   (( limit > left )) && limit=$left
   echo "== $name (timeout ${limit}s)"
   start=$(date +%s)
-  timeout "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
+  # (pytest on SIGINT prints its summary and writes its junit file; the others save on SIGTERM)
+  signal=TERM
+  [[ "$cmd" == *"-m pytest"* ]] && signal=INT
+  timeout -s "$signal" -k 15 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))
   RESULT[$name]=$([[ $rc == 0 ]] && echo ok || echo "FAILED (exit $rc)")
