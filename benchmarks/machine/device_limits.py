@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
@@ -116,10 +115,15 @@ def measure_cpu(copy_bytes: int = 512 << 20, matmul_n: int = 2048, repeats: int 
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The machine's copy bandwidth and bf16 matrix rate, as JSON.")
+    parser.add_argument("out", nargs="?", default=None, help="also write the JSON to this file")
+    out = parser.parse_args().out
     result = measure()
     result["cpu"] = measure_cpu()
     text = json.dumps(result, indent=2)
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+    if out is not None:
+        with open(out, "w") as f:
             f.write(text + "\n")
     print(text)
