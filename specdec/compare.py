@@ -99,7 +99,9 @@ def run_compare(fam, methods: List[str], num_images: int, run: RunSettings, opti
         rows.append({"method": m, "target_forwards": s.target_forwards_per_image, "step_compression": None,
                      "wall_s": s.wall_s / s.images, "speedup": None, "class_accuracy": q["class_accuracy"],
                      "fd": q["fd"], "draft_forwards": s.draft_forwards / s.images,
-                     "tokens_per_target_pass": s.tokens_per_target_pass})
+                     "tokens_per_target_pass": s.tokens_per_target_pass,
+                     # (target_forwards counts a pass shared by a batch for each image; this, once)
+                     "passes_made": s.passes_made / s.images})
         if out_dir and out.images is not None:
             images.save_grid(out.images, os.path.join(out_dir, f"{m}.png"), nrow=min(10, num_images))
         if out_dir and method_of(m) == "mulo" and out.images is not None and s.acceptance_maps:

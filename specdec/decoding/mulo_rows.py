@@ -46,8 +46,9 @@ class MuloRows(RowPolicy):
     - "ar": at a share of one token per pass, plain AR steps on the target (`ARRows`), after the
       preview a two-stage model is conditioned on.
 
-    Each row's passes are credited to it alone (`Scheduler.credit`): an image's counts are those
-    of its decode alone, whatever its neighbours are doing."""
+    Each row's passes are credited to it alone (`Scheduler.credit`): an image's pass counts are
+    those of its decode alone, whatever its neighbours are doing (its tokens fed count the width
+    of the passes it took part in, padding included)."""
 
     def __init__(self, engine: Engine, target, drafter, *, tokenizer=None, upsampler=None, neighbors=None,
                  options):

@@ -32,10 +32,11 @@ class DecodeStats:
     tokens: int = 0                     #: tokens committed (images * H * W, the preview's too)
     #: per image: target passes it was in (prefill included; a shared pass counts for each image)
     target_passes: List[int] = field(default_factory=list)
-    #: per image: image tokens fed to the target for it (the prefix not counted)
+    #: per image: image tokens its row computed in the target passes it took part in (the prefix
+    #: not counted; a shared pass's whole width, padding and wider rows' spans included)
     tokens_fed: List[int] = field(default_factory=list)
-    #: per image: the most image tokens one target pass fed for it (the prefix's prefill aside;
-    #: at most `RunSettings.token_share` under a token budget)
+    #: per image: the widest of those passes (the prefix's prefill aside; at most
+    #: `RunSettings.token_share` under a token budget)
     widest_feed: List[int] = field(default_factory=list)
     #: per image: drafter passes (a drafter model's or SSD's heads'; 0 without a drafter)
     draft_passes: List[int] = field(default_factory=list)
@@ -47,11 +48,11 @@ class DecodeStats:
     wall_s: float = 0.0
     #: per batch: seconds compiling graphs (0 where an earlier decode compiled them; empty if eager)
     compile_s: List[float] = field(default_factory=list)
-    #: per judgement (a verification of a batch's drafts): bool [B, H, W] maps of the drafted
-    #: positions kept (MuLo-SD: one [H, W] map per image)
+    #: per judgement and image (each image's judgements in turn, the images in order): bool
+    #: [1, H, W] maps of the drafted positions kept
     acceptance_maps: List[torch.Tensor] = field(default_factory=list)
-    drafted: List[int] = field(default_factory=list)    #: per judgement: drafts judged (all images)
-    accepted: List[int] = field(default_factory=list)   #: per judgement: drafts kept (all images)
+    drafted: List[int] = field(default_factory=list)    #: per judgement and image: drafts judged
+    accepted: List[int] = field(default_factory=list)   #: per judgement and image: drafts kept
     #: the method's own figures (a dataclass of per-image lists), None when it has none
     method_stats: Optional[object] = None
 

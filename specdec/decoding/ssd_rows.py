@@ -68,8 +68,9 @@ class SSDRows(RowPolicy):
 
     A step makes one target pass over the rows of both phases (`_joint_forward`) and reads both
     verdicts at once (a row whose row 0 completes begins its groups the next step); each row's
-    passes are credited to it alone (`Scheduler.credit`), so its counts and figures are those of
-    its decode alone."""
+    passes are credited to it alone (`Scheduler.credit`), so its pass counts and SSD's figures
+    are those of its decode alone. Tokens fed count the width of the passes it took part in, the
+    padding and the other rows' spans included, so they depend on its neighbours."""
 
     def __init__(self, engine: Engine, target, heads, options):
         """`options`: the method's `ssd.SSDOptions` (`chunk` capped at the heads' count)."""

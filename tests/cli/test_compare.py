@@ -50,6 +50,18 @@ def test_compare_turns_decode_what_one_call_per_method_decodes():
     assert rows[0]["target_forwards"] == 16
 
 
+def test_passes_per_image_are_batch_size_free_and_passes_made_are_not():
+    """At batch 2 the per-image passes (each image counts a shared pass) equal batch 1's; the JSON's
+    passes_made counts a shared pass once: `ar` makes 16 passes for a batch of two 4x4 images."""
+    fam = TinyFamily()
+    rows = {b: run_compare(fam, ["ar", "sd"], 4, RunSettings(seed=1, batch_size=b, sampling=Sampling(cfg_scale=2.0)),
+                           {}, warmup=False)[0] for b in (1, 2)}
+    for one, two in zip(rows[1], rows[2]):
+        assert one["target_forwards"] == two["target_forwards"] == one["passes_made"]
+    assert rows[2][0]["passes_made"] == 8           # (16 passes per batch of two images)
+    assert rows[2][1]["passes_made"] < rows[2][1]["target_forwards"]
+
+
 def test_a_variant_runs_beside_its_method_with_options_of_its_own():
     """`mulo+zipar` is mulo with its own options, measured in the same run as plain mulo."""
     fam = TinyFamily()
