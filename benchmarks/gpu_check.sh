@@ -25,7 +25,7 @@
 # The pooling check (GPU_CHECK_STEPS=pool = "build pool_tests pool_paths", one lent call
 # of about 5 minutes, at most 8.8 by the timeouts): (p1) the tests of the opt-in pooling paths on
 # CUDA tensors (CUDA variants v2 and radix, Triton kernel="onchip", none run on a GPU before: this
-# is their first run; the default paths are in the whole suite of step 2); (p2)
+# is their first run; the default paths' own tests are in step 3); (p2)
 # benchmarks/kernels/pool_paths.py: every path checked against the default CUDA kernel on the timed inputs,
 # then timed side by side (N 1024, V 16384 / 32768 / 65536, top_k 0 / 2000, top_p 1 / 0.9, CFG on;
 # sample_residual at V 16384 / 65536), into OUTDIR/pool_paths.json, rewritten after every row.
@@ -57,6 +57,7 @@ TIMEOUT_FLAG=""
 # first time an error message formatted a number (tests/kernels/test_build.py checks the linkage).
 BUILD_CXX="${SPECDEC_CXX:-c++}"
 BUILD_CC="${SPECDEC_CC:-cc}"
+TESTS_LEFT_OUT="--ignore=tests/kernels/test_exact_sampling.py --ignore=tests/kernels/test_exact_sampling_gpu.py --ignore=tests/kernels/test_pool_gpu_machine_code.py --ignore=tests/kernels/test_pool_gpu_cuda.py --ignore=tests/kernels/test_pool_gpu_triton.py --deselect=tests/kernels/test_build.py::test_triton_kernels_lower_to_sm90a --deselect=tests/kernels/test_build.py::test_triton_pooling_kernels_use_128bit_loads"
 KERNEL_BENCH="not flex_compiled and not opt_in_path and not decode_two_images and not ar_one_image"
 COMPARE_IMAGES="${COMPARE_IMAGES:-16}"  # enough for times on a GPU, not for FD
 
@@ -65,16 +66,17 @@ STEPS=(
   # Exact mode's CUDA and Triton race kernels, bit for bit against the reference and by the
   # chi-square test of the tokens (never run on a GPU); the tests step leaves their files out.
   "exact|60|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_exact_sampling.py tests/kernels/test_exact_sampling_gpu.py -k 'cuda or triton or gpu' --tb=short -rfEs"
-  # (the lowering checks of test_build.py expect the pinned Triton's code; the device has its own)
-  "tests|170|$PY -m pytest -q -p no:cacheprovider tests/kernels tests/decoding/test_decoding_cuda.py tests/decoding/test_engine.py --ignore=tests/kernels/test_exact_sampling.py --ignore=tests/kernels/test_exact_sampling_gpu.py --deselect=tests/kernels/test_build.py::test_triton_kernels_lower_to_sm90a --deselect=tests/kernels/test_build.py::test_triton_pooling_kernels_use_128bit_loads $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
+  # (the machine-code checks expect the pinned Triton's lowering, the device has its own; the opt-in
+  # pooling paths are the pool check's; exact sampling is the step above)
+  "tests|170|$PY -m pytest -q -p no:cacheprovider tests/kernels tests/decoding/test_decoding_cuda.py tests/decoding/test_engine.py $TESTS_LEFT_OUT $XDIST $TIMEOUT_FLAG --tb=short -rfEs --durations=15 --junitxml=$LOGS/junit.xml"
   "engine_eager|90|$PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes eager"
   # (every decode runs on the scheduler, whose compiled passes replay CUDA graphs only with the switch)
   "engine|150|env SPECDEC_CONTINUOUS_GRAPHS=1 $PY benchmarks/decoders/record_engine.py --device cuda --num-images $COMPARE_IMAGES --batch-sizes 1,16 --modes compiled --methods ar,mulo,ssd"
   "attn_paths|120|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k opt_in_path"
   "limits|30|$PY benchmarks/machine/device_limits.py $LOGS/limits.json"
   "bench|130|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k '$KERNEL_BENCH'"
-  "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "compare|110|$PY benchmarks/decoders/record_compare.py --num-images $COMPARE_IMAGES --device cuda"
+  "flex|100|env SPECDEC_BENCH_E2E=0 $PY benchmarks/run.py -k flex_compiled"
   "pool_tests|180|$PY -m pytest -q -p no:cacheprovider tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py tests/kernels/test_top_p.py::test_cuda_shared_memory_kernels_match_the_reference $XDIST $TIMEOUT_FLAG --tb=short -rfEs --junitxml=$LOGS/pool_junit.xml"
   "pool_paths|180|$PY benchmarks/kernels/pool_paths.py $OUT/pool_paths.json"
   # The kernels against torch.compile of their reference, SDPA, FlexAttention and FlashInfer where
@@ -96,8 +98,10 @@ SELECTED="${GPU_CHECK_STEPS:-build exact tests engine_eager engine attn_paths li
 REQUIRED_FILES=(setup.py pyproject.toml tests/conftest.py benchmarks/run.py benchmarks/make_results.py
                 benchmarks/machine/device_limits.py benchmarks/conftest.py benchmarks/decoders/record_engine.py
                 benchmarks/kernels/pool_paths.py benchmarks/kernels/bench_kernel_peers.py benchmarks/decoders/record_real_size.py
-                benchmarks/decoders/record_continuous.py
-                tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py)
+                benchmarks/decoders/record_continuous.py benchmarks/decoders/record_compare.py
+                tests/kernels/test_pool_gpu_cuda.py tests/kernels/test_pool_gpu_triton.py
+                tests/decoding/test_decoding_cuda.py tests/decoding/test_engine.py tests/kernels/test_exact_sampling.py
+                tests/kernels/test_exact_sampling_gpu.py tests/kernels/test_pool_gpu_machine_code.py)
 
 if [[ $DRY == 1 ]]; then
   status=0
@@ -106,6 +110,10 @@ if [[ $DRY == 1 ]]; then
   ls benchmarks/*/bench_*.py >/dev/null 2>&1 || { echo "no benchmarks/*/bench_*.py"; status=1; }
   for mod in torch pytest pytest_benchmark hypothesis; do
     "$PY" -c "import $mod" 2>/dev/null || { echo "python module missing: $mod"; status=1; }
+  done
+  # (a --deselect of a name that no longer exists deselects nothing, silently)
+  for name in $(grep -o -- '--deselect=[^ ]*' <<<"$TESTS_LEFT_OUT" | cut -d= -f2); do
+    grep -q "def ${name##*::}(" "${name%%::*}" 2>/dev/null || { echo "deselected test missing: $name"; status=1; }
   done
   for py in benchmarks/run.py benchmarks/make_results.py benchmarks/machine/device_limits.py benchmarks/kernels/pool_paths.py benchmarks/decoders/record_real_size.py; do
     "$PY" -m py_compile "$py" || status=1
@@ -187,9 +195,10 @@ for step in "${STEPS[@]}"; do
   (( limit > left )) && limit=$left
   echo "== $name (timeout ${limit}s)"
   start=$(date +%s)
-  # (pytest on SIGINT prints its summary and writes its junit file; the others save on SIGTERM)
+  # (pytest on SIGINT prints its summary and writes its junit and benchmark files, run.py waits for
+  # it; record_engine.py saves what it measured on SIGTERM, and the other record scripts at their end)
   signal=TERM
-  [[ "$cmd" == *"-m pytest"* ]] && signal=INT
+  [[ "$cmd" == *"-m pytest"* || "$cmd" == *"benchmarks/run.py"* ]] && signal=INT
   timeout -s "$signal" -k 15 "$limit" bash -c "$cmd" >"$LOGS/$name.log" 2>&1
   rc=$?
   SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))

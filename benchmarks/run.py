@@ -34,6 +34,18 @@ def machine_tag() -> str:
 PEERS = os.path.join("kernels", "bench_kernel_peers.py")
 
 
+def _call(cmd, **kw) -> int:
+    """`subprocess.call`, but a Ctrl-C or a SIGINT to the process group (gpu_check.sh's timeouts)
+    waits for the child, which got it too and stops on its own, writing the JSON of the benchmarks
+    it finished (subprocess.call would kill it, and lose them)."""
+    proc = subprocess.Popen(cmd, **kw)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue
+
+
 def main(argv):
     peers = "--peers" in argv
     argv = [a for a in argv if a != "--peers"]
@@ -45,14 +57,14 @@ def main(argv):
     cmd = [sys.executable, "-m", "pytest", *target, "-o", "python_files=bench_*.py", "-p", "no:cacheprovider",
            "-q", "--benchmark-only", f"--benchmark-json={out}", "--benchmark-columns=median,iqr,rounds",
            *argv]
-    rc = subprocess.call(cmd, cwd=HERE)
+    rc = _call(cmd, cwd=HERE)
     if rc != 0:
         return rc
     if not peers and os.environ.get("SPECDEC_BENCH_E2E", "1") == "1":  # the end-to-end `specdec compare` table
-        rc = subprocess.call([sys.executable, os.path.join(HERE, "decoders", "record_compare.py")])
+        rc = _call([sys.executable, os.path.join(HERE, "decoders", "record_compare.py")])
         if rc != 0:
             return rc
-    return subprocess.call([sys.executable, os.path.join(HERE, "make_results.py")])
+    return _call([sys.executable, os.path.join(HERE, "make_results.py")])
 
 
 if __name__ == "__main__":

@@ -45,3 +45,20 @@ def test_gpu_check_ends_inside_its_budget_and_always_writes_its_summary(tmp_path
     assert "| exact | FAILED (exit 124) |" in summary       # (cut by the budget's timeout)
     assert "| tests | skipped (the budget of 6s was spent) |" in summary
     assert (out / "logs.tgz").exists() and len(os.listdir(out)) <= 8
+
+
+def test_a_pytest_step_cut_by_its_timeout_gets_sigint(tmp_path):
+    """pytest on SIGINT still prints its summary and writes its junit and benchmark files (on
+    SIGTERM it dies with them unwritten): a stand-in pytest that records the signal it got."""
+    marker = tmp_path / "signal"
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/bash\nif [[ "$1 $2" == "-m pytest" ]]; then\n'
+                    f'  trap "echo INT > {marker}; exit 130" INT\n  trap "echo TERM > {marker}; exit 143" TERM\n'
+                    '  sleep 100 & wait\nfi\nexit 0\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(stub), "HOME": str(tmp_path), "TORCH_CUDA_ARCH_LIST": "9.0a",
+           "GPU_CHECK_STEPS": "build exact", "GPU_CHECK_BUDGET": "5", "GPU_CHECK_MIN_STEP": "2",
+           "GPU_CHECK_LOGS": str(tmp_path / "logs")}
+    subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(tmp_path / "out")], env=env,
+                   capture_output=True, text=True, timeout=120)
+    assert marker.read_text().strip() == "INT"
