@@ -53,7 +53,7 @@ def test_run_py_writes_the_peers_to_a_file_of_their_own(monkeypatch):
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
     calls = []
-    monkeypatch.setattr(run.subprocess, "call", lambda cmd, **kw: calls.append(cmd) or 0)
+    monkeypatch.setattr(run, "_call", lambda cmd, **kw: calls.append(cmd) or 0)
     monkeypatch.setattr(run, "machine_tag", lambda: "m")
     assert run.main(["--peers", "-k", "pool"]) == 0
     peers_cmd = calls[0]
