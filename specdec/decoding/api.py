@@ -249,15 +249,12 @@ def _request_condition(model, guided: bool):
         if not prompted:
             return check_classes(model, one_class(class_id).reshape(1))[0]
         try:
-            return _checked_prompts(model, _conditions(model, None, [prompt], _one(negative)), guided)
+            made = _conditions(model, None, [prompt], None if negative is None else [negative])
+            return _checked_prompts(model, made, guided)
         except ValueError as e:   # (encoded as a batch of one: named by submit's arguments instead)
             message = str(e).replace("negative_prompts[0]", "negative_prompt").replace("prompts[0]", "prompt")
             raise ValueError(message) from None
     return condition
-
-
-def _one(prompt) -> Optional[list]:
-    return None if prompt is None else [prompt]
 
 
 def _checked_prompts(model, conditions, guided: bool):

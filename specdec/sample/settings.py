@@ -15,8 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Tuple
 
 import torch
 
@@ -91,27 +90,21 @@ def make_settings(*, method: str, options, run, conditioning: dict, device: torc
 FREE = {"num"}
 
 
-def differences(recorded, wanted, prefix: str = "") -> List[str]:
+def differences(recorded: dict, wanted: dict) -> List[str]:
     """The settings that differ, each named down to the value that differs ("options.tau",
     "prompts[3].n"), `FREE` keys aside."""
+    return [path for path, _, _ in _differing(recorded, wanted)]
+
+
+def _differing(recorded, wanted, prefix: str = "") -> List[Tuple[str, object, object]]:
+    """(path, recorded value, wanted value) of each value that differs (`differences`)."""
     if isinstance(recorded, dict) and isinstance(wanted, dict):
         keys = sorted(set(recorded) | set(wanted), key=str)
         return [d for k in keys if prefix or k not in FREE
-                for d in differences(recorded.get(k), wanted.get(k), f"{prefix}.{k}" if prefix else str(k))]
+                for d in _differing(recorded.get(k), wanted.get(k), f"{prefix}.{k}" if prefix else str(k))]
     if isinstance(recorded, list) and isinstance(wanted, list) and len(recorded) == len(wanted):
-        return [d for i, (a, b) in enumerate(zip(recorded, wanted)) for d in differences(a, b, f"{prefix}[{i}]")]
-    return [] if recorded == wanted else [prefix]
-
-
-def _at(settings: dict, path: str):
-    """The value a `differences` path names (None where the settings lack it)."""
-    value = settings
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
-        if part.startswith("["):
-            value = value[int(part[1:-1])] if isinstance(value, list) else None
-        else:
-            value = value.get(part) if isinstance(value, dict) else None
-    return value
+        return [d for i, (a, b) in enumerate(zip(recorded, wanted)) for d in _differing(a, b, f"{prefix}[{i}]")]
+    return [] if recorded == wanted else [(prefix, recorded, wanted)]
 
 
 def _short(value) -> str:
@@ -124,11 +117,11 @@ def check_against(recorded: dict, wanted: dict, out_dir: str, last_done: int = -
     (a longer run extends the first: image i does not depend on N), but not fall to or below an
     image index already done (`last_done`: samples.npz would no longer cover the images/ the
     directory holds). Raises SampleError naming every setting that differs."""
-    diff = differences(recorded, wanted)
+    diff = _differing(recorded, wanted)
     if diff:
-        detail = "; ".join(f"{k}: {_short(_at(recorded, k))} there, {_short(_at(wanted, k))} now" for k in diff)
+        detail = "; ".join(f"{k}: {_short(there)} there, {_short(now)} now" for k, there, now in diff)
         hint = (" (the token share is --max-tokens-per-pass over --batch-size or --concurrency)"
-                if "token_share" in diff else "")
+                if any(k == "token_share" for k, _, _ in diff) else "")
         raise SampleError(f"--out {out_dir} holds a run with other settings ({detail}){hint}; "
                           "rerun with the same settings to resume it, or choose a new --out")
     if wanted["num"] <= last_done:
