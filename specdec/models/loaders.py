@@ -14,6 +14,7 @@ that lists the keys. Pickled checkpoints are read with `torch.load(weights_only=
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import zipfile
@@ -97,14 +98,32 @@ def _load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], what: s
     model.load_state_dict(state, strict=True)
 
 
-def _named(config_name, table: dict, what: str) -> dict:
-    """A named LlamaGen size, or a dict of the same fields for a custom (e.g. test) size."""
-    if isinstance(config_name, dict):
-        return dict(config_name)
-    if config_name not in table:
-        raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {what} fields), got "
-                         f"{config_name!r}")
-    return table[config_name]
+#: The config fields a size dict may not set: the loaders take them from the checkpoint (vocabulary,
+#: classes, captions, codebook) or from their own arguments (grid, model type).
+_DERIVED = {GPTConfig: ("vocab_size", "num_classes", "class_dropout_prob", "grid_size", "grid_width", "model_type"),
+            LlamaGenVQConfig: ("codebook_size", "codebook_embed_dim")}
+
+
+def size_fields(config_name, table: dict, config_class) -> dict:
+    """A named LlamaGen size, or a dict of the same fields for a custom (e.g. test) size: only the
+    fields a size sets, ints where the config has ints (a ValueError names the others, before any
+    file is read)."""
+    if not isinstance(config_name, dict):
+        if config_name not in table:
+            raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {config_class.__name__} "
+                             f"fields), got {config_name!r}")
+        return table[config_name]
+    allowed = [f for f in dataclasses.fields(config_class) if f.name not in _DERIVED[config_class]]
+    unknown = sorted(str(k) for k in set(config_name) - {f.name for f in allowed})
+    if unknown:
+        raise ValueError(f"a {config_class.__name__} size has no field {', '.join(unknown)}; it takes "
+                         f"{', '.join(f.name for f in allowed)}")
+    for f in allowed:
+        value = config_name.get(f.name)
+        if f.type == "int" and f.name in config_name and (isinstance(value, bool) or not isinstance(value, int)
+                                                           or value < 1):
+            raise ValueError(f"a {config_class.__name__} size's {f.name} must be an int >= 1, got {value!r}")
+    return dict(config_name)
 
 
 #: LlamaGen's text-to-image prefix: 120 caption slots (its T5 feature length) of flan-t5-xl features.
@@ -117,7 +136,7 @@ def llamagen_gpt_config(config_name, *, vocab_size: int = 16384, num_classes: in
                         caption_dim: int = T2I_CAPTION_DIM, caption_slots: int = T2I_CAPTION_SLOTS) -> GPTConfig:
     """A LlamaGen size as a GPTConfig; model_type="t2i" gives the text-to-image variant
     (`caption_slots` prefix slots of `caption_dim` features)."""
-    fields = _named(config_name, LLAMAGEN_CONFIGS, "GPTConfig")
+    fields = size_fields(config_name, LLAMAGEN_CONFIGS, GPTConfig)
     if model_type == "t2i":
         fields = dict(dict(cls_token_num=caption_slots, caption_dim=caption_dim), **fields)
     return GPTConfig(vocab_size=vocab_size, num_classes=num_classes, grid_size=grid_size,
@@ -139,7 +158,7 @@ def load_llamagen(path: str, config_name, *, grid_size: int = 16, device=None, d
     A checkpoint with a caption embedder (`cls_embedding.cap_proj`, `cls_embedding.uncond_embedding`)
     loads as the text-to-image model: caption width and slot count (LlamaGen's 2048 and 120) come
     from the uncond_embedding's shape; it decodes from caption features (specdec.models.captions)."""
-    _named(config_name, LLAMAGEN_CONFIGS, "GPTConfig")  # a bad name fails before any file I/O
+    size_fields(config_name, LLAMAGEN_CONFIGS, GPTConfig)  # a bad name fails before any file I/O
     state = read_state_dict(path, trust_pickle)
     if "tok_embeddings.weight" not in state:
         raise CheckpointMismatchError(f"{path}: missing keys: tok_embeddings.weight (is this a LlamaGen GPT?)")
@@ -171,7 +190,7 @@ def load_llamagen_vq(path: str, config_name="VQ-16", *, codebook_size: Optional[
                      codebook_embed_dim: Optional[int] = None, device=None,
                      trust_pickle: bool = False) -> LlamaGenVQ:
     """A LlamaGen VQ checkpoint as a LlamaGenVQ (encode / decode / codebook)."""
-    fields = _named(config_name, LLAMAGEN_VQ_CONFIGS, "LlamaGenVQConfig")
+    fields = size_fields(config_name, LLAMAGEN_VQ_CONFIGS, LlamaGenVQConfig)
     state = read_state_dict(path, trust_pickle)
     emb = state.get("quantize.embedding.weight")
     if emb is None:

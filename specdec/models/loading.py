@@ -94,17 +94,23 @@ def load_family(path: str, *, vq: Optional[str] = None, gpt_size: Union[str, dic
         raise LoadError("path", f"{path}: options {sorted(hf_options)} are for a transformers folder")
     if vq is not None and not os.path.exists(vq):
         raise LoadError("vq", f"{vq}: no such file")
-    from specdec.models.gpt import LLAMAGEN_CONFIGS
+    from specdec.models.gpt import LLAMAGEN_CONFIGS, GPTConfig
     from specdec.models.llamagen_family import load_llamagen_family
-    from specdec.models.llamagen_vq import LLAMAGEN_VQ_CONFIGS
+    from specdec.models.llamagen_vq import LLAMAGEN_VQ_CONFIGS, LlamaGenVQConfig
+    from specdec.models.loaders import size_fields
 
     # (the sizes checked here, where each error can name its own flag)
     sizes = {}
-    for argument, value, names in (("gpt_size", gpt_size, LLAMAGEN_CONFIGS), ("vq_size", vq_size, LLAMAGEN_VQ_CONFIGS)):
+    for argument, value, names, config in (("gpt_size", gpt_size, LLAMAGEN_CONFIGS, GPTConfig),
+                                           ("vq_size", vq_size, LLAMAGEN_VQ_CONFIGS, LlamaGenVQConfig)):
         sizes[argument] = size_config(value, argument)
         if isinstance(sizes[argument], str) and sizes[argument] not in names:
             raise LoadError(argument, f"{value}: not a LlamaGen size ({', '.join(sorted(names))}, or a dict of "
                                       "config fields)")
+        try:
+            size_fields(sizes[argument], names, config)
+        except ValueError as e:
+            raise LoadError(argument, str(e)) from None
     try:
         return load_llamagen_family(path, vq, grid_size=16 if grid is None else grid, device=device,
                                     dtype=dtype or torch.float32, trust_pickle=trust_pickle, **sizes)

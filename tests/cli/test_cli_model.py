@@ -150,7 +150,11 @@ def one_line_error(argv, capsys, match):
     # (the VQ's own errors name --vq, not --model)
     (["--model", "{d}/t2i.pt", "--gpt-size", TINY_SIZE, "--grid-size", "4", "--vq", "{d}/garbage.pt"],
      "--vq {d}/garbage.pt: cannot be read by torch.load"),
-    (["--model", "{d}/t2i.pt", "--gpt-size", '{"n_layer": 2, "heads": 2}'], "TypeError"),
+    (["--model", "{d}/t2i.pt", "--gpt-size", '{"n_layer": 2, "heads": 2}'],
+     "--gpt-size a GPTConfig size has no field heads; it takes dim, n_layer, n_head, "),
+    (["--model", "{d}/t2i.pt", "--gpt-size", '{"n_layer": 0}'], "--gpt-size a GPTConfig size's n_layer must be an int"),
+    (["--model", "{d}/t2i.pt", "--vq", "{d}/vq.pt", "--vq-size", '{"chanels": 32}'],
+     "--vq-size a LlamaGenVQConfig size has no field chanels; it takes codebook_l2_norm, ch, "),
     (["--model", "{d}/t2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--prompt", "a fox"],
      "pass --caption-embeddings"),
     (["--model", "{d}/t2i.pt", "--grid-size", "4", "--gpt-size", TINY_SIZE, "--out", "x.pt"],
