@@ -24,11 +24,14 @@ causal when transformers passes no mask (sdpa's `is_causal`: upper-left aligned)
 transformers built (the "specdec" mask function is sdpa's), which for decoder language models is
 causal + key padding and is translated exactly into the rule: `kv_valid[j]` = some query sees key
 j, `q_pos[i]` = the last key query i sees, `kv_pos[j] = j`. A mask that is not of that form (a
-sliding window, a bidirectional block) cannot be written so: such models are refused, as are
-softcapping and attention dropout.
+sliding window, Llama 4's chunks, a block-diagonal mask of packed sequences) cannot be written so:
+the translation is checked against the mask and such a call is refused, as are softcapping,
+attention sinks and attention dropout. The kernels have no backward: a loss through them raises
+on `backward()` (ops.tree_attention), so fine-tune with another attention.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -75,7 +78,30 @@ def _plain_visibility(query: torch.Tensor, key: torch.Tensor, attention_mask: Op
     # The last visible key of each query (-1: the query sees nothing, e.g. a padding query).
     idx = torch.arange(Nk, device=device)
     q_pos = torch.where(visible, idx, -1).amax(dim=2).to(torch.int32)
+    _check_translated(attention_mask, visible, q_pos, kv_pos, kv_valid)
     return q_pos, kv_pos, kv_valid
+
+
+#: The mask `_check_translated` last found to be causal + key padding, and its version: transformers
+#: passes one mask object to every layer of a forward, so it is checked once per forward.
+_checked_mask = (None, -1)
+
+
+def _check_translated(mask: torch.Tensor, visible: torch.Tensor, q_pos, kv_pos, kv_valid) -> None:
+    """Refuse a mask the rule cannot express (a chunked or block-diagonal mask, packed sequences): the
+    rule's visibility must be the mask's, key for key (one host read per mask). Skipped while
+    torch.compile traces, which cannot read the host; the same mask in eager is checked."""
+    global _checked_mask
+    if torch.compiler.is_compiling():
+        return
+    last, version = _checked_mask
+    if last is not None and last() is mask and version == mask._version:
+        return
+    rule = kv_valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])
+    if not torch.equal(rule, visible):
+        raise ValueError("attention_mask is not a causal mask with key padding (a chunked or block-diagonal "
+                         "mask, packed sequences, a sliding window?): the specdec attention cannot express it")
+    _checked_mask = (weakref.ref(mask), mask._version)
 
 
 def specdec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -92,6 +118,8 @@ def specdec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         raise ValueError("the specdec attention does not support softcap")
     if kwargs.get("sliding_window") is not None:
         raise ValueError("the specdec attention does not support sliding-window layers")
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("the specdec attention does not support attention sinks (s_aux)")
     if dropout and module.training:
         raise ValueError("the specdec attention does not support attention dropout (use eval mode)")
     if q_pos is None:

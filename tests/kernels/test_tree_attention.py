@@ -352,3 +352,20 @@ def test_opcheck(device):
                           (p["q"], p["k"], p["v"], p["q_pos"], p["kv_pos"], p["kv_valid"], p["tree_mask"], None))
     torch.library.opcheck(torch.ops.specdec.tree_attention,
                           (p["q"], p["k"], p["v"], p["q_pos"], p["kv_pos"], None, None, 0.3))
+
+
+@pytest.mark.skipif(not specdec.build_info()["cpu_kernels"], reason="C++ extension not built")
+def test_backward_through_a_kernel_raises_and_the_reference_backend_differentiates():
+    # (the kernels have no backward: autograd would otherwise leave q, k and v without gradients)
+    q = torch.randn(1, 2, 3, 8, requires_grad=True)
+    k = torch.randn(1, 2, 5, 8, requires_grad=True)
+    q_pos, kv_pos = torch.tensor([[2, 3, 4]]), torch.arange(5)[None]
+    out, lse = specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, return_lse=True, backend="cpu")
+    with pytest.raises(RuntimeError, match="no backward on the cpu backend"):
+        (out.sum() + lse.sum()).backward()
+    specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, backend="reference").sum().backward()
+    assert q.grad is not None and k.grad is not None and q.grad.abs().sum() > 0
+    with torch.no_grad():     # (inference: the outputs as they were, no graph)
+        plain = specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, backend="cpu")
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, out.detach(), rtol=0, atol=0)

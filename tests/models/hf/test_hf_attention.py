@@ -9,6 +9,7 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
+import specdec  # noqa: E402
 from specdec import masks  # noqa: E402
 from specdec.integrations.transformers import register  # noqa: E402
 from specdec.models.hf.cache import HFSlotCache, cache_keyword  # noqa: E402
@@ -124,3 +125,38 @@ def test_refuses_what_it_cannot_express():
     ids = torch.randint(3, VOCAB, (1, 4))
     with pytest.raises(ValueError, match="need q_pos"):
         m(input_ids=ids, kv_valid=torch.ones(1, 4, dtype=torch.bool))
+
+
+def test_a_mask_the_rule_cannot_express_is_refused_not_mistranslated():
+    # Two packed sequences (block-diagonal causal): the second one's queries must not see the first's
+    # keys, which the rule (a last visible key per query) would show them. A left-padded mask,
+    # which it can express, passes the same check (test_causal_prefill).
+    m = build("llama")
+    ids = torch.randint(3, VOCAB, (1, 9))
+    packed = torch.zeros(1, 1, 9, 9, dtype=torch.bool)
+    packed[0, 0, :4, :4] = torch.ones(4, 4).tril().bool()
+    packed[0, 0, 4:, 4:] = torch.ones(5, 5).tril().bool()
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="not a causal mask with key padding"):
+        logits(m, "specdec", input_ids=ids, attention_mask=packed, position_ids=positions)
+    causal = torch.ones(1, 1, 9, 9).tril().bool()
+    torch.testing.assert_close(logits(m, "specdec", input_ids=ids, attention_mask=causal),
+                               logits(m, "sdpa", input_ids=ids, attention_mask=causal), atol=ATOL, rtol=0)
+
+
+def test_attention_sinks_are_refused():
+    from specdec.integrations.transformers import specdec_attention_forward
+
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="attention sinks"):
+        specdec_attention_forward(torch.nn.Module(), q, k, k, None, s_aux=torch.zeros(2))
+
+
+@pytest.mark.skipif(not specdec.build_info()["cpu_kernels"], reason="C++ extension not built")
+def test_a_loss_through_the_kernels_raises_on_backward_instead_of_dropping_gradients():
+    m = build("llama").train()
+    text_config(m)._attn_implementation = "specdec"
+    ids = torch.randint(3, VOCAB, (2, 6))
+    loss = m(input_ids=ids, labels=ids).loss       # (the forward is allowed: inference without no_grad)
+    with pytest.raises(RuntimeError, match="tree_attention has no backward on the"):
+        loss.backward()
