@@ -28,15 +28,23 @@ def check_same_device(t: torch.Tensor, ref: torch.Tensor, name: str, ref_name: s
         fail(f"{name} must be on the device of {ref_name} ({ref.device}), got {t.device}")
 
 
+#: The largest float32: the kernels compute with the scalars in float32, where a larger one is inf.
+FLOAT32_MAX = torch.finfo(torch.float32).max
+#: The smallest normal float32 (a temperature below it is subnormal or 0 there).
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
+
 def check_finite_scalar(value, name: str):
+    """A real number that stays finite in float32 (1e39 is finite as a Python float but inf in the
+    kernels, whose rows would turn NaN)."""
     if isinstance(value, (bool, str)):     # (float() takes both, and neither is what the caller meant)
         fail(f"{name} must be a real number, got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
         fail(f"{name} must be a real number, got {value!r}")
-    if not math.isfinite(v):
-        fail(f"{name} must be finite, got {value!r}")
+    if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+        fail(f"{name} must be finite in float32 (|{name}| <= {FLOAT32_MAX:.4g}), got {value!r}")
     return v
 
 
@@ -58,8 +66,10 @@ def check_ids_in_range(ids: torch.Tensor, upper: int, name: str):
 
 def check_table_in_range(table: torch.Tensor, upper: int, name: str):
     """Like check_ids_in_range, remembered on the tensor itself (keyed by its version counter),
-    since k-NN tables are large and reused across calls. An in-place edit bumps the version and
-    forces a new check; a new tensor never inherits an old tensor's verdict."""
+    since k-NN tables are large and reused across calls. An in-place torch op bumps the version and
+    forces a new check; a new tensor never inherits an old tensor's verdict. A write torch does not
+    count (through `.numpy()`, `.data` or a DLPack view) is not seen: edit a checked table with torch
+    ops, or pass a new tensor."""
     stamp = (table._version, upper)
     if getattr(table, "_specdec_range_checked", None) == stamp:
         return

@@ -18,7 +18,7 @@ import torch
 
 from specdec._types import PooledProbs
 from specdec.ops import dispatch
-from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, check_finite_scalar, check_ids_in_range,
+from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, FLOAT32_TINY, check_finite_scalar, check_ids_in_range,
                                 check_same_device, check_table_in_range, check_tensor, fail)
 from specdec.reference import pooling as _reference
 from specdec.settings import MAX_INT, SamplingArgs
@@ -60,8 +60,9 @@ def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.
         check_same_device(uncond_logits, logits, "uncond_logits", "logits")
     cfg_scale = check_finite_scalar(cfg_scale, "cfg_scale")
     temperature = check_finite_scalar(temperature, "temperature")
-    if temperature <= 0:
-        fail(f"temperature must be positive and finite, got {temperature!r}")
+    if temperature < FLOAT32_TINY:     # (below it float32 is subnormal or 0: 1e-46 made every row NaN)
+        fail(f"temperature must be positive, at least {FLOAT32_TINY:.4g} (float32's smallest normal number), "
+             f"got {temperature!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= MAX_INT:
         fail(f"top_k must be an int in [0, 2**63 - 1] (0 disables it), got {top_k!r}")
     top_p = check_top_p(top_p)

@@ -239,7 +239,13 @@ def _bad_calls(device):
         ("temperature", dict(ok, temperature=float("inf"))),
         ("temperature", dict(ok, temperature=0.0)),
         ("temperature", dict(ok, temperature=-1.0)),
+        # (finite Python floats that are inf or 0 in float32, where the kernels compute: a CPU row
+        # of a vocabulary that is not a multiple of its vector width turned NaN at 1e39)
+        ("temperature", dict(ok, temperature=1e39)),
+        ("temperature", dict(ok, temperature=1e-46)),
+        ("temperature", dict(ok, temperature=1e-39)),
         ("cfg_scale", dict(ok, uncond_logits=uncond, cfg_scale=float("nan"))),
+        ("cfg_scale", dict(ok, uncond_logits=uncond, cfg_scale=-1e39)),
         ("top_k", dict(ok, top_k=-1)),
         ("top_k", dict(ok, top_k=2.5)),
         ("top_k", dict(ok, top_k=2 ** 63)),          # (past an int64: the op's schema failed on it)
