@@ -7,6 +7,8 @@ flags (`app_from_flags`), so a replica on another node needs only the flags, not
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
 import os
 from typing import Dict, List
 
@@ -135,8 +137,30 @@ def run(args) -> int:
     service = app.state.service
     print(f"specdec serve: {service.config.model_name} ({service.size} images), {service.config.method} by "
           f"default, {service.config.concurrency} rows per engine, on http://{args.host}:{args.port}")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    # (uvicorn's own bound on the wait for open connections: past the drain, with room for its 503s)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info",
+                            timeout_graceful_shutdown=math.ceil(service.config.drain_timeout_s) + 5)
+    draining_server(config, service.loop).run()
     return 0
 
 
-__all__ = ["add_arguments", "app_from_flags", "config_from_args", "flags_from", "run", "spec_from_args"]
+def draining_server(config, loop):
+    """A uvicorn server that drains `loop` (`EngineLoop.close`) as soon as it begins to shut down.
+    uvicorn waits for the requests in flight before it runs the app's lifespan shutdown, where the
+    drain would begin: until they had all finished, without a bound, so --drain-timeout never
+    applied. Here what is unfinished at the drain timeout gets its 503, which closes its connection."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            drain = asyncio.get_running_loop().run_in_executor(None, loop.close)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                await drain
+
+    return DrainingServer(config)
+
+
+__all__ = ["add_arguments", "app_from_flags", "config_from_args", "draining_server", "flags_from", "run",
+           "spec_from_args"]

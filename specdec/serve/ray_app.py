@@ -10,6 +10,8 @@ A request is decoded whole by one replica, so its images are the ones a single s
 image j of seed s depends on (s, j) alone, never on the replica or its neighbours."""
 from __future__ import annotations
 
+import re
+import signal
 from typing import Dict, Optional
 
 from ray import serve
@@ -50,20 +52,48 @@ def app(args: Optional[Dict[str, object]] = None):
 
 
 def serve_forever(flags: Dict[str, object]) -> int:
-    """`specdec serve --ray`: join (or start) a Ray cluster, deploy, and serve until interrupted."""
+    """`specdec serve --ray`: join (or start) a Ray cluster, deploy, and serve until interrupted
+    (Ctrl-C or SIGTERM); a replica that cannot start is a ValueError with its own error."""
     import ray
 
     ray.init(address=flags.get("ray_address"))
-    serve.start(http_options={"host": flags["host"], "port": flags["port"]})
-    application = SpecdecServer.options(**deployment_options(flags)).bind(flags)
-    print(f"specdec serve --ray: {flags['replicas']} replica(s) on http://{flags['host']}:{flags['port']}")
+    # SIGTERM (systemd, `docker stop`) ends the deployment as Ctrl-C does: under Ray's own handler the
+    # command exited without serve.shutdown, and a local cluster's processes outlived it.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serve.run(application, name="specdec", route_prefix="/", blocking=True)
+        serve.start(http_options={"host": flags["host"], "port": flags["port"]})
+        application = SpecdecServer.options(**deployment_options(flags)).bind(flags)
+        print(f"specdec serve --ray: {flags['replicas']} replica(s) on http://{flags['host']}:{flags['port']}")
+        try:
+            serve.run(application, name="specdec", route_prefix="/", blocking=True)
+        except RuntimeError as e:   # (Ray says only that the deployment failed: the replica says why)
+            raise ValueError(replica_error() or str(e)) from None
     except KeyboardInterrupt:
         pass
     finally:
         serve.shutdown()
+        ray.shutdown()
     return 0
 
 
-__all__ = ["SpecdecServer", "app", "deployment_options", "serve_forever"]
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def replica_error() -> Optional[str]:
+    """Why the deployment's replicas failed to start: the last error their status message holds
+    (a replica's traceback ends in it), e.g. the ValueError of a flag its models do not take."""
+    try:
+        message = serve.status().applications["specdec"].deployments["specdec"].message
+    except Exception:      # (no status to read: Ray's own message stands)
+        return None
+    return last_error(message)
+
+
+def last_error(text: str) -> Optional[str]:
+    """The message of the last `SomeError: message` line of a traceback's text, or None."""
+    found = [m.group(2) for m in re.finditer(r"^\s*([\w.]+(?:Error|Exception)): (.+)$", text or "", re.MULTILINE)]
+    return found[-1] if found else None
+
+
+__all__ = ["SpecdecServer", "app", "deployment_options", "last_error", "replica_error", "serve_forever"]

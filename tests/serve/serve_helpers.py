@@ -69,12 +69,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def uvicorn_server(app):
-    """The app under a real uvicorn on 127.0.0.1 (a thread of this process); yields its base URL.
-    Stopped as uvicorn stops on a signal: connections closed, then the lifespan's drain."""
+    """The app under a real uvicorn on 127.0.0.1 (a thread of this process), as `specdec serve` runs
+    it (`draining_server`); yields its base URL. Stopped as uvicorn stops on a signal: the drain
+    begins, the connections close, then the lifespan's shutdown."""
     import uvicorn
 
+    from specdec.serve.command import draining_server
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = draining_server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"),
+                             app.state.service.loop)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + LIMIT_S

@@ -1,6 +1,7 @@
 """The server under a real uvicorn on 127.0.0.1: the official `openai` client, with and without
 streaming, gets the library's images; a client that goes away cancels its images and frees their
 rows."""
+import threading
 import time
 
 import httpx
@@ -14,6 +15,7 @@ from decoding_models import TinyFamily, single_thread  # noqa: E402, F401  (auto
 from serve_helpers import EXACT, LIMIT_S, library_images, served_pixels, uvicorn_server, wait_until  # noqa: E402
 from specdec.decoding.streaming import StreamingEngine  # noqa: E402
 from specdec.serve import create_app  # noqa: E402
+from specdec.serve.engine_loop import EngineLoop  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +82,20 @@ def _finished(url: str) -> float:
     metrics = httpx.get(f"{url}/metrics", timeout=LIMIT_S).text
     return sum(float(line.split()[-1]) for line in metrics.splitlines()
                if line.startswith("specdec_images_finished_total"))
+
+
+def test_a_request_the_drain_leaves_gets_its_503_and_uvicorn_stops(fam, monkeypatch):
+    """uvicorn waits for the requests in flight before the app's lifespan shutdown, where the drain
+    began: a request that never finished held the server up without a bound. The drain now begins
+    with uvicorn's shutdown (`draining_server`): at the drain timeout the request gets its 503."""
+    monkeypatch.setattr(EngineLoop, "_step", lambda loop, key, slot: None)   # (nothing ever finishes)
+    app = create_app(fam, method="ar", concurrency=1, drain_timeout_s=0.2)
+    answers = []
+    with uvicorn_server(app) as url:
+        client = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{url}/v1/images/generations", json={"prompt": "1"}, timeout=LIMIT_S)))
+        client.start()
+        wait_until(lambda: app.state.service.loop.outstanding > 0, "the request to be accepted")
+    client.join(LIMIT_S)
+    assert [r.status_code for r in answers] == [503]
+    assert answers[0].json()["error"]["code"] == "unavailable"

@@ -100,3 +100,15 @@ def test_ray_serve_run_takes_the_flags_as_strings():
     assert options["num_replicas"] == 3 and options["max_ongoing_requests"] == 8
     assert options["ray_actor_options"] == {"num_cpus": 0.5}
     assert builder({"replicas": "2", "family": "decoding_models:TinyFamily"}) is not None
+
+
+def test_a_replica_that_cannot_start_is_named_by_its_own_error():
+    """Ray says only that the deployment failed; `serve --ray` says what the replica raised."""
+    from specdec.serve.ray_app import last_error
+
+    message = ("The deployment failed to start 3 times in a row.\nTraceback (most recent call last):\n"
+               '  File "/x/ray/serve/_private/replica.py", line 9, in initialize\n'
+               "ray.exceptions.RayTaskError(ValueError): a wrapper\n"
+               "ValueError: zipar cannot run here: window must be an int in [1, W] = [1, 16], got 99\n")
+    assert last_error(message) == "zipar cannot run here: window must be an int in [1, W] = [1, 16], got 99"
+    assert last_error("Deploying application specdec failed.") is None
