@@ -55,6 +55,17 @@ def save_record(prefix: str, started, record: dict) -> str:
     return out
 
 
+def run_child(cmd) -> None:
+    """Run a child command (specdec's CLI) to its end; when it fails, exit with its exit code: it
+    has printed its own error, which a CalledProcessError traceback here would only bury."""
+    import subprocess
+    import sys
+
+    code = subprocess.run(cmd).returncode
+    if code != 0:
+        sys.exit(code if code > 0 else 128 - code)      # (killed by a signal: the shell's 128 + N)
+
+
 def bench_devices():
     return ["cuda"] if torch.cuda.is_available() else ["cpu"]
 

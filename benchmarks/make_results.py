@@ -12,6 +12,7 @@ Beside it, `decoders.png` plots the decoders' end-to-end run (the `specdec compa
 most images, the newest of those): target passes and wall-clock speed-up against FD-classifier.
 It needs matplotlib (requirements-dev.txt); without it RESULTS.md is still written.
 """
+import argparse
 import glob
 import json
 import os
@@ -45,9 +46,21 @@ passes exist. The engine tables below are from the 2-core CPU.
 """
 
 
+class ResultsFileError(ValueError):
+    """A results file that holds no record (empty, cut short, not a JSON object): its message names
+    the file, so that the one bad file among a hundred is found at once."""
+
+
 def _load(path):
-    with open(path) as f:
-        return json.load(f)
+    """The record a results file holds: a JSON object (or a ResultsFileError naming the file)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResultsFileError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ResultsFileError(f"{path}: holds a JSON {type(data).__name__}, not a record (a JSON object)")
+    return data
 
 
 def _fmt_time(seconds):
@@ -411,7 +424,17 @@ def index_lines(files, shown) -> list:
     return lines + [""]
 
 
-def main():
+def main(argv=None):
+    # (no options: the parser gives --help, and refuses any argument before RESULTS.md is rewritten)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    try:
+        write_results()
+    except ResultsFileError as e:
+        sys.exit(f"make_results.py: {e}")
+
+
+def write_results():
+    """RESULTS.md and the plots, from every file in results/."""
     files = sorted(glob.glob(os.path.join(HERE, "results", "*.json")),
                    key=lambda p: (_run_date(p), os.path.basename(p)))
     out = [HEADER]

@@ -32,6 +32,8 @@ def machine_tag() -> str:
 
 
 PEERS = os.path.join("kernels", "bench_kernel_peers.py")
+#: SPECDEC_PEERS, the peers' shapes (kernels/bench_kernel_peers.py): every one, or the headline's
+PEERS_SCOPES = ("full", "headline")
 
 
 def _call(cmd, **kw) -> int:
@@ -49,6 +51,10 @@ def _call(cmd, **kw) -> int:
 def main(argv):
     peers = "--peers" in argv
     argv = [a for a in argv if a != "--peers"]
+    scope = os.environ.get("SPECDEC_PEERS", "full")
+    if peers and scope not in PEERS_SCOPES:     # (bench_kernel_peers.py ran the full sweep for any other word)
+        print(f"run.py: SPECDEC_PEERS={scope!r} is not one of {', '.join(PEERS_SCOPES)}", file=sys.stderr)
+        return 2
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
     # make_results.py tells the peers' files from the microbenchmarks' by this prefix.

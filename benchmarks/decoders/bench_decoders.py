@@ -3,7 +3,12 @@ speculative decoding is for), at the defaults of `specdec.decoding.OPTIONS`: the
 time per image of each method, with `ar` as the baseline of the group's speed-up column.
 
 The quality side (class accuracy, FD) needs hundreds of images and lives in `specdec compare`
-(benchmarks/decoders/record_compare.py); this file is the pytest-benchmark view of the speed side."""
+(benchmarks/decoders/record_compare.py); this file is the pytest-benchmark view of the speed side.
+
+A pytest-benchmark file: run it through run.py (run directly, its `import bench_helpers` fails):
+
+    python benchmarks/run.py -k bench_decoders
+"""
 import pytest
 import torch
 

@@ -1,5 +1,10 @@
 """Plain AR generation of one image with the embedded default target (16x16 tokens, CFG batch
-of 2, KV cache): the `ar` baseline's cost per image, per attention backend."""
+of 2, KV cache): the `ar` baseline's cost per image, per attention backend.
+
+A pytest-benchmark file: run it through run.py (run directly, its `import bench_helpers` fails):
+
+    python benchmarks/run.py -k bench_models
+"""
 import pytest
 import torch
 

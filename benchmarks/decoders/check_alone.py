@@ -12,9 +12,14 @@ image differs.
         [--variants ar,ar-exact,sd,...]
 """
 import argparse
+import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # benchmarks/: script_args
+
+from script_args import count, ints, names  # noqa: E402
 
 #: name -> (method, options); a `max_tokens_per_pass` option is the budget per row (its share)
 VARIANTS = {
@@ -100,20 +105,16 @@ def main(argv=None) -> int:
     from specdec.models import default
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grid", type=int, default=16, help="the embedded family's grid (16 or 32)")
-    p.add_argument("--images", type=int, default=7, help="images per variant and seed")
-    p.add_argument("--seeds", default="3,8")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
+    p.add_argument("--grid", type=int, choices=(16, 32), default=16, help="the embedded family's grid (16 or 32)")
+    p.add_argument("--images", type=count(CANCELLED + 1), default="7",
+                   help=f"images per variant and seed (more than {CANCELLED}: the stream cancels request {CANCELLED})")
+    p.add_argument("--seeds", type=ints(0, what="seed"), default="3,8")
+    p.add_argument("--variants", type=names(VARIANTS, "variant"), default=",".join(VARIANTS),
+                   help=f"some of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
-    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
-    if unknown:
-        p.error(f"unknown variant {', '.join(unknown)}; variants: {', '.join(VARIANTS)}")
-    if args.images <= CANCELLED:
-        p.error(f"--images must be more than {CANCELLED} (the stream cancels request {CANCELLED})")
     torch.set_num_threads(1)
     fam = default(grid=args.grid)
-    failures = sum(check(decoding, fam, name, args.images, int(seed))
-                   for name in args.variants.split(",") for seed in args.seeds.split(","))
+    failures = sum(check(decoding, fam, name, args.images, seed) for name in args.variants for seed in args.seeds)
     print("every image its own" if not failures else f"{failures} cells differ")
     return 1 if failures else 0
 

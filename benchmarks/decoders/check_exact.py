@@ -10,9 +10,14 @@ first `--alone` of them). Prints one line per cell and exits 1 if any image diff
         [--variants sd1,sd2,sd4,sd8,sjd4,sjd16] [--cells batch16,alone,staggered,adaptive,budget]
 """
 import argparse
+import os
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # benchmarks/: script_args
+
+from script_args import ints, names  # noqa: E402
 
 #: name -> (method, options): sd's draft lengths and sjd's windows
 VARIANTS = {**{f"sd{c}": ("sd", dict(chunk=c)) for c in (1, 2, 4, 8)},
@@ -71,21 +76,23 @@ def main(argv=None) -> int:
     from specdec.models import default
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grids", default="16,32")
-    p.add_argument("--images", default="64,16", help="images per family")
-    p.add_argument("--alone", default="8,2", help="images decoded one at a time per family")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"some of {', '.join(VARIANTS)}")
-    p.add_argument("--cells", default=",".join(CELLS), help=f"some of {', '.join(CELLS)}")
+    p.add_argument("--grids", type=ints(choices=(16, 32), what="grid"), default="16,32")
+    p.add_argument("--images", type=ints(1, what="image count", distinct=False), default="64,16",
+                   help="images per family")
+    p.add_argument("--alone", type=ints(1, what="image count", distinct=False), default="8,2",
+                   help="images decoded one at a time per family")
+    p.add_argument("--variants", type=names(VARIANTS, "variant"), default=",".join(VARIANTS),
+                   help=f"some of {', '.join(VARIANTS)}")
+    p.add_argument("--cells", type=names(CELLS, "cell"), default=",".join(CELLS), help=f"some of {', '.join(CELLS)}")
     args = p.parse_args(argv)
-    cells = args.cells.split(",")
-    unknown = sorted(set(cells) - set(CELLS)) + sorted(set(args.variants.split(",")) - set(VARIANTS))
-    if unknown:
-        p.error(f"unknown cell or variant {', '.join(unknown)}; cells: {', '.join(CELLS)}; "
-                f"variants: {', '.join(VARIANTS)}")
+    # (a count for each family, in order: zip would drop a family without one, silently)
+    for flag, values in (("--images", args.images), ("--alone", args.alone)):
+        if len(values) < len(args.grids):
+            p.error(f"{flag}: give a count for each grid of --grids ({len(args.grids)}), got {len(values)}")
     torch.set_num_threads(1)
     failures = 0
-    for grid, n, alone in zip(*(map(int, v.split(",")) for v in (args.grids, args.images, args.alone))):
-        failures += check(decoding, default(grid=grid), grid, n, alone, args.variants.split(","), cells)
+    for grid, n, alone in zip(args.grids, args.images, args.alone):
+        failures += check(decoding, default(grid=grid), grid, n, alone, args.variants, args.cells)
     print("all identical" if not failures else f"{failures} cells differ")
     return 1 if failures else 0
 

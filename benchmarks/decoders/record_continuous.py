@@ -32,6 +32,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
+from script_args import count, device_name, ints, items, names, thread_count  # noqa: E402
+
+MODES = ("eager", "compiled")
+BATCHINGS = ("lockstep", "continuous")
+
+
+def one_budget(text: str):
+    """A --budgets entry: 'none' (no limit) or a token budget of at least 1."""
+    return None if text == "none" else count(1)(text)
 
 
 def cell(decoding, fam, method, classes, *, mode, concurrency, batching, budget=None, seed=0):
@@ -79,31 +88,30 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=int, choices=(16, 32), default=16)
-    p.add_argument("--num-images", type=int, default=32)
-    p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--modes", default="eager,compiled")
-    p.add_argument("--methods", default=",".join(decoding.METHODS))
-    p.add_argument("--budgets", default="none",
+    p.add_argument("--num-images", type=count(1), default="32")
+    p.add_argument("--concurrency", type=ints(1, what="concurrency"), default="1,4,16,64")
+    p.add_argument("--modes", type=names(MODES, "mode"), default=",".join(MODES))
+    p.add_argument("--methods", type=names(decoding.METHODS, "method"), default=",".join(decoding.METHODS))
+    p.add_argument("--budgets", type=items(one_budget, "budget"), default="none",
                    help="max_tokens_per_pass values, comma-separated ('none': no limit); ar has no budget to use")
-    p.add_argument("--batchings", default="lockstep,continuous")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--device", default="cpu",
+    p.add_argument("--batchings", type=names(BATCHINGS, "batching"), default=",".join(BATCHINGS))
+    p.add_argument("--threads", type=thread_count, default=1)
+    p.add_argument("--device", type=device_name, default="cpu",
                    help="cuda: the scheduler's compiled passes replay CUDA graphs only with "
                    "SPECDEC_CONTINUOUS_GRAPHS=1 (opt-in)")
     args = p.parse_args(argv)
-    budgets = [None if b == "none" else int(b) for b in args.budgets.split(",")]
+    budgets, methods, modes = args.budgets, args.methods, ",".join(args.modes)
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()
     fam = default(grid=args.grid, device=args.device)
     classes = torch.arange(args.num_images) % fam.target.num_classes
-    methods = [m for m in args.methods.split(",") if m]
     rows = []
-    for mode in args.modes.split(","):
-        for c in (int(x) for x in args.concurrency.split(",")):
+    for mode in args.modes:
+        for c in args.concurrency:
             rows.append(cell(decoding, fam, "ar", classes, mode=mode, concurrency=c, batching="lockstep"))
             print(rows[-1], flush=True)
             for m in methods:
-                for batching in args.batchings.split(","):
+                for batching in args.batchings:
                     for budget in ([None] if m == "ar" else budgets):
                         if m == "ar" and batching == "lockstep":
                             continue
@@ -115,12 +123,12 @@ def main(argv=None) -> int:
     record["continuous_graphs"] = args.device == "cuda" and scheduler.cuda_graphs()
     # (runs of a few methods are kept apart from the runs of all of them; ar runs in every run)
     subset = "" if set(methods) | {"ar"} == set(decoding.METHODS) else " " + ",".join(methods)
-    record["variant"] = f"{args.grid}x{args.grid} {args.modes}{subset}" + (
-        f" budgets {args.budgets}" if args.budgets != "none" else "")
+    limited = budgets != [None]
+    record["variant"] = f"{args.grid}x{args.grid} {modes}{subset}" + (
+        f" budgets {','.join('none' if b is None else str(b) for b in budgets)}" if limited else "")
     print(table(rows))
     # runs of other grids and modes may start in the same second: the file name says which
-    prefix = f"continuous-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}" + (
-        "-budgets" if args.budgets != "none" else "")
+    prefix = f"continuous-{args.grid}x{args.grid}-{modes.replace(',', '-')}" + ("-budgets" if limited else "")
     print("wrote", save_record(prefix, started, record))
     return 0
 

@@ -31,6 +31,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record, synchronize  # noqa: E402
+from script_args import count, device_name, ints, names, thread_count  # noqa: E402
+
+MODES = ("eager", "compiled")
 
 
 def count_target_passes(model):
@@ -99,26 +102,26 @@ def main(argv=None):
     from specdec.models import default
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-images", type=int, default=32, help="per cell (a multiple of every batch size)")
-    parser.add_argument("--batch-sizes", default="1,16")
-    parser.add_argument("--methods", default=",".join(decoding.METHODS))
-    parser.add_argument("--modes", default="eager,compiled")
-    parser.add_argument("--compiled-methods", default=None,
+    parser.add_argument("--num-images", type=count(1), default="32", help="per cell (a multiple of every batch size)")
+    parser.add_argument("--batch-sizes", type=ints(1, what="batch size"), default="1,16")
+    parser.add_argument("--methods", type=names(decoding.METHODS, "method"), default=",".join(decoding.METHODS))
+    parser.add_argument("--modes", type=names(MODES, "mode"), default=",".join(MODES))
+    parser.add_argument("--compiled-methods", type=names(decoding.METHODS, "method"), default=None,
                         help="the methods also run compiled (default: every one in --methods; each compiles a "
                              "handful of graphs per batch size, which is the slow part of a first run)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", type=device_name, default="cpu")
+    parser.add_argument("--threads", type=thread_count, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    methods = args.methods.split(",")
-    modes = args.modes.split(",")
+    batch_sizes, methods, modes = args.batch_sizes, args.methods, args.modes
     if any(args.num_images % b for b in batch_sizes):
-        raise SystemExit(f"--num-images {args.num_images} must be a multiple of every batch size {batch_sizes}")
+        parser.error(f"--num-images {args.num_images} must be a multiple of every batch size {batch_sizes}")
+    compiled = methods if args.compiled_methods is None else args.compiled_methods
+    if set(compiled) - set(methods):     # (a method outside --methods never runs: its cells would be missing)
+        parser.error(f"--compiled-methods {', '.join(sorted(set(compiled) - set(methods)))}: not in --methods")
+    torch.set_num_threads(args.threads)
     fam = default(device=args.device)
     passes = count_target_passes(fam.target)
     classes = torch.arange(args.num_images) % fam.target.num_classes
-    compiled = methods if args.compiled_methods is None else args.compiled_methods.split(",")
     cells = [(m, b, mode) for b in batch_sizes for mode in modes for m in methods
              if mode == "eager" or m in compiled]
     started = datetime.datetime.now(datetime.timezone.utc)

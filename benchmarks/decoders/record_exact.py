@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
+from script_args import count, ints, names, thread_count  # noqa: E402
 
 #: the variants of the acceptance table: method and its fixed width
 WIDTHS = {"sd": dict(chunk=4), "sjd": dict(window=16)}
@@ -154,6 +155,9 @@ def load_cells(decoding, fam, concurrency: int, images: int, repeats: int = 1, v
     return rows
 
 
+PARTS = ("acceptance", "load")
+
+
 def median(values):
     return sorted(values)[len(values) // 2]
 
@@ -170,33 +174,30 @@ def main(argv=None) -> int:
     from specdec.models import default
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--grids", default="16,32", help="the acceptance table's families")
-    p.add_argument("--images", type=int, default=16, help="images per acceptance cell (batch 1)")
-    p.add_argument("--load-images", type=int, default=16, help="images per load cell (at least the concurrency)")
-    p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--parts", default="acceptance,load")
-    p.add_argument("--repeats", type=int, default=1, help="load: timed rounds per cell, the variants in turn")
-    p.add_argument("--variants", default=None,
+    p.add_argument("--grids", type=ints(choices=(16, 32), what="grid"), default="16,32",
+                   help="the acceptance table's families")
+    p.add_argument("--images", type=count(1), default="16", help="images per acceptance cell (batch 1)")
+    p.add_argument("--load-images", type=count(1), default="16",
+                   help="images per load cell (at least the concurrency)")
+    p.add_argument("--concurrency", type=ints(1, what="concurrency"), default="1,4,16,64")
+    p.add_argument("--parts", type=names(PARTS, "part"), default=",".join(PARTS))
+    p.add_argument("--repeats", type=count(1), default="1", help="load: timed rounds per cell, the variants in turn")
+    p.add_argument("--variants", type=names([v[0] for v in LOAD_VARIANTS], "variant"), default=None,
                    help=f"load: some of {', '.join(v[0] for v in LOAD_VARIANTS)} (exact ar always runs)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=thread_count, default=1)
     args = p.parse_args(argv)
-    known = [v[0] for v in LOAD_VARIANTS]
-    unknown = [] if args.variants is None else [v for v in args.variants.split(",") if v not in known]
-    if unknown:
-        p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     args.num_images = args.images
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()
     rows = []
-    parts = args.parts.split(",")
+    parts = args.parts
     if "acceptance" in parts:
-        for grid in (int(g) for g in args.grids.split(",")):
+        for grid in args.grids:
             rows += acceptance_cells(decoding, default(grid=grid), grid, args.images)
     if "load" in parts:
         fam = default()
-        for c in (int(x) for x in args.concurrency.split(",")):
-            rows += load_cells(decoding, fam, c, max(args.load_images, c), args.repeats,
-                               None if args.variants is None else args.variants.split(","))
+        for c in args.concurrency:
+            rows += load_cells(decoding, fam, c, max(args.load_images, c), args.repeats, args.variants)
     record = decode_record("specdec-exact", "record_exact.py", argv, started, args, rows)
     record["load_images"] = args.load_images
     record["repeats"] = args.repeats

@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
+from script_args import count, names, thread_count  # noqa: E402
 
 
 class GraphClock:
@@ -86,17 +87,14 @@ def main(argv=None):
     from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-images", type=int, default=8, help="timed images per method")
-    parser.add_argument("--warmup", type=int, default=10,
+    parser.add_argument("--num-images", type=count(1), default="8", help="timed images per method")
+    parser.add_argument("--warmup", type=count(0), default="10",
                         help="images per method decoded first (compiles the bucket widths a decode meets)")
-    parser.add_argument("--methods", default="ar,mulo,ssd,zipar,sjd")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", type=names(decoding.METHODS, "method"), default="ar,mulo,ssd,zipar,sjd")
+    parser.add_argument("--threads", type=thread_count, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    methods = args.methods.split(",")
-    unknown = [m for m in methods if m not in decoding.METHODS]
-    if unknown:
-        raise SystemExit(f"--methods: unknown method(s) {', '.join(unknown)}")
+    methods = args.methods
     if "ar" not in methods:
         methods = ["ar"] + methods
     started = datetime.datetime.now(datetime.timezone.utc)

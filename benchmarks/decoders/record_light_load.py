@@ -27,6 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
+from script_args import count, ints, names, thread_count  # noqa: E402
+
+MODES = ("eager", "compiled")
 
 
 class RowsFed:
@@ -102,28 +105,29 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=int, choices=(16, 32), default=16)
-    p.add_argument("--concurrency", default="1,16")
-    p.add_argument("--modes", default="compiled")
-    p.add_argument("--methods", default=",".join(decoding.METHODS))
-    p.add_argument("--requests", type=int, default=5, help="timed requests per cell (the median is kept)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--concurrency", type=ints(1, what="concurrency"), default="1,16")
+    p.add_argument("--modes", type=names(MODES, "mode"), default="compiled")
+    p.add_argument("--methods", type=names(decoding.METHODS, "method"), default=",".join(decoding.METHODS))
+    p.add_argument("--requests", type=count(1), default="5", help="timed requests per cell (the median is kept)")
+    p.add_argument("--threads", type=thread_count, default=1)
     args = p.parse_args(argv)
     args.num_images = args.requests
+    modes = ",".join(args.modes)
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now()
     fam = default(grid=args.grid)
-    methods = ["ar"] + [m for m in args.methods.split(",") if m and m != "ar"]
+    methods = ["ar"] + [m for m in args.methods if m != "ar"]
     rows = []
-    for mode in args.modes.split(","):
-        for c in (int(x) for x in args.concurrency.split(",")):
+    for mode in args.modes:
+        for c in args.concurrency:
             for m in methods:
                 rows.append(cell(decoding, fam, m, mode=mode, concurrency=c, requests=args.requests))
                 print(rows[-1], flush=True)
     record = decode_record("specdec-light-load", "record_light_load.py", argv, started, args, rows)
     record["grid"] = args.grid
-    record["variant"] = f"{args.grid}x{args.grid} {args.modes}"
+    record["variant"] = f"{args.grid}x{args.grid} {modes}"
     print(table(rows))
-    save_record(f"light-load-{args.grid}x{args.grid}-{args.modes.replace(',', '-')}", started, record)
+    save_record(f"light-load-{args.grid}x{args.grid}-{modes.replace(',', '-')}", started, record)
     return 0
 
 

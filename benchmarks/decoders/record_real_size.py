@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import device_description, save_record  # noqa: E402
+from script_args import count, device_name, ints, names, thread_count  # noqa: E402
 
 MODELS = ("llamagen-xl", "janus-pro-1b", "glm-image")
 METHODS = ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")
@@ -301,8 +302,8 @@ def run(args, device, record):
     """Two phases, the cost curves first (a run cut short by a time limit keeps them): every
     model's passes, then every model's decodes, each model built for its phase and freed after."""
     phases = [("passes", args.models), ("decodes", [m for m in args.models if m in args.decode_models])]
-    for phase, names in phases:
-        for name in names:
+    for phase, models in phases:
+        for name in models:
             fam, conditions, entry = _built(name, args, device, record)
             try:
                 if phase == "passes":
@@ -320,26 +321,31 @@ def run(args, device, record):
                     torch.cuda.empty_cache()
 
 
+def decode_models(text: str) -> list:
+    """--decode-models: some of MODELS, or 'none' (the cost curves alone)."""
+    return [] if text == "none" else names(MODELS, "model")(text)
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_name, default="cpu")
     p.add_argument("--compile", action="store_true", help="compiled passes (CUDA graphs on CUDA)")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers run (the depth cut)")
-    p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--decode-models", default=None, help="models that also decode once per method (default: all)")
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="tokens fed per timed pass (and the grid)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--layers", type=count(1), default="2", help="decoder layers run (the depth cut)")
+    p.add_argument("--models", type=names(MODELS, "model"), default=",".join(MODELS))
+    p.add_argument("--decode-models", type=decode_models, default=None,
+                   help="models of --models that also decode once per method (default: all; none: no decodes)")
+    p.add_argument("--methods", type=names(METHODS, "method"), default=",".join(METHODS))
+    p.add_argument("--tokens", type=ints(1, what="token count"), default=",".join(map(str, TOKENS)),
+                   help="tokens fed per timed pass (and the grid)")
+    p.add_argument("--repeats", type=count(1), default="3")
+    p.add_argument("--threads", type=thread_count, default=None,
                    help="torch CPU threads (default 1 on the CPU: on a shared 2-core machine more threads wait for "
                         "each other at every op; torch's default on CUDA)")
     args = p.parse_args(argv)
-    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
-    args.decode_models = args.models if args.decode_models is None else [m for m in args.decode_models.split(",") if m]
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    args.tokens = [int(t) for t in args.tokens.split(",") if t]
-    if args.layers < 1:
-        raise SystemExit("--layers must be >= 1")
+    if args.decode_models is None:
+        args.decode_models = args.models
+    elif set(args.decode_models) - set(args.models):     # (a model that is not built would not decode)
+        p.error(f"--decode-models {', '.join(sorted(set(args.decode_models) - set(args.models)))}: not in --models")
     return args
 
 

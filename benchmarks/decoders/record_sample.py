@@ -11,7 +11,6 @@ import datetime
 import filecmp
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,13 +18,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
-from bench_helpers import device_description  # noqa: E402
+from bench_helpers import device_description, run_child  # noqa: E402
+from script_args import count, output_folder  # noqa: E402
 
 
 def _run(label, cmd, out_dir):
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    run_child(cmd)
     wall = time.perf_counter() - t0
     with open(os.path.join(out_dir, "stats.json")) as f:
         stats = json.load(f)
@@ -41,11 +41,13 @@ def _run(label, cmd, out_dir):
 
 
 def main(argv=None):
+    from specdec.decoding import METHODS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", default="mulo")
-    parser.add_argument("--num-images", type=int, default=1000)
-    parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--keep", default=None,
+    parser.add_argument("--method", choices=METHODS, default="mulo")
+    parser.add_argument("--num-images", type=count(1), default="1000")
+    parser.add_argument("--nproc", type=count(1), default="2", help="processes under torchrun")
+    parser.add_argument("--keep", type=output_folder, default=None,
                         help="write the two sample directories here (default: a temporary folder)")
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)

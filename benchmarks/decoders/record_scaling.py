@@ -19,10 +19,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
+from script_args import count, ints, names, thread_count  # noqa: E402
 
 #: The methods each grid's family can run (8x8: no drafter below it, no heads or same-grid drafter).
 METHODS_AT = {8: ("ar", "sjd", "zipar"), 16: ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd"),
               32: ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")}
+MODES = ("eager", "compiled")
 
 
 def family_at(grid: int, device="cpu"):
@@ -56,26 +58,33 @@ def scaling_rows(grid: int, mode: str, rows: list, results: dict, fd_real, fam=N
 
 
 def main(argv=None):
+    from specdec import decoding
     from specdec.compare import run_compare
     from specdec.decoding import DEFAULT_SAMPLING
     from specdec.settings import RunSettings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-images", type=int, default=100, help="per method, grid and mode")
-    parser.add_argument("--grids", default="8,16,32")
-    parser.add_argument("--modes", default="eager,compiled")
-    parser.add_argument("--methods", default=None, help="a subset of every grid's methods (default: all it can run)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--num-images", type=count(2), default="100",
+                        help="per method, grid and mode (at least 2: the Frechet distance needs two images)")
+    parser.add_argument("--grids", type=ints(choices=METHODS_AT, what="grid"), default="8,16,32")
+    parser.add_argument("--modes", type=names(MODES, "mode"), default=",".join(MODES))
+    parser.add_argument("--methods", type=names(decoding.METHODS, "method"), default=None,
+                        help="a subset of every grid's methods (default: all it can run)")
+    parser.add_argument("--threads", type=thread_count, default=1)
     args = parser.parse_args(argv)
+    runnable = {m for g in args.grids for m in METHODS_AT[g]}
+    if args.methods is not None and set(args.methods) - runnable:   # (it would run nowhere, yet be in the command)
+        parser.error(f"--methods {', '.join(sorted(set(args.methods) - runnable))}: no family of --grids "
+                     f"{','.join(map(str, args.grids))} runs it")
     torch.set_num_threads(args.threads)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
-    for grid in (int(g) for g in args.grids.split(",")):
-        methods = [m for m in METHODS_AT[grid] if args.methods is None or m in args.methods.split(",")]
+    for grid in args.grids:
+        methods = [m for m in METHODS_AT[grid] if args.methods is None or m in args.methods]
         if "ar" not in methods:
             methods = ["ar"] + methods
         fam = family_at(grid)
-        for mode in args.modes.split(","):
+        for mode in args.modes:
             run = RunSettings(seed=0, compile=mode == "compiled", sampling=DEFAULT_SAMPLING)
             print(f"grid {grid}x{grid}, {mode}: {', '.join(methods)}", flush=True)
             table, results, fd_real = run_compare(fam, methods, args.num_images, run, {})

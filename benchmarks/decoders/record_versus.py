@@ -27,7 +27,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers
+sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, script_args
+
+from script_args import count, ints, names  # noqa: E402
 
 #: the cells of each (method, concurrency): each checkout's two ways of decoding at that load
 CELLS = (("head", "continuous"), ("base", "continuous"), ("head", "lockstep"), ("base", "lockstep"))
@@ -77,15 +79,24 @@ def ask(process: subprocess.Popen, cell: dict) -> dict:
     return json.loads(line)
 
 
+def method_names(text: str) -> list:
+    """--methods: some of specdec.decoding.METHODS (imported here, when --methods is given: a worker
+    process has the other checkout's specdec first on its path)."""
+    from specdec.decoding import METHODS
+
+    return names(METHODS, "method")(text)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", help="the earlier checkout (its extension built or copied in)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--concurrency", default="4,16")
-    p.add_argument("--num-images", type=int, default=32)
-    p.add_argument("--methods", default="ar,sd,lantern,sjd,zipar,mulo,ssd")
+    p.add_argument("--rounds", type=count(1), default="3")
+    p.add_argument("--concurrency", type=ints(1, what="concurrency"), default="4,16")
+    p.add_argument("--num-images", type=count(1), default="32")
+    p.add_argument("--methods", type=method_names, default=None, help="default: ar,sd,lantern,sjd,zipar,mulo,ssd")
     p.add_argument("--grid", type=int, choices=(16, 32), default=16)
-    p.add_argument("--cpu", type=int, help="the core both workers are pinned to (taskset)")
+    p.add_argument("--cpu", type=count(0, (os.cpu_count() or 1) - 1),
+                   help="the core both workers are pinned to (taskset)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -95,10 +106,12 @@ def main(argv=None) -> int:
         p.error("--base must name a checkout of the earlier commit (a folder holding specdec/)")
     from bench_helpers import decode_record, save_record
 
+    args.methods = args.methods or ["ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd"]
+
     started = datetime.datetime.now()
     workers = {"head": start_worker(ROOT, args), "base": start_worker(os.path.abspath(args.base), args)}
-    cells = [dict(method=m, concurrency=c, batching=b, tree=t) for m in args.methods.split(",")
-             for c in map(int, args.concurrency.split(",")) for t, b in CELLS]
+    cells = [dict(method=m, concurrency=c, batching=b, tree=t) for m in args.methods for c in args.concurrency
+             for t, b in CELLS]
     rounds = []
     for r in range(args.rounds):
         rounds.append([ask(workers[cell["tree"]], cell) for cell in cells])
@@ -107,8 +120,8 @@ def main(argv=None) -> int:
         process.stdin.close()
         process.wait()
     rows = []
-    for m in args.methods.split(","):
-        for c in map(int, args.concurrency.split(",")):
+    for m in args.methods:
+        for c in args.concurrency:
             def rates(tree, batching):
                 return [x["images_per_s"] for rnd in rounds for x in rnd
                         if (x["method"], x["concurrency"], x["tree"], x["batching"]) == (m, c, tree, batching)]

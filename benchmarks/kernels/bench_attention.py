@@ -3,6 +3,10 @@ torch.compile(flex_attention), at verification shapes and at the tiny-GPT shapes
 
 The flex entry is named "flex_compiled": the same rule as a FlexAttention mask_mod, compiled
 by torch (its first call compiles for several seconds; pytest-benchmark's warm-up absorbs it).
+
+A pytest-benchmark file: run it through run.py (run directly, its `import bench_helpers` fails):
+
+    python benchmarks/run.py -k attention
 """
 import warnings
 

@@ -1,5 +1,10 @@
 """Kernel 1 (pool_probs) per backend against the reference, at LlamaGen 512px, Tar 1024px and
-embedded-default shapes."""
+embedded-default shapes.
+
+A pytest-benchmark file: run it through run.py (run directly, its `import bench_helpers` fails):
+
+    python benchmarks/run.py -k pool_probs
+"""
 import pytest
 import torch
 

@@ -4,6 +4,10 @@ V = 16384, and the embedded default's 16x16 grids over 256 codes; about 5% of th
 rejected. sample_residual gets the rows that must be resampled, M = 5% of B * H * W:
 from the target alone (MuLo-SD, no draft distribution) and from the residual (SSD).
 Timings include the public API's argument checks, as a user calling specdec.ops would see.
+
+A pytest-benchmark file: run it through run.py (run directly, its `import bench_helpers` fails):
+
+    python benchmarks/run.py -k verification
 """
 import pytest
 import torch

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(BENCHMARKS))
 sys.path.insert(0, BENCHMARKS)
 
 from machine.device_limits import cuda_event_ms, measure  # noqa: E402
+from script_args import count, output_file  # noqa: E402
 
 VARIANTS = {"cuda": 0, "cuda-v2": 1, "cuda-radix": 2}
 
@@ -84,10 +85,11 @@ def cases(quick):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
+    ap.add_argument("out", type=output_file, help="the JSON, rewritten after every row")
     ap.add_argument("--quick", action="store_true", help="V 16384 and 65536 only")
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--neighbors", type=int, default=1000)
+    ap.add_argument("--rows", type=count(1), default="1024")
+    ap.add_argument("--neighbors", type=count(1, 16384), default="1000",
+                    help="neighbours per code (at most 16384, the smallest vocabulary timed)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no GPU: nothing to time")

@@ -116,9 +116,14 @@ def measure_cpu(copy_bytes: int = 512 << 20, matmul_n: int = 2048, repeats: int 
 
 if __name__ == "__main__":
     import argparse
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # benchmarks/: script_args
+    from script_args import output_file
 
     parser = argparse.ArgumentParser(description="The machine's copy bandwidth and bf16 matrix rate, as JSON.")
-    parser.add_argument("out", nargs="?", default=None, help="also write the JSON to this file")
+    # (checked now: a bad path used to be found after the measuring)
+    parser.add_argument("out", nargs="?", type=output_file, default=None, help="also write the JSON to this file")
     out = parser.parse_args().out
     result = measure()
     result["cpu"] = measure_cpu()

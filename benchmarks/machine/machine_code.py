@@ -9,6 +9,7 @@ tables benchmarks/results/res-usage-attention.md and res-usage-pooling.md:
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -361,24 +362,30 @@ def attention_report() -> str:
     return "\n".join(lines) + "\n"
 
 
+REPORTS = ("attention", "pooling", "all")
+
+
 def main(argv=None):
-    which = (argv if argv is not None else sys.argv[1:]) or ["all"]
+    parser = argparse.ArgumentParser(description="Write the kernels' machine-code tables: "
+                                                 "benchmarks/results/res-usage-<which>.md (cuobjdump, no GPU).")
+    parser.add_argument("which", nargs="?", choices=REPORTS, default="all", help="the table to write (default: all)")
+    which = parser.parse_args(argv).which
     sys.path.insert(0, ROOT)
     import specdec
 
     if cuobjdump() is None or tool("nvdisasm") is None:
         sys.exit("needs cuobjdump and nvdisasm: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
     os.makedirs(RESULTS, exist_ok=True)
-    if which[0] in ("attention", "all"):
+    if which in ("attention", "all"):
         with open(os.path.join(RESULTS, "res-usage-attention.md"), "w") as f:
             f.write(attention_report())
-    if which[0] in ("pooling", "all"):
+    if which in ("pooling", "all"):
         cuda = cuda_rows(specdec.ops.dispatch.extension().__file__) if specdec.build_info()["cuda_kernels"] else []
         with tempfile.TemporaryDirectory() as tmp:
             text = pooling_report(cuda, triton_rows(tmp))
         with open(os.path.join(RESULTS, "res-usage-pooling.md"), "w") as f:
             f.write(text)
-    print(f"wrote {RESULTS}/res-usage-{which[0]}.md" if which[0] != "all" else f"wrote {RESULTS}/res-usage-*.md")
+    print(f"wrote {RESULTS}/res-usage-{which}.md" if which != "all" else f"wrote {RESULTS}/res-usage-*.md")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from typing import Dict
 
-from loadgen import LoadSpec, Timing, summarize
+from loadgen import ABANDONED, NOT_SENT, LoadSpec, Timing, summarize
 
 
 def _first_partials(engine, waiting: Dict[int, Timing], started: float, spec: LoadSpec, grid, size) -> None:
@@ -56,6 +56,10 @@ def run_direct(engine, family, spec: LoadSpec, partial_every: int = 4) -> dict:
         if spec.partial_images and steps % partial_every == 0:
             _first_partials(engine, waiting, started, spec, grid, size)
     engine.close()
+    # (what the time limit cut off is counted as failed, as the load generator counts it)
+    for timing in waiting.values():
+        timing.error = ABANDONED
+    timings += list(waiting.values()) + [Timing(i, None, error=NOT_SENT) for i, _ in arrivals]
     return {"summary": summarize(timings, time.perf_counter() - started), "steps": steps}
 
 

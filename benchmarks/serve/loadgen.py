@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import os
 import random
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 from urllib.parse import urlparse
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # benchmarks/: script_args
+
+from script_args import count, positive_float  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -50,13 +57,19 @@ class LoadSpec:
 
 @dataclass
 class Timing:
-    """One request: when it was sent, its first partial image and its image (s from its send)."""
+    """One request: when it was sent, its first partial image and its image (s from its send), or
+    why it has no image (every request of a run is one of these: a failure is counted, not lost)."""
 
     index: int
-    sent_s: float
+    sent_s: Optional[float]            #: None: never sent (the time limit had passed)
     first_partial_s: Optional[float] = None
     latency_s: Optional[float] = None
     status: int = 0
+    error: Optional[str] = None
+
+
+NOT_SENT = "not sent: the time limit had passed"
+ABANDONED = "abandoned at the time limit"
 
 
 def check_loopback(url: str) -> str:
@@ -66,16 +79,38 @@ def check_loopback(url: str) -> str:
     return url.rstrip("/")
 
 
-async def _one(client, i: int, spec: LoadSpec, started: float) -> Timing:
-    timing = Timing(i, time.perf_counter() - started)
+def loopback_url(text: str) -> str:
+    """--url: check_loopback as an argparse type (refused before anything is sent)."""
+    try:
+        return check_loopback(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+async def _one(client, timing: Timing, spec: LoadSpec) -> None:
     sent = time.perf_counter()
-    async with client.stream("POST", "/v1/images/generations", json=spec.body(i)) as r:
+    async with client.stream("POST", "/v1/images/generations", json=spec.body(timing.index)) as r:
         timing.status = r.status_code
         async for line in r.aiter_lines():
             if line.startswith("event: image_generation.partial_image") and timing.first_partial_s is None:
                 timing.first_partial_s = time.perf_counter() - sent
             elif line.startswith("event: image_generation.completed"):
                 timing.latency_s = time.perf_counter() - sent
+
+
+def outcome(index: int, task: asyncio.Task, timing: Optional[Timing]) -> Timing:
+    """Request `index` as it ended (its task done or cancelled): its timing, with why it failed when
+    it has no image."""
+    if timing is None:
+        return Timing(index, None, error=NOT_SENT)
+    if timing.latency_s is not None:
+        return timing
+    if task.cancelled():
+        timing.error = ABANDONED
+    elif task.exception() is not None:       # (connection refused, a dropped stream, ...)
+        timing.error = f"{type(task.exception()).__name__}: {task.exception()}"
+    else:
+        timing.error = f"HTTP {timing.status}" if timing.status != 200 else "the stream ended without its image"
     return timing
 
 
@@ -86,22 +121,26 @@ async def run_load(url: str, spec: LoadSpec) -> dict:
     url = check_loopback(url)
     gate = asyncio.Semaphore(spec.clients)
     started = time.perf_counter()
+    sent: Dict[int, Timing] = {}
 
-    async def client_turn(client, i: int, at: float) -> Optional[Timing]:
+    async def client_turn(client, i: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - started)))
         async with gate:
             if time.perf_counter() - started > spec.time_limit_s:
-                return None
-            return await _one(client, i, spec, started)
+                return
+            sent[i] = Timing(i, time.perf_counter() - started)
+            await _one(client, sent[i], spec)
 
     limits = httpx.Limits(max_connections=spec.clients + 1)
     async with httpx.AsyncClient(base_url=url, timeout=spec.time_limit_s, limits=limits) as client:
         tasks = [asyncio.ensure_future(client_turn(client, i, at)) for i, at in enumerate(spec.arrivals())]
-        done, pending = await asyncio.wait(tasks, timeout=spec.time_limit_s)
+        _, pending = await asyncio.wait(tasks, timeout=spec.time_limit_s)
         for task in pending:
             task.cancel()
+        # (the cancelled tasks finish before the client closes, and their requests are counted)
+        await asyncio.gather(*pending, return_exceptions=True)
     wall = time.perf_counter() - started
-    timings = [t.result() for t in done if not t.cancelled() and t.exception() is None and t.result() is not None]
+    timings = [outcome(i, task, sent.get(i)) for i, task in enumerate(tasks)]
     return {"summary": summarize(timings, wall), "timings": [asdict(t) for t in timings]}
 
 
@@ -113,13 +152,19 @@ def percentile(values: List[float], q: float) -> Optional[float]:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
+def failures(timings: List[Timing]) -> Dict[str, int]:
+    """How many requests failed, by why (the errors as reported)."""
+    return dict(collections.Counter(t.error or "no image" for t in timings if t.latency_s is None))
+
+
 def summarize(timings: List[Timing], wall_s: float) -> dict:
-    """images/s over the run, latency and time to first partial image (p50, p99), in seconds."""
+    """images/s over the run, latency and time to first partial image (p50, p99), in seconds; the
+    requests without an image, failed, by why."""
     done = [t for t in timings if t.latency_s is not None]
     latency = [t.latency_s for t in done]
     first = [t.first_partial_s for t in done if t.first_partial_s is not None]
     end = max((t.sent_s + t.latency_s for t in done), default=wall_s)
-    return {"images": len(done), "failed": len(timings) - len(done), "wall_s": end,
+    return {"images": len(done), "failed": len(timings) - len(done), "failures": failures(timings), "wall_s": end,
             "images_per_s": len(done) / end if end > 0 else 0.0,
             "latency_p50_s": percentile(latency, 50), "latency_p99_s": percentile(latency, 99),
             "first_partial_p50_s": percentile(first, 50), "first_partial_p99_s": percentile(first, 99),
@@ -128,18 +173,22 @@ def summarize(timings: List[Timing], wall_s: float) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--rate", type=float, default=8.0)
-    p.add_argument("--partial-images", type=int, default=1)
-    p.add_argument("--time-limit", type=float, default=300.0)
-    p.add_argument("--method", default=None)
+    p.add_argument("--url", type=loopback_url, default="http://127.0.0.1:8000")
+    p.add_argument("--requests", type=count(1), default="32")
+    p.add_argument("--clients", type=count(1), default="4")
+    p.add_argument("--rate", type=positive_float, default="8.0")
+    p.add_argument("--partial-images", type=count(0), default="1")
+    p.add_argument("--time-limit", type=positive_float, default="300.0")
+    p.add_argument("--method", default=None, help="(the server refuses one it does not run: those requests fail)")
     args = p.parse_args(argv)
     spec = LoadSpec(requests=args.requests, clients=args.clients, rate=args.rate, partial_images=args.partial_images,
                     time_limit_s=args.time_limit, extra={"method": args.method} if args.method else {})
-    out = asyncio.run(run_load(args.url, spec))
-    print(json.dumps(out["summary"], indent=2))
+    summary = asyncio.run(run_load(args.url, spec))["summary"]
+    print(json.dumps(summary, indent=2))
+    if not summary["images"]:
+        print(f"loadgen: every request failed ({', '.join(f'{n}: {why}' for why, n in summary['failures'].items())})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

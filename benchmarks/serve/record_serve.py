@@ -37,6 +37,11 @@ sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from direct import run_direct  # noqa: E402
 from loadgen import LoadSpec, run_load  # noqa: E402
+from script_args import count, ints, names, positive_float  # noqa: E402
+
+
+class CellFailed(Exception):
+    """A cell that measured nothing: its server did not come up, or served none of its requests."""
 
 
 def _free_port() -> int:
@@ -51,22 +56,39 @@ def _wait_healthy(url: str, process, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}")
+            raise CellFailed(f"the server exited with {process.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise RuntimeError("the server did not come up in time")
+    raise CellFailed("the server did not come up in time")
 
 
 def variant(name: str) -> Tuple[str, bool]:
     """`--methods`' entry as (method, exact): `sd` or `sd+exact`."""
     method, _, mode = name.partition("+")
-    if mode not in ("", "exact"):
-        raise SystemExit(f"--methods: {name!r} is not a method or method+exact")
     return method, mode == "exact"
+
+
+def variant_names() -> list:
+    """What --methods takes: every method, and `name+exact` for those exact mode runs."""
+    from specdec.decoding import EXACT_METHODS, METHODS
+
+    return list(METHODS) + [f"{m}+exact" for m in EXACT_METHODS]
+
+
+def check_served(summary: dict, way: str, concurrency: int) -> dict:
+    """`summary` when `way` (the server, stream()) served some of its requests; its failures are
+    counted in it and said here, and a cell that served none is no measurement."""
+    if not summary["images"]:
+        why = ", ".join(f"{n}: {reason}" for reason, n in summary["failures"].items())
+        raise CellFailed(f"{way} at concurrency {concurrency} served none of its {summary['failed']} requests ({why})")
+    if summary["failed"]:
+        print(f"{way} at concurrency {concurrency}: {summary['failed']} request(s) failed {summary['failures']}",
+              file=sys.stderr, flush=True)
+    return summary
 
 
 def label(method: str, exact: bool) -> str:
@@ -87,7 +109,8 @@ def served(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_e
         _wait_healthy(url, process, limit_s=900.0 if compile else 60.0)   # (a compiled server warms up first)
         if warmup:
             asyncio.run(run_load(url, replace(spec, requests=warmup, seed=spec.seed + 1)))
-        return asyncio.run(run_load(url, spec))["summary"]
+        return check_served(asyncio.run(run_load(url, spec))["summary"], f"specdec serve --method {method}",
+                            concurrency)
     finally:
         process.terminate()
         try:
@@ -111,7 +134,17 @@ def direct(method: str, concurrency: int, spec: LoadSpec, warmup: int, partial_e
         engine.warm_up(0)        # (what `specdec serve --compile` does before it takes requests)
     if warmup:
         run_direct(engine, family, replace(spec, requests=warmup, seed=spec.seed + 1), partial_every)
-    return run_direct(engine, family, spec, partial_every)["summary"]
+    return check_served(run_direct(engine, family, spec, partial_every)["summary"], f"stream({method!r})", concurrency)
+
+
+def measure_cell(method: str, exact: bool, concurrency: int, args) -> dict:
+    """One row: the load against `specdec serve`, then through `stream()`."""
+    spec = LoadSpec(requests=args.requests, clients=concurrency, rate=args.rate, partial_images=args.partial_images,
+                    time_limit_s=args.time_limit)
+    how = {"exact": exact, "compile": args.compile}
+    return {"method": method, "exact": exact, "concurrency": concurrency,
+            "server": served(method, concurrency, spec, args.warmup, args.partial_every, **how),
+            "stream": direct(method, concurrency, spec, args.warmup, args.partial_every, **how)}
 
 
 def _fmt(value, digits=3) -> str:
@@ -133,14 +166,15 @@ def table(rows) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", default="ar,mulo,ssd")
-    p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--requests", type=int, default=32)
-    p.add_argument("--rate", type=float, default=8.0, help="Poisson arrivals per second")
-    p.add_argument("--partial-images", type=int, default=1)
-    p.add_argument("--partial-every", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--time-limit", type=float, default=120.0, help="seconds of load per cell, at most")
+    p.add_argument("--methods", type=names(variant_names(), "method"), default="ar,mulo,ssd",
+                   help="methods, and name+exact for exact mode (ar, sd, sjd)")
+    p.add_argument("--concurrency", type=ints(1, what="concurrency"), default="1,4,16")
+    p.add_argument("--requests", type=count(1), default="32")
+    p.add_argument("--rate", type=positive_float, default="8.0", help="Poisson arrivals per second")
+    p.add_argument("--partial-images", type=count(0), default="1")
+    p.add_argument("--partial-every", type=count(1), default="4")
+    p.add_argument("--warmup", type=count(0), default="2")
+    p.add_argument("--time-limit", type=positive_float, default="120.0", help="seconds of load per cell, at most")
     p.add_argument("--compile", action="store_true", help="compiled passes, in the server and in stream()")
     args = p.parse_args(argv)
     from bench_helpers import device_description
@@ -148,16 +182,13 @@ def main(argv=None) -> int:
 
     started = datetime.datetime.now(datetime.timezone.utc)
     rows = []
-    for method, exact in map(variant, args.methods.split(",")):
-        for concurrency in map(int, args.concurrency.split(",")):
-            spec = LoadSpec(requests=args.requests, clients=concurrency, rate=args.rate,
-                            partial_images=args.partial_images, time_limit_s=args.time_limit)
-            how = {"exact": exact, "compile": args.compile}
-            row = {"method": method, "exact": exact, "concurrency": concurrency,
-                   "server": served(method, concurrency, spec, args.warmup, args.partial_every, **how),
-                   "stream": direct(method, concurrency, spec, args.warmup, args.partial_every, **how)}
-            rows.append(row)
-            print(table([row]).splitlines()[-1], flush=True)
+    try:
+        for method, exact in map(variant, args.methods):
+            for concurrency in args.concurrency:
+                rows.append(measure_cell(method, exact, concurrency, args))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+    except CellFailed as e:     # (no record: its cells would not be the ones the command line names)
+        sys.exit(f"record_serve.py: {e}; no record written")
     record = {"kind": "specdec-serve", "datetime": started.isoformat(), "machine": device_description(),
               "command": "python benchmarks/serve/record_serve.py " + " ".join(argv or sys.argv[1:]),
               "threads": 1, "rate": args.rate, "requests": args.requests, "warmup": args.warmup,

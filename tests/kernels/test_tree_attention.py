@@ -330,7 +330,7 @@ def test_tree_mask_needs_keys_for_the_draft_block():
         run(p, None)
 
 
-@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e39])   # (1e39: inf in float32, where the kernels compute)
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 1e39])   # (1e39: inf in float32)
 def test_non_finite_scale_raises(scale):
     with pytest.raises(ValueError, match="scale"):
         run(_good(), None, scale=scale)
