@@ -28,7 +28,8 @@ _state = threading.local()
 
 
 def batch_invariant_enabled() -> bool:
-    """True inside `batch_invariant()`."""
+    """True inside `batch_invariant()`, in the thread that entered it (a thread pool's workers do
+    not inherit it: enter it in the function they run)."""
     return getattr(_state, "enabled", False)
 
 

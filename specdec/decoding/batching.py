@@ -68,12 +68,15 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     for i in range(n):
         scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
     # Inference: autograd off, for the reason `StreamingEngine.step` gives.
-    with torch.no_grad():
-        while not scheduler.idle:
-            for image in scheduler.step():
-                finished[image.index] = image
-                if run.progress is not None:
-                    run.progress(len(finished))
+    try:
+        with torch.no_grad():
+            while not scheduler.idle:
+                for image in scheduler.step():
+                    finished[image.index] = image
+                    if run.progress is not None:
+                        run.progress(len(finished))
+    finally:
+        scheduler.engine.release()
     total.passes_made += scheduler.passes_made
     if run.compile:
         total.compile_s.append(scheduler.take_compile_s())

@@ -18,6 +18,7 @@ object and would otherwise test the guards of every width in turn.
 """
 from __future__ import annotations
 
+import threading
 import time
 import types
 from typing import Callable, Dict, Optional, Tuple
@@ -287,39 +288,64 @@ def _store_key(model, sampling, batch: int, backend) -> tuple:
 #: (and a spare), so a sweep of samplings or batch sizes (guidance scales for a quality curve)
 #: would otherwise keep one per setting for the life of the model.
 KEPT_RUNNERS = 4
+#: Where a model keeps them (in its `__dict__`), and the lock of every model's store: decodes may
+#: run in several threads.
+_STORE = "_specdec_compiled_runners"
+_STORES_LOCK = threading.Lock()
 
 
 def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optional[dict] = None,
-                    graphs: bool = True) -> CompiledRunner:
+                    graphs: bool = True, held: Optional[dict] = None) -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model among its last KEPT_RUNNERS (later decodes reset the same runner: same cache tensors, so
-    the graphs are reused, and on CUDA replay into the same addresses). `store`: a dict of the
-    caller's own to keep them in instead, unbounded (a streaming engine, whose batch lives across
-    steps while other decodes of the model run)."""
+    the graphs are reused, and on CUDA replay into the same addresses). `held`: the runners a decode
+    holds (`put_back` at its end): a runner it holds is out of the model's store, so that a decode
+    in another thread meanwhile makes its own instead of writing into the same cache (both images
+    went wrong). `store`: a dict of the caller's own to keep them in instead, unbounded (a streaming
+    engine, whose batch lives across steps while other decodes of the model run)."""
     key = _store_key(model, sampling, batch, backend) + (graphs,)
-    bounded = store is None
-    if bounded:
-        store = model.__dict__.setdefault("_specdec_compiled_runners", {})
-    else:       # (a caller's store holds the runners of several models: the target's, the drafter's)
-        key = (id(model),) + key
-    runner = store.pop(key, None)
-    if runner is None:
-        runner = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
-    store[key] = runner         # (last: the most recently used)
-    while bounded and len(store) > KEPT_RUNNERS:
-        del store[next(iter(store))]
+    if store is not None:   # (a caller's store holds the runners of several models: the target's, the drafter's)
+        runner = store.get((id(model),) + key)
+        if runner is None:
+            runner = store[(id(model),) + key] = CompiledRunner(model, sampling, batch=batch, backend=backend,
+                                                                graphs=graphs)
+    elif held is not None and (id(model),) + key in held:
+        runner = held[(id(model),) + key][2]
+    else:
+        with _STORES_LOCK:
+            runner = model.__dict__.setdefault(_STORE, {}).pop(key, None)
+        if runner is None:
+            runner = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
+        if held is None:
+            put_back({(id(model),) + key: (model, key, runner)})
+        else:
+            held[(id(model),) + key] = (model, key, runner)
     runner.reset()
     return runner
 
 
+def put_back(held: dict) -> None:
+    """The runners a decode held (`compiled_runner`'s `held`), back in their models' stores for the
+    next decode: the most recently used last, at most KEPT_RUNNERS each (one another thread made
+    meanwhile for the same key gives way)."""
+    with _STORES_LOCK:
+        for model, key, runner in held.values():
+            store = model.__dict__.setdefault(_STORE, {})
+            store.pop(key, None)
+            store[key] = runner
+            while len(store) > KEPT_RUNNERS:
+                del store[next(iter(store))]
+    held.clear()
+
+
 def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False,
-               store: Optional[dict] = None, graphs: bool = True) -> ModelRunner:
+               store: Optional[dict] = None, graphs: bool = True, held: Optional[dict] = None) -> ModelRunner:
     """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
-    kept compiled one (kept in `store` when given: `compiled_runner`)."""
+    kept compiled one (kept in `store` when given; `held` by the decode: `compiled_runner`)."""
     if compile:
-        return compiled_runner(model, sampling, batch, backend, store=store, graphs=graphs)
+        return compiled_runner(model, sampling, batch, backend, store=store, graphs=graphs, held=held)
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 
 __all__ = ["CompiledForward", "CompiledFunction", "CompiledRunner", "bucket_width", "compile_step", "compiled_runner",
-           "mark_cache_static", "runner_for"]
+           "mark_cache_static", "put_back", "runner_for"]

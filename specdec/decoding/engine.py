@@ -26,7 +26,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from specdec.decoding.compiled import runner_for
+from specdec.decoding.compiled import put_back, runner_for
 from specdec.decoding.draws import draw_residual
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.streams import ImageStreams
@@ -114,6 +114,8 @@ class Engine:
         self.graphs = True
         #: where compiled runners are kept (None: on the model; see `compiled.compiled_runner`)
         self.kept_runners: Optional[dict] = None
+        #: the models' compiled runners this batch holds, out of their stores until `release`
+        self.held: dict = {}
 
     @property
     def backend(self):
@@ -143,7 +145,7 @@ class Engine:
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
         sampling = sampling or self.run.sampling_or_default
         runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
-                            store=self.kept_runners, graphs=self.graphs)
+                            store=self.kept_runners, graphs=self.graphs, held=self.held)
         resolve(self.run.backend, runner.device)     # (a backend this device lacks: refused before any pass)
         self._runners.append((runner, role))
         return runner
@@ -176,6 +178,11 @@ class Engine:
         if self.rows is not None:
             self.rows.count_prefill(list(rows), role)
         return out, source.probs(out)[:, 0]
+
+    def release(self) -> None:
+        """The batch is done: the compiled runners it held go back to their models for the next
+        decode (`compiled.put_back`)."""
+        put_back(self.held)
 
     # ---- the read-accept-commit step ----
     def judge(self, score: torch.Tensor, q: Optional[torch.Tensor] = None, **how) -> Judgement:

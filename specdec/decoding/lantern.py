@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from specdec.settings import RunSettings, check_int
 # model). Keyed by a digest of the codebook's bytes (families hand out a freshly normalised tensor
 # on every call, so its storage says nothing), shape, dtype, device and k.
 _TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_TABLES_LOCK = threading.Lock()
 
 
 def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
@@ -36,13 +38,16 @@ def neighbor_table(codebook: torch.Tensor, k: int) -> torch.Tensor:
         return knn_table(codebook, k)   # knn_table names the bad argument
     digest = hashlib.sha1(codebook.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
     key = (digest, tuple(codebook.shape), codebook.dtype, codebook.device, k)
-    table = _TABLES.get(key)
-    if table is not None:
-        _TABLES.move_to_end(key)
-        return table
-    table = _TABLES[key] = knn_table(codebook, min(k, codebook.shape[0] - 1))
-    while len(_TABLES) > 4:
-        _TABLES.popitem(last=False)
+    with _TABLES_LOCK:      # (decodes in other threads: one's eviction between another's get and move)
+        table = _TABLES.get(key)
+        if table is not None:
+            _TABLES.move_to_end(key)
+            return table
+    table = knn_table(codebook, min(k, codebook.shape[0] - 1))
+    with _TABLES_LOCK:
+        _TABLES[key] = table
+        while len(_TABLES) > 4:
+            _TABLES.popitem(last=False)
     return table
 
 

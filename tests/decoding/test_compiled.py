@@ -231,3 +231,26 @@ def test_a_warmed_up_stream_meets_no_new_graph_under_load_and_keeps_no_trace(fam
     _, _, plain, plain_indices = serve(warmed=False)
     assert indices == plain_indices == list(range(9))
     assert all(torch.equal(images[i], plain[i]) for i in range(9))
+
+
+def test_a_decode_while_another_holds_its_compiled_runners_makes_its_own():
+    """Compiled runners are kept on the model for the next decode; while a decode holds them,
+    another decode of the model (another thread's; here, deterministically, one run from the first
+    one's progress callback while its other images decode) makes its own instead of resetting and
+    writing into the same caches: two threads' compiled decodes gave wrong images (204 of 256
+    tokens), with no error."""
+    own = TinyFamily(seed=5)
+    run = dict(seed=1, sampling=SAMPLING, compile=True)
+    classes = torch.tensor([0, 1, 2])
+    alone = decoding.decode("sd", own, classes, concurrency=2, **run).tokens
+    inner = []
+
+    def progress(done):
+        if done == 1:      # (the first image done, the second one still decoding in its row)
+            inner.append(decoding.decode("sd", own, torch.tensor([2, 0]), batch_size=2, first_index=3, **run))
+    outer = decoding.decode("sd", own, classes, concurrency=2, progress=progress, **run).tokens
+    assert torch.equal(outer, alone)
+    assert torch.equal(inner[0].tokens, decoding.decode("sd", own, torch.tensor([2, 0]), batch_size=2,
+                                                        first_index=3, **run).tokens)
+    kept = own.target.__dict__["_specdec_compiled_runners"]
+    assert len(kept) == 1     # (one runner per key again once both decodes are over)
