@@ -43,10 +43,15 @@ def test_serve_runs_uvicorn_on_the_app_of_its_flags(monkeypatch, capsys):
     import uvicorn
 
     started = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **_: started.update(app=app, host=host, port=port))
+
+    def run(server):
+        c = server.config
+        started.update(app=c.app, host=c.host, port=c.port, grace=c.timeout_graceful_shutdown)
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     assert cli.main(["serve", "--family", TINY, "--method", "ar", "--port", "8123", "--model-name", "tiny"]) == 0
     service = started["app"].state.service
     assert (started["host"], started["port"]) == ("127.0.0.1", 8123)
+    assert started["grace"] == 65      # (uvicorn's own bound: the drain's 60 s, then room for its 503s)
     assert service.config.model_name == "tiny" and service.config.method == "ar" and service.size == "8x8"
     assert "8x8 images" in capsys.readouterr().out
     assert cli.main(["serve", "--family", TINY, "--method", "ssd", "--set", "preset=published"]) == 0
