@@ -36,6 +36,8 @@ from typing import Optional
 
 import torch
 
+from specdec import masks
+
 NAME = "specdec"
 #: The keyword arguments the attention function reads (everything else is ignored).
 VISIBILITY_KWARGS = ("q_pos", "kv_pos", "kv_valid", "tree_mask", "tree_attention_backend")
@@ -84,24 +86,26 @@ def _plain_visibility(query: torch.Tensor, key: torch.Tensor, attention_mask: Op
 
 #: The mask `_check_translated` last found to be causal + key padding, and its version: transformers
 #: passes one mask object to every layer of a forward, so it is checked once per forward.
-_checked_mask = (None, -1)
+_checked_mask = (None, None)
 
 
 def _check_translated(mask: torch.Tensor, visible: torch.Tensor, q_pos, kv_pos, kv_valid) -> None:
     """Refuse a mask the rule cannot express (a chunked or block-diagonal mask, packed sequences): the
-    rule's visibility must be the mask's, key for key (one host read per mask). Skipped while
-    torch.compile traces, which cannot read the host; the same mask in eager is checked."""
+    rule's visibility must be the mask's, key for key (one host read per mask and version; a mask
+    made under `inference_mode` has no version counter, so it is known by itself alone). Skipped
+    while torch.compile traces, which cannot read the host: a model only ever run compiled is not
+    checked (docs/hf.md)."""
     global _checked_mask
     if torch.compiler.is_compiling():
         return
-    last, version = _checked_mask
-    if last is not None and last() is mask and version == mask._version:
+    version = None if mask.is_inference() else mask._version
+    last, last_version = _checked_mask
+    if last is not None and last() is mask and last_version == version:
         return
-    rule = kv_valid[:, None, :] & (kv_pos[:, None, :] <= q_pos[:, :, None])
-    if not torch.equal(rule, visible):
+    if not torch.equal(masks.visibility(q_pos, kv_pos, kv_valid), visible):
         raise ValueError("attention_mask is not a causal mask with key padding (a chunked or block-diagonal "
                          "mask, packed sequences, a sliding window?): the specdec attention cannot express it")
-    _checked_mask = (weakref.ref(mask), mask._version)
+    _checked_mask = (weakref.ref(mask), version)
 
 
 def specdec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,

@@ -70,7 +70,8 @@ def check_table_in_range(table: torch.Tensor, upper: int, name: str):
     forces a new check; a new tensor never inherits an old tensor's verdict. A write torch does not
     count (through `.numpy()`, `.data` or a DLPack view) is not seen: edit a checked table with torch
     ops, or pass a new tensor."""
-    stamp = (table._version, upper)
+    # (a tensor made under inference_mode has no version counter: it is known by itself alone)
+    stamp = (None if table.is_inference() else table._version, upper)
     if getattr(table, "_specdec_range_checked", None) == stamp:
         return
     check_ids_in_range(table, upper, name)

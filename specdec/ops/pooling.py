@@ -60,7 +60,9 @@ def sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1.
         check_same_device(uncond_logits, logits, "uncond_logits", "logits")
     cfg_scale = check_finite_scalar(cfg_scale, "cfg_scale")
     temperature = check_finite_scalar(temperature, "temperature")
-    if temperature < FLOAT32_TINY:     # (below it float32 is subnormal or 0: 1e-46 made every row NaN)
+    # (0 or subnormal in float32, where the kernels divide by it: 1e-46 made every row NaN. A logit
+    # over the temperature may still overflow, which gives its row NaN as an inf logit does.)
+    if temperature < FLOAT32_TINY:
         fail(f"temperature must be positive, at least {FLOAT32_TINY:.4g} (float32's smallest normal number), "
              f"got {temperature!r}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= MAX_INT:

@@ -263,6 +263,24 @@ def test_bad_arguments_raise_value_error_naming_them(device, backend):
             ops.pool_probs(**kwargs, backend=backend)
 
 
+def test_a_table_made_under_inference_mode_is_checked_and_an_edit_is_seen():
+    """A neighbour table's range check is kept per table and version; one made under inference_mode
+    has no version counter (reading it raised), and is checked once as itself."""
+    logits, tokens, neighbors, _ = _make_inputs(8, 3, 10, 4, torch.float32, "cpu", cfg=False)
+    with torch.inference_mode():
+        table = neighbors.clone()
+        ops.pool_probs(logits, tokens, table)
+        bad = torch.full_like(table, 10)
+        with pytest.raises(ValueError, match="neighbors"):
+            ops.pool_probs(logits, tokens, bad)
+    ops.pool_probs(logits, tokens, table)      # (outside inference_mode too)
+    ordinary = neighbors.clone()
+    ops.pool_probs(logits, tokens, ordinary)
+    ordinary[0, 0] = 10                       # (an in-place torch op: a new version, checked again)
+    with pytest.raises(ValueError, match="neighbors"):
+        ops.pool_probs(logits, tokens, ordinary)
+
+
 def test_device_mismatch_is_named():
     if not torch.cuda.is_available():
         pytest.skip("needs a second device type")

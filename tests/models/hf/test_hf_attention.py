@@ -160,3 +160,16 @@ def test_a_loss_through_the_kernels_raises_on_backward_instead_of_dropping_gradi
     loss = m(input_ids=ids, labels=ids).loss       # (the forward is allowed: inference without no_grad)
     with pytest.raises(RuntimeError, match="tree_attention has no backward on the"):
         loss.backward()
+
+
+def test_a_padded_batch_under_inference_mode_is_checked_and_equals_sdpa():
+    # (a mask made under inference_mode has no version counter: the check must not ask for one)
+    m = build("llama")
+    ids = torch.randint(3, VOCAB, (2, 7))
+    padding = torch.ones(2, 7, dtype=torch.long)
+    padding[1, :3] = 0
+    with torch.inference_mode():
+        got = logits(m, "specdec", input_ids=ids, attention_mask=padding)
+        want = logits(m, "sdpa", input_ids=ids, attention_mask=padding)
+    torch.testing.assert_close(got[0], want[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(got[1, 3:], want[1, 3:], atol=ATOL, rtol=0)
