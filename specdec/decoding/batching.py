@@ -65,10 +65,10 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     finished, total = {}, DecodeStats(method)
     start = time.perf_counter()
     scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, n), refill=run.concurrency is not None)
-    for i in range(n):
-        scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
-    # Inference: autograd off, for the reason `StreamingEngine.step` gives.
-    try:
+    try:        # (whatever ends the decode, its compiled runners go back to their models: `Engine.release`)
+        for i in range(n):
+            scheduler.submit(conditions[i:i + 1] if prompts else conditions[i], run.first_index + i)
+        # Inference: autograd off, for the reason `StreamingEngine.step` gives.
         with torch.no_grad():
             while not scheduler.idle:
                 for image in scheduler.step():

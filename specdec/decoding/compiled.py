@@ -304,22 +304,23 @@ def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optiona
     went wrong). `store`: a dict of the caller's own to keep them in instead, unbounded (a streaming
     engine, whose batch lives across steps while other decodes of the model run)."""
     key = _store_key(model, sampling, batch, backend) + (graphs,)
-    if store is not None:   # (a caller's store holds the runners of several models: the target's, the drafter's)
-        runner = store.get((id(model),) + key)
+    # (a caller's store, and a decode's runners, are of several models: the target's, the drafter's)
+    wide_key = (id(model),) + key
+    if store is not None:
+        runner = store.get(wide_key)
         if runner is None:
-            runner = store[(id(model),) + key] = CompiledRunner(model, sampling, batch=batch, backend=backend,
-                                                                graphs=graphs)
-    elif held is not None and (id(model),) + key in held:
-        runner = held[(id(model),) + key][2]
+            runner = store[wide_key] = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
+    elif held is not None and wide_key in held:
+        runner = held[wide_key][2]
     else:
         with _STORES_LOCK:
             runner = model.__dict__.setdefault(_STORE, {}).pop(key, None)
         if runner is None:
             runner = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
-        if held is None:
-            put_back({(id(model),) + key: (model, key, runner)})
+        if held is None:    # (kept at once: a caller without a decode's bookkeeping, one thread)
+            put_back({wide_key: (model, key, runner)})
         else:
-            held[(id(model),) + key] = (model, key, runner)
+            held[wide_key] = (model, key, runner)
     runner.reset()
     return runner
 

@@ -18,6 +18,7 @@ Everything else of a round is here, written once:
     ...                                             # the method's passes
     verdict = engine.judge(p_tok, q_tok, uniforms=u, starts=c.host, judged=n_host, mode="raster")
     engine.redraw(x, picks, p_rows, q_rows)
+    engine.release()                                # done: compiled runners back to their models
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ request arrives at once:
     while not scheduler.idle:
         for image in scheduler.step():       # Finished(index, tokens [H, W], stats, preview)
             ...
+    scheduler.engine.release()               # (its compiled runners back to their models)
 
 Image i depends only on (seed, i): its row's stream is its own from the start (`ImageStreams
 .restart`) and a row's computation never reads another row's, so under `batch_invariant()` its
@@ -123,7 +124,11 @@ class Scheduler:
         self.engine.kept_runners = kept_runners
         self.engine.graphs = cuda_graphs()
         self.engine.rows = self
-        self.policy = make_policy(self.engine)
+        try:
+            self.policy = make_policy(self.engine)
+        except BaseException:       # (the runners it took go back to their models)
+            self.engine.release()
+            raise
         self.queue: Deque[Request] = deque()
         self.rows: List[Optional[RowCounts]] = [None] * capacity
         self.requests: List[Optional[Request]] = [None] * capacity   #: the request each row holds

@@ -254,3 +254,16 @@ def test_a_decode_while_another_holds_its_compiled_runners_makes_its_own():
                                                         first_index=3, **run).tokens)
     kept = own.target.__dict__["_specdec_compiled_runners"]
     assert len(kept) == 1     # (one runner per key again once both decodes are over)
+
+
+def test_a_decode_that_fails_puts_its_compiled_runners_back():
+    """A decode refused after it took its runners (an image index past 2**32, found when the images
+    are queued) leaves them on the model for the next decode: their graphs are not compiled again."""
+    own = TinyFamily(seed=6)
+    decoding.decode("ar", own, torch.tensor([0, 1]), seed=1, sampling=SAMPLING, batch_size=2, compile=True)
+    kept = own.target.__dict__["_specdec_compiled_runners"]
+    runner = next(iter(kept.values()))
+    with pytest.raises(ValueError, match="first_index"):
+        decoding.decode("ar", own, torch.tensor([0, 1]), seed=1, sampling=SAMPLING, batch_size=2, compile=True,
+                        first_index=2 ** 32 - 1)
+    assert list(kept.values()) == [runner]
