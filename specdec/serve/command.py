@@ -157,6 +157,8 @@ def draining_server(config, loop):
             try:
                 await super().shutdown(sockets)
             finally:
+                if self.force_exit:     # (a second Ctrl-C: exit now, as uvicorn does)
+                    loop.end_drain()
                 await drain
 
     return DrainingServer(config)

@@ -61,6 +61,7 @@ class EngineLoop:
         self._next_id = 0
         self._accepting = True
         self._stopped = False
+        self._drain_until = 0.0     # (`close`: when the accepted requests' time is up)
         #: the default engine's warm-up, run first by the loop's thread (`warm_up_first`)
         self._warm_up: Optional[Plan] = None
         self._thread = threading.Thread(target=self._run, name="specdec-engine-loop", daemon=True)
@@ -142,12 +143,17 @@ class EngineLoop:
         (default: the config's), then fail what is left with a 503 and stop the thread."""
         with self._lock:
             self._accepting = False
-        deadline = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
-        while self._outstanding > 0 and self.alive and time.monotonic() < deadline:
+        self._drain_until = time.monotonic() + (self.config.drain_timeout_s if timeout_s is None else timeout_s)
+        while self._outstanding > 0 and self.alive and time.monotonic() < self._drain_until:
             time.sleep(0.02)
         self._inbox.put(("stop", None))
         if self._thread.ident is not None:
             self._thread.join(timeout=30)
+
+    def end_drain(self) -> None:
+        """End a drain under way now (`close` fails what is left at once): a forced exit (a second
+        Ctrl-C) does not wait out --drain-timeout."""
+        self._drain_until = 0.0
 
     def _retry_after(self, n: int) -> int:
         """Seconds until about n images' worth of rows free up (at least 1)."""

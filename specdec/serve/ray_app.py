@@ -59,7 +59,7 @@ def serve_forever(flags: Dict[str, object]) -> int:
     ray.init(address=flags.get("ray_address"))
     # SIGTERM (systemd, `docker stop`) ends the deployment as Ctrl-C does: under Ray's own handler the
     # command exited without serve.shutdown, and a local cluster's processes outlived it.
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve.start(http_options={"host": flags["host"], "port": flags["port"]})
         application = SpecdecServer.options(**deployment_options(flags)).bind(flags)
@@ -71,8 +71,11 @@ def serve_forever(flags: Dict[str, object]) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
