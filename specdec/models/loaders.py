@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import typing
 import zipfile
 from typing import Dict, Optional
 
@@ -99,30 +100,30 @@ def _load_strict(model: torch.nn.Module, state: Dict[str, torch.Tensor], what: s
 
 
 #: The config fields a size dict may not set: the loaders take them from the checkpoint (vocabulary,
-#: classes, captions, codebook) or from their own arguments (grid, model type).
+#: classes, codebook) or from their own arguments (grid, model type).
 _DERIVED = {GPTConfig: ("vocab_size", "num_classes", "class_dropout_prob", "grid_size", "grid_width", "model_type"),
             LlamaGenVQConfig: ("codebook_size", "codebook_embed_dim")}
 
 
 def size_fields(config_name, table: dict, config_class) -> dict:
     """A named LlamaGen size, or a dict of the same fields for a custom (e.g. test) size: only the
-    fields a size sets, ints where the config has ints (a ValueError names the others, before any
-    file is read)."""
+    fields a size sets, ints >= 1 where the config has ints (a ValueError names the others, before
+    any file is read)."""
     if not isinstance(config_name, dict):
         if config_name not in table:
             raise ValueError(f"config_name must be one of {sorted(table)} (or a dict of {config_class.__name__} "
                              f"fields), got {config_name!r}")
         return table[config_name]
-    allowed = [f for f in dataclasses.fields(config_class) if f.name not in _DERIVED[config_class]]
-    unknown = sorted(str(k) for k in set(config_name) - {f.name for f in allowed})
+    hints = typing.get_type_hints(config_class)
+    allowed = [f.name for f in dataclasses.fields(config_class) if f.name not in _DERIVED[config_class]]
+    unknown = sorted(str(k) for k in set(config_name) - set(allowed))
     if unknown:
-        raise ValueError(f"a {config_class.__name__} size has no field {', '.join(unknown)}; it takes "
-                         f"{', '.join(f.name for f in allowed)}")
-    for f in allowed:
-        value = config_name.get(f.name)
-        if f.type == "int" and f.name in config_name and (isinstance(value, bool) or not isinstance(value, int)
-                                                           or value < 1):
-            raise ValueError(f"a {config_class.__name__} size's {f.name} must be an int >= 1, got {value!r}")
+        raise ValueError(f"{config_name}: no field {', '.join(unknown)} in a {config_class.__name__} size; it "
+                         f"takes {', '.join(allowed)}")
+    for name, value in config_name.items():
+        if hints[name] in (int, Optional[int]) and not (value is None and hints[name] == Optional[int]) and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{config_name}: {name} must be an int >= 1, got {value!r}")
     return dict(config_name)
 
 
