@@ -20,6 +20,10 @@ import os
 from typing import Callable, Iterable, List, Optional
 
 
+#: The modes a decoder benchmark times in: eager passes, or compiled graphs.
+MODES = ("eager", "compiled")
+
+
 def _refuse(message: str):
     """argparse prints an ArgumentTypeError's message after "argument --flag:" (a ValueError would
     become "invalid <type name> value", which says nothing about what is wanted)."""
@@ -163,5 +167,5 @@ def output_folder(text: str) -> str:
     return text
 
 
-__all__ = ["count", "device_name", "ints", "items", "names", "output_file", "output_folder", "positive_float",
+__all__ = ["MODES", "count", "device_name", "ints", "items", "names", "output_file", "output_folder", "positive_float",
            "thread_count"]

@@ -32,9 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
-from script_args import count, device_name, ints, items, names, thread_count  # noqa: E402
+from script_args import MODES, count, device_name, ints, items, names, thread_count  # noqa: E402
 
-MODES = ("eager", "compiled")
 BATCHINGS = ("lockstep", "continuous")
 
 

@@ -27,9 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
-from script_args import count, ints, names, thread_count  # noqa: E402
-
-MODES = ("eager", "compiled")
+from script_args import MODES, count, ints, names, thread_count  # noqa: E402
 
 
 class RowsFed:

@@ -19,12 +19,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))   # benchmarks/: bench_helpers, run
 
 from bench_helpers import decode_record, save_record  # noqa: E402
-from script_args import count, ints, names, thread_count  # noqa: E402
+from script_args import MODES, count, ints, names, thread_count  # noqa: E402
 
 #: The methods each grid's family can run (8x8: no drafter below it, no heads or same-grid drafter).
 METHODS_AT = {8: ("ar", "sjd", "zipar"), 16: ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd"),
               32: ("ar", "sd", "lantern", "sjd", "zipar", "mulo", "ssd")}
-MODES = ("eager", "compiled")
 
 
 def family_at(grid: int, device="cpu"):
