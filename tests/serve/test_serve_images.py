@@ -167,6 +167,38 @@ def test_a_drain_that_times_out_answers_every_request_with_an_error(fam, monkeyp
     assert all(r.json()["error"]["code"] == "unavailable" for r in answers)
 
 
+def test_ending_a_drain_answers_what_is_left_at_once(fam, monkeypatch):
+    """A forced exit (a second Ctrl-C) ends a drain under way (`EngineLoop.end_drain`): the requests
+    left get their 503 now, not after the drain's 60 s."""
+    import threading
+
+    monkeypatch.setattr(EngineLoop, "_step", lambda loop, key, slot: None)   # (nothing ever finishes)
+    app = create_app(fam, method="ar", concurrency=1, drain_timeout_s=60)
+    answers = []
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            import httpx
+
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://specdec.test", timeout=30) as client:
+                task = asyncio.ensure_future(client.post("/v1/images/generations", json=_body("ar", 0, 1, 1, 0, {})))
+                loop = app.state.service.loop
+                while loop.outstanding < 1:
+                    await asyncio.sleep(0.005)
+                closing = threading.Thread(target=loop.close)
+                closing.start()
+                while loop.accepting:
+                    await asyncio.sleep(0.005)
+                loop.end_drain()
+                answers.append(await task)
+                closing.join(30)
+                assert not closing.is_alive()
+
+    run(main())
+    assert [r.status_code for r in answers] == [503]
+
+
 def test_a_failing_engine_fails_its_requests_and_the_loop_goes_on(fam, monkeypatch):
     """An engine whose step raises ends the requests it held with a 500; requests of other
     engines, and later requests of the same settings (a new engine), get their images."""
