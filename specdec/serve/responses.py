@@ -8,7 +8,7 @@ import time
 from typing import Optional
 
 import anyio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from specdec.serve.errors import APIError
@@ -21,12 +21,17 @@ POLL_S = 0.25
 GONE, KEEPALIVE = object(), object()
 
 
+def client_gone() -> APIError:
+    return APIError(499, "the client closed the request", None, "client_closed")
+
+
 def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body, status_code=error.status, headers=error.headers)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, a 413 past `limit` bytes (declared or sent)."""
+    """The request body, a 413 past `limit` bytes (declared or sent); a 499 when the client goes
+    away before it has sent the whole body (not an error of the server's: nothing to log)."""
     too_large = APIError(413, f"the body is larger than {limit} bytes", None, "body_too_large")
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -35,11 +40,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise too_large
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise client_gone() from None
     return b"".join(chunks)
 
 
@@ -91,7 +99,7 @@ async def collect(service, job: Job, events: asyncio.Queue, request: Request):
             event = await reader.next()
             if event is GONE:
                 service.metrics.request_done("cancelled")
-                return error_response(APIError(499, "the client closed the request", None, "client_closed"))
+                return error_response(client_gone())
             if isinstance(event, Failed):
                 service.metrics.request_done("failed" if event.error.status >= 500 else "invalid")
                 return error_response(event.error)
@@ -131,7 +139,7 @@ async def started(service, job: Job, events: asyncio.Queue, request: Request) ->
         return error_response(event.error)
     service.loop.cancel(job)
     service.metrics.request_done("cancelled")
-    return error_response(APIError(499, "the client closed the request", None, "client_closed"))
+    return error_response(client_gone())
 
 
 async def event_stream(service, job: Job, events: asyncio.Queue, request: Request):
@@ -157,11 +165,14 @@ async def event_stream(service, job: Job, events: asyncio.Queue, request: Reques
                                      int(time.time()))
                 yield sse(data["type"], data)
             elif isinstance(event, ImageReady):
-                done += 1
                 tokens = event.finished.tokens.tolist() if plan.return_tokens else None
                 data = completed_event(plan, event.j, await _encode(event.finished.image, plan), int(time.time()),
                                        _stats(event), service.tokens_per_image, tokens)
+                # A client gone while the image was encoded (in a thread, which a cancellation
+                # waits for) is cancelled here, before its image can count as sent.
+                await anyio.lowlevel.checkpoint()
                 yield sse(data["type"], data)
+                done += 1
     finally:
         reader.close()
         if done < plan.n:

@@ -99,3 +99,21 @@ def test_a_request_the_drain_leaves_gets_its_503_and_uvicorn_stops(fam, monkeypa
     client.join(LIMIT_S)
     assert [r.status_code for r in answers] == [503]
     assert answers[0].json()["error"]["code"] == "unavailable"
+
+
+def test_a_client_gone_before_its_body_is_sent_counts_cancelled(fam):
+    """Half a body, then the connection closed: Starlette's ClientDisconnect used to escape the
+    handler (a 500 to nobody and a traceback in uvicorn's log for every such client) and the
+    request was never counted."""
+    import socket
+
+    app = create_app(fam, method="ar", concurrency=1)
+    with uvicorn_server(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=LIMIT_S) as s:
+            s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+        wait_until(lambda: 'outcome="cancelled"} 1.0' in httpx.get(f"{url}/metrics", timeout=LIMIT_S).text,
+                   "the request to be counted cancelled")
+        metrics = httpx.get(f"{url}/metrics", timeout=LIMIT_S).text
+    assert 'outcome="failed"} 1.0' not in metrics and 'outcome="invalid"} 1.0' not in metrics

@@ -5,6 +5,8 @@ gone) stops the loop or the others."""
 import asyncio
 import json
 import random
+import threading
+import time
 
 import pytest
 import torch
@@ -348,3 +350,55 @@ def test_a_server_warms_up_its_default_engine_first_and_says_so(fam, monkeypatch
                                         for j, item in enumerate(r.json()["data"]))
     _, _, _, _, plain_seed = run(main(create_app(fam, method="ar", concurrency=2, **EXACT), False))
     assert seed == plain_seed and warmed == [5]
+
+
+def test_a_stream_whose_client_goes_while_its_last_image_is_encoded_counts_cancelled(fam, monkeypatch):
+    """The last `completed` event was counted before its PNG was encoded: a client gone meanwhile
+    never got it, yet the request counted `ok`. Now an image counts once its event is sent."""
+    import specdec.serve.responses as responses
+
+    gone, encoded = threading.Event(), []
+    encode = responses.encode
+
+    def encode_and_leave(*args):
+        encoded.append(1)
+        if len(encoded) == 2:       # the second (last) image: the client leaves while it is encoded
+            gone.set()
+            time.sleep(0.3)
+        return encode(*args)
+
+    monkeypatch.setattr(responses, "encode", encode_and_leave)
+    app = create_app(fam, method="ar", concurrency=2)
+    body = json.dumps({"prompt": "a", "n": 2, "seed": 1, "stream": True}).encode()
+    sent, received = [], []
+
+    async def receive():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": body, "more_body": False}
+        while not gone.is_set():
+            await asyncio.sleep(0.005)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if not gone.is_set() and message["type"] == "http.response.body":
+            received.append(message.get("body", b""))
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/images/generations", "query_string": b"",
+             "raw_path": b"/v1/images/generations", "root_path": "", "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2), "headers": [(b"content-type", b"application/json")], "state": {}}
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            await app(scope, receive, send)
+            for _ in range(200):      # (the stream's generator is closed after the response ends)
+                metrics = app.state.service.metrics.render()[0].decode()
+                if "specdec_requests_total{" in metrics:
+                    return metrics
+                await asyncio.sleep(0.01)
+            return metrics
+
+    metrics = run(go())
+    assert b"".join(received).count(b"event: image_generation.completed") == 1
+    assert 'outcome="cancelled"} 1.0' in metrics and 'outcome="ok"} 1.0' not in metrics
