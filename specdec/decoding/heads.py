@@ -8,11 +8,10 @@ vertical head `k` (k = 1..2) token `t + k * W`'s (docs/decoders.md, "ssd"); each
     f(z) = W0 z + SwiGLU(RMSNorm(W0 z)),   z = [h ; e]
 
 The heads live in `specdec.models.ssd_heads` (`SSDHeads`); any module with `horizontal` and
-`vertical` sequences of heads taking `[h ; e]` (or `(h, e)`) works here.
+`vertical` sequences of heads taking `[h ; e]` works here.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Optional, Sequence
 
 import torch
@@ -32,32 +31,6 @@ def _heads(heads, kind: str):
 
 def num_heads(heads, kind: str) -> int:
     return len(_heads(heads, kind))
-
-
-_TAKES_H_AND_E = {}   # head class -> whether its forward is f(h, e); inspect is too slow per call
-
-
-def _call(head, h, e):
-    kind = type(head)
-    if kind not in _TAKES_H_AND_E:
-        params = [p for p in inspect.signature(head.forward).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        _TAKES_H_AND_E[kind] = len(params) >= 2
-    if _TAKES_H_AND_E[kind]:
-        return head(h, e)
-    return head(torch.cat([h, e.to(h.dtype)], dim=-1))
-
-
-def predict(heads, kind: str, offsets, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """Predicted hidden states [..., len(offsets), dim] of heads `kind` number `offsets` (1-based)
-    applied to the same inputs h, e [..., dim]."""
-    seq = _heads(heads, kind)
-    outs = []
-    for k in offsets:
-        if not 1 <= k <= len(seq):
-            raise ValueError(f"ssd heads: {kind} offset {k} asked, {len(seq)} heads available")
-        outs.append(_call(seq[k - 1], h, e))
-    return torch.stack(outs, dim=-2)
 
 
 def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tensor,
@@ -85,11 +58,12 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
         h, tokens = h.index_select(0, cache_rows), tokens.index_select(0, cache_rows)
 
     def make():
-        model = runner.model
+        model, seq = runner.model, _heads(heads, kind)
 
         def fn(h, tokens):
-            pred = predict(heads, kind, offsets, h, model.embed_tokens(tokens))     # [rows, ..., n, dim]
-            pred = pred.movedim(-2, 1).reshape(pred.shape[0], -1, pred.shape[-1])
+            z = torch.cat([h, model.embed_tokens(tokens).to(h.dtype)], dim=-1)
+            pred = torch.stack([seq[k - 1](z) for k in offsets], dim=1)             # [rows, n, ..., dim]
+            pred = pred.reshape(pred.shape[0], -1, pred.shape[-1])
             return (runner.probs(runner.outputs(model.head(pred), pred)),)   # (compiled: a tuple of outputs)
         return fn
 

@@ -1,28 +1,8 @@
 """`mulo`: MuLo-SD, multi-scale local speculative decoding (docs/decoders.md, "mulo"), lossy by design.
 
-1. Draft: a same-family drafter samples the whole low-resolution (H/r x W/r) image, serially
-   (`drafting="serial"`, v1) or row-staggered (`drafting="zipar"`, v2's drafter).
-2. Up-sample it to a high-resolution draft x~ (`upsample="pixel" | "learned" | "nearest"`).
-3. Verify: one target pass over x~ (a chunked causal prefill that keeps the keys and values).
-4. Accept x~_i iff the pooled target probability p(x~_i) + moved neighbour mass >= tau
-   (`pool_probs` with `k` neighbours and budget `delta`).
-5. Local rejection: R_X = the (2l+1)^2 windows around the rejected positions, from the first
-   rejection on (`verify_grid(rule="threshold", mode="local", radius=l)`); accepted tokens outside
-   R_X are kept even after the first rejection.
-6. Resample R_X with the target: v1 (`resample="raster"`) one token per pass in raster order;
-   v2 (`resample="islands"`) the 8-connected islands of R_X concurrently, one token per island per
-   pass, unresolved slots of other islands hidden (invalid cache slots and a tree mask).
-   Reading: kept tokens' keys and values from the verification pass are reused; the first token
-   of the first island is sampled from the verification logits (its context is all accepted).
-
-`draft="preview"`, on a model that writes its own low-resolution preview first (GLM-Image:
-`family.preview`): the preview stage (the target model itself on the preview grid) samples the
-draft, the target stage is conditioned on it (`target.condition_on_preview`), and it is
-up-sampled and verified as above. No drafter model: the preview passes count as target passes;
-the preview grids come back as `DecodeResult.preview`.
-
-Grids need not be square nor divide: a drafter or preview grid (h, w) <= (H, W) per side is
-up-sampled by `nearest` or `pixel` at any ratio; `learned` needs H = r h and W = r w.
+The six steps (draft, up-sample, verify, accept, local rejection, resample), `draft="preview"` and
+the grids each up-sampler takes: docs/decoders.md, "mulo". The verification pass is a chunked
+causal prefill that keeps the keys and values.
 
 Target passes per image: prefill + one verification + the resampling passes. On the scheduler
 each row is in its own phase (`specdec.decoding.mulo_rows.MuloRows`) and each image draws from its
@@ -47,12 +27,6 @@ RESAMPLING = ("islands", "raster")
 DRAFTS = ("drafter", "preview")
 
 
-def check_tau(tau) -> float:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (tau >= 0 and math.isfinite(tau)):
-        raise ValueError(f"tau must be a finite number >= 0 (tau > 1 rejects every draft), got {tau!r}")
-    return float(tau)
-
-
 @dataclass(frozen=True)
 class MuloOptions:
     tau: float = 0.05            #: accept a draft iff its pooled target probability >= tau
@@ -72,44 +46,25 @@ class MuloOptions:
     draft: str = "drafter"
 
     def __post_init__(self):
-        check_tau(self.tau)
+        tau = self.tau
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not (tau >= 0 and math.isfinite(tau)):
+            raise ValueError(f"tau must be a finite number >= 0 (tau > 1 rejects every draft), got {tau!r}")
         check_int(self.radius, "radius")
         check_k(self.k)
         check_delta(self.delta)
-        if self.upsample not in _up.MODES:
-            raise ValueError(f"upsample must be one of {', '.join(_up.MODES)}, got {self.upsample!r}")
-        if self.drafting not in DRAFTING:
-            raise ValueError(f"drafting must be one of {', '.join(DRAFTING)}, got {self.drafting!r}")
+        for name, allowed in (("upsample", _up.MODES), ("drafting", DRAFTING), ("resample", RESAMPLING),
+                              ("draft", DRAFTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         check_int(self.window, "window", 1)
-        if self.resample not in RESAMPLING:
-            raise ValueError(f"resample must be one of {', '.join(RESAMPLING)}, got {self.resample!r}")
-        if self.draft not in DRAFTS:
-            raise ValueError(f"draft must be one of {', '.join(DRAFTS)}, got {self.draft!r}")
         if self.draft_sampling is not None and not isinstance(self.draft_sampling, Sampling):
             raise ValueError(f"draft_sampling must be a Sampling or None, got {type(self.draft_sampling).__name__}")
 
 
-def check_models(target, drafter, upsample: str = "nearest", drafter_name: str = "drafter"):
-    """The drafter's fit for the target (same vocabulary, a grid no larger per side); returns r
-    (H = r h, W = r w), or None where the grids do not divide (`nearest` and `pixel` only)."""
-    check_grid_model(target, "target")
-    check_grid_model(drafter, "drafter")
-    (H, W), (h, w) = tuple(target.grid), tuple(drafter.grid)
-    if h > H or w > W:
-        raise ValueError(f"{drafter_name} grid {(h, w)} is larger than the target grid {(H, W)} on a side: MuLo-SD "
-                         "drafts at a lower resolution")
-    if drafter.vocab_size != target.vocab_size:
-        raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}: "
-                         "MuLo-SD needs one shared codebook")
-    factor = _up.target_grid((h, w), (H, W))[1]
-    if factor is None and upsample == "learned":
-        raise ValueError(f"drafter grid {(h, w)} does not divide the target grid {(H, W)} by one factor r per side: "
-                         "the learned up-sampler needs one (upsample='nearest' or 'pixel' take any ratio)")
-    return factor
-
-
 def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions):
-    """A ValueError naming what `options` need and the models lack; returns `check_models`' r."""
+    """A ValueError naming what `options` need and the models lack (the drafter's fit for the target:
+    same vocabulary, a grid no larger per side); returns r (H = r h, W = r w), or None where the
+    grids do not divide (`nearest` and `pixel` only)."""
     if drafter is None:
         if options.draft == "preview":
             raise OptionError("draft", "mulo with draft='preview' needs the target's preview stage "
@@ -119,7 +74,19 @@ def _check_resources(target, drafter, tokenizer, upsampler, options: MuloOptions
     if options.draft == "preview" and not callable(getattr(target, "condition_on_preview", None)):
         raise OptionError("draft", "draft='preview' needs a target conditioned on its own preview "
                               "(condition_on_preview: a two-stage model such as GLM-Image)")
-    factor = check_models(target, drafter, options.upsample, "preview" if options.draft == "preview" else "drafter")
+    check_grid_model(target, "target")
+    check_grid_model(drafter, "drafter")
+    (H, W), (h, w) = tuple(target.grid), tuple(drafter.grid)
+    if h > H or w > W:
+        raise ValueError(f"{'preview' if options.draft == 'preview' else 'drafter'} grid {(h, w)} is larger than the "
+                         f"target grid {(H, W)} on a side: MuLo-SD drafts at a lower resolution")
+    if drafter.vocab_size != target.vocab_size:
+        raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}: "
+                         "MuLo-SD needs one shared codebook")
+    factor = _up.target_grid((h, w), (H, W))[1]
+    if factor is None and options.upsample == "learned":
+        raise ValueError(f"drafter grid {(h, w)} does not divide the target grid {(H, W)} by one factor r per side: "
+                         "the learned up-sampler needs one (upsample='nearest' or 'pixel' take any ratio)")
     if options.drafting == "zipar":
         check_window(options.window, drafter.grid[1])
     if options.upsample == "pixel" and tokenizer is None:
@@ -151,11 +118,9 @@ def decode(target, conditions, *, drafter, tokenizer=None, upsampler=None, codeb
     _check_resources(target, drafter, tokenizer, upsampler, options)
     if neighbors is None and codebook is not None and options.k > 0:
         neighbors = neighbor_table(codebook, options.k)
-    def policy(engine):
-        return MuloRows(engine, target, drafter, tokenizer=tokenizer, upsampler=upsampler, neighbors=neighbors,
-                        options=options)
-
-    return run_rows("mulo", target, conditions, policy, run, tokenizer)
+    return run_rows("mulo", target, conditions, lambda engine: MuloRows(
+        engine, target, drafter, tokenizer=tokenizer, upsampler=upsampler, neighbors=neighbors, options=options),
+        run, tokenizer)
 
 
 OPTIONS = MuloOptions

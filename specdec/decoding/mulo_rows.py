@@ -9,7 +9,7 @@ import torch
 from specdec.decoding import upsample as _up
 from specdec.decoding.ar import ARRows
 from specdec.decoding.engine import Engine
-from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, raster_plan, resample_step
+from specdec.decoding.resampling import ResamplePlan, draw_first, island_plan, resample_step
 from specdec.decoding.runner import Outputs, count_pass
 from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.scheduler import join_conditions
@@ -73,17 +73,11 @@ class MuloRows(RowPolicy):
             self.drafting = (ARRows(engine, self.drunner) if options.drafting == "serial"
                              else ZipARRows(engine, self.drunner, options.window))
         self.x = torch.zeros(B, self.HW, dtype=torch.long, device=self.runner.device)
+        self.tokens = self.ar.tokens if self.plain else self.x
         self.phase = [IDLE] * B
         self.conditions: List[object] = [None] * B        #: each row's condition (a batch of one)
         self.plans: Dict[int, ResamplePlan] = {}          #: the resampling rows' plans
         self.figures: List[Optional[tuple]] = [None] * B  #: (islands, resampled, labels, low-res draft)
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.ar.tokens if self.plain else self.x
-
-    def _in(self, phase: str) -> List[int]:
-        return [b for b, p in enumerate(self.phase) if p == phase]
 
     def start(self, rows, conditions):
         for i, b in enumerate(rows):
@@ -91,9 +85,8 @@ class MuloRows(RowPolicy):
             self.phase[b] = DRAFT if self.drafting is not None else AR
         if self.drafting is None:
             self.ar.start(rows, conditions)
-            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
             for b in rows:
-                self.figures[b] = (0, 0, none, torch.zeros(0, dtype=torch.long))
+                self.figures[b] = self._no_islands(torch.zeros(0, dtype=torch.long))
         else:
             self.drafting.start(rows, conditions)
 
@@ -150,11 +143,14 @@ class MuloRows(RowPolicy):
             conditions = self.target.condition_on_preview(conditions, grids)
         if self.plain:
             self.ar.start(rows, conditions)
-            none = torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32)
             for b, grid in zip(rows, grids.cpu().unbind(0)):
-                self.phase[b], self.figures[b] = AR, (0, 0, none, grid)
+                self.phase[b], self.figures[b] = AR, self._no_islands(grid)
             return
-        x = self.upsample(grids)
+        # 2. The high-resolution drafts x~ [k, H*W], image by image.
+        H, W = self.runner.H, self.runner.W
+        x = torch.cat([_up.upsample(grid[None], (H, W), self.o.upsample, tokenizer=self.tokenizer, net=self.upsampler)
+                       for grid in grids])
+        x = to_device(x.reshape(len(rows), H * W), dev).long().contiguous()
         self.x.index_copy_(0, index, x)
         first, _ = e.prefill_rows(self.runner, rows, conditions)
         verified = self._verify(rows, first, x)
@@ -168,12 +164,9 @@ class MuloRows(RowPolicy):
             else:
                 self.phase[b] = IDLE
 
-    def upsample(self, grids: torch.Tensor) -> torch.Tensor:
-        """2. The high-resolution drafts x~ [k, H*W] of grids [k, h, w], image by image."""
-        k, H, W = grids.shape[0], self.runner.H, self.runner.W
-        up = torch.cat([_up.upsample(grids[i:i + 1], (H, W), self.o.upsample, tokenizer=self.tokenizer,
-                                     net=self.upsampler) for i in range(k)])
-        return to_device(up.reshape(k, H * W), self.runner.device).long().contiguous()
+    def _no_islands(self, low: torch.Tensor) -> tuple:
+        """The figures of an image decoded by plain AR (nothing verified): `low`, its draft."""
+        return 0, 0, torch.full((self.runner.H, self.runner.W), -1, dtype=torch.int32), low
 
     def _verify(self, rows: List[int], first: Outputs, x: torch.Tensor) -> list:
         """3.-5. of rows `rows` (their drafts x [k, H*W], `first` their prefill's outputs): one
@@ -206,7 +199,8 @@ class MuloRows(RowPolicy):
         # islands at a time.
         share = e.token_share
         most = None if share is None else max(1, share // 2)
-        plans = [raster_plan(R) if self.o.resample == "raster" else island_plan(R, isl, most)
+        # (v1, raster order, is R_X as one island)
+        plans = [island_plan(R, [0] * len(R) if self.o.resample == "raster" else isl, most)
                  for R, isl in zip(judgement.resample, judgement.islands)]
         draw_first(e, runner, self.x, ver, rows, plans)
         return [(n, sum(R), torch.tensor(isl, dtype=torch.int32).view(H, W), plan)

@@ -53,6 +53,10 @@ class RowPolicy(ABC):
         self.tokens.index_copy_(0, index, grids)
         return index
 
+    def _in(self, phase: str) -> List[int]:
+        """The rows in `phase`, for a policy that keeps each row's phase in `self.phase`."""
+        return [b for b, p in enumerate(self.phase) if p == phase]
+
     def preview(self, b: int) -> Optional[torch.Tensor]:
         """Row b's preview grid [h, w] when the method decoded one itself (MuLo-SD drafted by a
         model's own preview stage), else None."""

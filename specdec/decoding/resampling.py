@@ -1,8 +1,8 @@
 """MuLo-SD's step 6: the rejected region R_X of an image resampled with the target, pass by pass.
 
-An image's resampling (v1 `raster_plan`, v2 `island_plan`: `specdec.decoding.mulo`, step 6) is a
-`ResamplePlan` worked out on the host from its judgement alone (R_X and its island labels), so the
-passes read nothing back. Its first position t0 is drawn from the verification outputs
+An image's resampling (`island_plan`: `specdec.decoding.mulo`, step 6) is a `ResamplePlan` worked
+out on the host from its judgement alone (R_X and its island labels), so the passes read nothing
+back. Its first position t0 is drawn from the verification outputs
 (`draw_first`); each later pass feeds the positions resolved last (writing their keys and values)
 and the tokens just before the positions it resolves. `resample_step` makes one pass of every
 plan, in as few shared passes as the rows' blocks allow.
@@ -61,19 +61,10 @@ class ResamplePlan:
         self.last, self.m = now, self.m + 1
 
 
-def raster_plan(resample: List[bool]) -> Optional[ResamplePlan]:
-    """v1: R_X (host bools over the grid) one position per pass; None when R_X is empty."""
-    positions = [t for t, r in enumerate(resample) if r]
-    if not positions:
-        return None
-    resolved = [not r for r in resample]
-    resolved[positions[0]] = True
-    return ResamplePlan(positions[0], [[u] for u in positions[1:]], resolved, [positions[0]])
-
-
 def island_plan(resample: List[bool], islands: List[int], most: Optional[int] = None) -> Optional[ResamplePlan]:
     """v2: every island of R_X one position per pass (`most`: at most that many islands a pass, a
-    step of more split into passes of `most`, islands in label order); None when R_X is empty."""
+    step of more split into passes of `most`, islands in label order); None when R_X is empty.
+    v1 (raster order, one position per pass) is R_X as one island: `islands` all 0."""
     if True not in resample:
         return None
     t0 = resample.index(True)                   # the first rejection: R_X starts there
@@ -148,4 +139,4 @@ def resample_step(engine: Engine, runner: ModelRunner, x: torch.Tensor, plans: D
     return made
 
 
-__all__ = ["ResamplePlan", "draw_first", "island_plan", "island_schedule", "raster_plan", "resample_step"]
+__all__ = ["ResamplePlan", "draw_first", "island_plan", "island_schedule", "resample_step"]

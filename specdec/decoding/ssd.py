@@ -1,40 +1,12 @@
 """`ssd`: Spatially Speculative Decoding (docs/decoders.md, "ssd"), lossy by design.
 
-Small heads on the frozen target predict its pre-norm hidden state of the token to the right
-(horizontal heads, +1..+5) and below (vertical heads, +W, +2W) from `[h ; e(token)]`; the draft
-distribution q is the target's own final norm + LM head on the prediction.
+The heads, the two commit rules, the tail bounds and the pass counts: docs/decoders.md, "ssd".
+Under `commit="verify"` each pass settles at least one token, so the passes end.
 
-- Row 0: raster speculative decoding with the horizontal heads as the drafter (lossless).
-- Every later row: the vertical head drafts the whole row at once from the row above (the columns
-  are independent; with `vertical_heads=2` the +W and +2W heads draft the next two rows from it);
-  each position is judged with u < min(1, p/q) (`verify_grid(rule="ratio", mode="independent")`)
-  and a rejected one is replaced by a residual sample (`sample_residual`).
-- `commit="write"` (the published rule, the `published` preset): `rounds` rounds of
-  verify-and-correct over the group's rows, then one commit pass writes their keys, values and
-  hidden states (which the next row's vertical drafts start from). Reading: in later rounds the q
-  of a resampled position is the distribution it was resampled from, a kept one keeps the head's.
-- `commit="verify"` (our default, exact in distribution while both bounds below are None): every
-  judgement uses SJD's rule (a token is judged against the distribution it follows: the head's q
-  when freshly drafted, else the p it was last judged against, so it is kept for sure while its
-  context holds) and every pass writes keys, values and hidden states. The published rule is not
-  exact: a kept token is judged against the head's q again in the next round, and a token right
-  of a last-round correction is committed as judged under the old left context. After a pass
-  whose first correction is at f, everything up to f is settled; the next pass starts right after
-  f and judges only tokens whose context changed. A group makes up to `rounds + 1` such passes;
-  what is still open is judged again with the next group's rows, and the last group closes its
-  tail with passes of its own. Each pass settles at least one token, so this ends.
-- `max_tail` and `final_passes` bound the price of corrections that cascade along a row: open
-  tokens more than `max_tail` positions behind a group's rows are fed once more (their keys and
-  values then follow the final tokens before them) but kept as last judged, and the last group
-  closes its tail with at most `final_passes` passes. Both make the variant lossy again, but only
-  in the tokens they keep (`SSDStats.kept_as_judged`).
-- On the scheduler (`specdec.decoding.ssd_rows.SSDRows`) each row has its own phase and open span,
-  settled up to its own first correction; a pass is as wide as the longest open span, shorter ones
-  padded with re-feeds of settled tokens (`specdec.decoding.blocks`) that are never judged and draw
-  nothing, so image i's tokens do not depend on its neighbours.
-
-Target passes per image, commit="write": 1 + C0 (row 0) + ceil((H - 1) / vertical_heads)(rounds + 1);
-commit="verify": 1 + C0 + the groups' passes (1 to rounds + 1 each) + the final passes.
+On the scheduler (`specdec.decoding.ssd_rows.SSDRows`) each row has its own phase and open span,
+settled up to its own first correction; a pass is as wide as the longest open span, shorter ones
+padded with re-feeds of settled tokens (`specdec.decoding.blocks`) that are never judged and draw
+nothing, so image i's tokens do not depend on its neighbours.
 """
 from __future__ import annotations
 
@@ -48,17 +20,6 @@ from specdec.decoding.ssd_rows import SSDRows, SSDStats  # noqa: F401  (SSDStats
 from specdec.settings import OptionError, RunSettings, check_int
 
 COMMIT = ("write", "verify")
-
-
-def _check_bound(value, name: str):
-    """max_tail / final_passes: None (unbounded: exact) or an int >= 0."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise ValueError(f"{name} must be None or an int >= 0, got {value!r}")
-    return value
-
-
-def check_rounds(rounds) -> int:
-    return check_int(rounds, "rounds")
 
 
 @dataclass(frozen=True)
@@ -75,13 +36,14 @@ class SSDOptions:
     final_passes: Optional[int] = 2
 
     def __post_init__(self):
-        check_rounds(self.rounds)
+        check_int(self.rounds, "rounds")
         check_int(self.chunk, "chunk", 1)
         check_int(self.vertical_heads, "vertical_heads", 1)
         if self.commit not in COMMIT:
             raise ValueError(f"commit must be one of {', '.join(COMMIT)}, got {self.commit!r}")
-        _check_bound(self.max_tail, "max_tail")
-        _check_bound(self.final_passes, "final_passes")
+        for name in ("max_tail", "final_passes"):  # None: unbounded (exact)
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name)
 
 
 def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),

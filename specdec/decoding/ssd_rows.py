@@ -98,23 +98,16 @@ class SSDRows(RowPolicy):
             end = self.HW if raster_only else W
             self.first = RasterSpeculation(engine, runner, HeadsDrafter(heads), end=end, chunk=chunk)
         self.later = chunk > 0 and not raster_only and H > 1
-        self.x = self.first.tokens
+        self.tokens = self.x = self.first.tokens
         self.hid: Optional[torch.Tensor] = None   #: [rows, H*W, dim] the target state that gave each token
         self.q: Optional[torch.Tensor] = None     #: [B, w, V] each row's open tokens' q, right-aligned at its hi
         self.phase = [IDLE] * B
         self.state: List[Optional[RowState]] = [None] * B
 
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.first.tokens
-
     def groups(self) -> List[Tuple[int, int]]:
         """(lo, hi) of each group of rows drafted together, in raster positions."""
         H, W, k = self.H, self.W, self.o.vertical_heads
         return [(i * W, min(i + k, H) * W) for i in range(1, H, k)]
-
-    def _in(self, phase: str) -> List[int]:
-        return [b for b, p in enumerate(self.phase) if p == phase]
 
     def start(self, rows, conditions):
         self.first.start(rows, conditions)
@@ -271,8 +264,10 @@ class SSDRows(RowPolicy):
     def _span_outputs(self, rows: List[int], span: "Span") -> Optional[Verdict]:
         """The spans' outputs of `rows`: the fed tokens' hidden states written (commit="verify":
         every pass; "write": the pass after the `rounds` judging ones) and the verdict of the rows
-        judged (`_verdict`; `_correct` once read), or None."""
-        o, B, HW, dev = self.o, self.engine.batch, self.HW, self.x.device
+        judged, or None: their open tokens judged against p (column k of row b: the distribution of
+        position hi[b] - N + k) and the q they follow (not read yet; `_correct` once read)."""
+        e, o, x, B, HW = self.engine, self.o, self.x, self.engine.batch, self.HW
+        dev = x.device
         pos, hi, count_t, out = span.pos, span.hi, span.count, span.out
         inside = set(rows)
         N = pos.shape[1]
@@ -291,24 +286,16 @@ class SSDRows(RowPolicy):
         p_rows = self.runner.probs(out.images(index))                                          # [R, N, V]
         offset = (N - count_t).index_select(0, index)
         p = p_rows.gather(1, (j - offset[:, None]).clamp(0, N - 1)[..., None].expand(-1, -1, p_rows.shape[-1]))
-        return self._verdict(judging, index, p, hi, N)
-
-    def _verdict(self, rows: List[int], index: torch.Tensor, p: torch.Tensor, hi: List[int], N: int) -> Verdict:
-        """The open tokens of `rows` (`index` on the device) judged against p [len(rows), N, V]
-        (column k of row rows[i]: the distribution of position hi[rows[i]] - N + k) and the q
-        they follow (not read yet)."""
-        e, x, HW = self.engine, self.x, self.HW
-        dev = x.device
-        ends = to_device([hi[b] for b in rows], dev, torch.long)
-        cols = (ends[:, None] - N + torch.arange(N, device=dev)[None]).clamp(0, HW - 1)
+        ends = to_device([hi[b] for b in judging], dev, torch.long)
+        cols = (ends[:, None] - N + j).clamp(0, HW - 1)
         qf = fit_right(self.q.index_select(0, index), N)
         xw = x.index_select(0, index).gather(1, cols)[..., None]
-        judged = [hi[b] - self.state[b].start - self.state[b].keep for b in rows]
-        u = to_device(e.streams.rows(rows).rand_padded(judged, N, right=True), dev)
-        valid = torch.arange(N, device=dev)[None] >= (N - to_device(judged, dev, torch.long))[:, None]
-        self._judged = (rows, p, qf, hi, N, index)
-        return e.verdict(p.gather(2, xw)[..., 0], qf.gather(2, xw)[..., 0], starts=[hi[b] - N for b in rows],
-                         judged=judged, uniforms=u, mode="independent", valid=valid, rows=rows)
+        judged = [hi[b] - self.state[b].start - self.state[b].keep for b in judging]
+        u = to_device(e.streams.rows(judging).rand_padded(judged, N, right=True), dev)
+        valid = j >= (N - to_device(judged, dev, torch.long))[:, None]
+        self._judged = (judging, p, qf, hi, N, index)
+        return e.verdict(p.gather(2, xw)[..., 0], qf.gather(2, xw)[..., 0], starts=[hi[b] - N for b in judging],
+                         judged=judged, uniforms=u, mode="independent", valid=valid, rows=judging)
 
     def _correct(self, judgement: Judgement) -> None:
         """The judged tokens' corrections drawn, then each row's q and (commit="verify") its
@@ -349,15 +336,14 @@ class SSDRows(RowPolicy):
                 else:
                     st.group, st.drafted = st.group + 1, False
             return
-        if st.final:
-            st.stats.final_passes[0] += 1
-        else:
-            st.stats.group_passes[0] += 1
         settled = st.start is None
         if st.final:
+            st.stats.final_passes[0] += 1
             if settled or (o.final_passes is not None and st.passes >= o.final_passes):
                 self._finish(b)
-        elif settled or st.passes >= o.rounds + 1:
+            return
+        st.stats.group_passes[0] += 1
+        if settled or st.passes >= o.rounds + 1:
             # The last group has no next group to carry its open tail into: it closes it with
             # passes of its own (at most `final_passes`; None: until settled).
             if not last:
@@ -376,11 +362,8 @@ class SSDRows(RowPolicy):
         self.phase[b] = IDLE
 
     def method_stats(self, b):
-        st = self.state[b]
-        row0 = st.stats.row0_passes
-        if not self.later:
-            return SSDStats(list(row0), [0], [0], [0], [0])
-        return SSDStats(list(row0)) if self.o.commit == "write" else st.stats
+        st = self.state[b]      # (without later rows, its stats are row 0's, the rest [0])
+        return SSDStats(list(st.stats.row0_passes)) if self.later and self.o.commit == "write" else st.stats
 
 
 __all__ = ["RowState", "SSDRows", "SSDStats"]

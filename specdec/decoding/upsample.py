@@ -1,15 +1,11 @@
 """MuLo-SD's up-samplers: a low-resolution token grid [B, h, w] -> a high-resolution draft [B, H, W].
 
 The target grid is an int factor r (H = r h, W = r w) or (H, W), not necessarily a multiple of
-(h, w) (GLM-Image's 19 x 13 preview of a 36 x 24 image):
+(h, w). The modes (docs/decoders.md, "mulo", step 2):
 
-- `nearest`: draft token (i, j) is low-resolution token (floor(i h / H), floor(j w / W)),
-  F.interpolate's nearest rule (r x r repeats for an integer r). A baseline: codes are not
-  scale-invariant, so this is a poor draft, kept to show what the other two buy;
-- `pixel`: VQ-decode, bicubic resize to the target's pixels, VQ-encode (the paper's pipeline with
-  plain interpolation in place of its super-resolution network);
-- `learned`: `specdec.models.upsampler.TokenUpsampler`, a small row-causal network trained for
-  the family's codebook by `python -m specdec.train upsampler`; an integer r, the same per side.
+- `nearest`: F.interpolate's nearest rule, any ratio; a baseline (codes are not scale-invariant);
+- `pixel`: VQ-decode, bicubic resize to the target's pixels, VQ-encode;
+- `learned`: `specdec.models.upsampler.TokenUpsampler` (`python -m specdec.train upsampler`).
 """
 from __future__ import annotations
 
@@ -18,11 +14,9 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from specdec.settings import _is_int
+
 MODES = ("pixel", "learned", "nearest")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def target_grid(low_grid: Tuple[int, int], size: Union[int, Tuple[int, int]]) -> Tuple[Tuple[int, int], Optional[int]]:
@@ -56,8 +50,6 @@ def upsample(low: torch.Tensor, size, mode: str = "pixel", *, tokenizer=None, ne
         raise ValueError(f"low-resolution tokens must be an int [B, h, w] tensor, got {tuple(low.shape)} {low.dtype}")
     (H, W), r = target_grid(tuple(low.shape[-2:]), size)
     if mode == "nearest":
-        if r is not None:
-            return low.long().repeat_interleave(r, 1).repeat_interleave(r, 2)
         return nearest(low, (H, W))
     if mode == "pixel":
         if tokenizer is None:
