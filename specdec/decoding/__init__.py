@@ -11,16 +11,11 @@ rows of one persistent batch (`policy.RowPolicy`) and a `decode(target, conditio
 models>, options=<its options>, run=RunSettings(...))` that takes its models explicitly;
 `decode(method, family, ...)` (specdec.decoding.api) takes them from a model family through the
 module's hooks. `decode` (with `batch_size=...` or `concurrency=...`) and `stream(...)` all run
-on `scheduler`'s one loop (admit -> step -> retire), `streaming` its engine for a server. The rest,
-by job: `engine` (the batch's round state: streams, runners, the read-accept-commit step,
-statistics), `runner` (a model with its cache), `compiled` (the same through torch.compile),
-`streams` (one random stream per image), `uploads` (host data to the device), `draws` (kernels
-with the streams' uniforms), `blocks` (the shapes of shared passes), `drafters` (what proposes
-tokens for raster speculation), `resampling` (MuLo-SD's resampling passes), `batching`, `results`.
+on `scheduler`'s one loop (admit -> step -> retire), `streaming` its engine for a server. The
+other modules, by job: docs/contributing.md, "The package map".
 """
 from __future__ import annotations
 
-from specdec.decoding import api  # noqa: F401  (specdec.decoding.api, as the docs and callers name it)
 from specdec.decoding.api import (DEFAULT_SAMPLING, METHODS, OPTIONS, PRESETS, RESOURCES, check_method, decode,
                                   family_options, method_options, options_as_kwargs, options_for, stream)
 from specdec.decoding.batching import EXACT_METHODS

@@ -2,7 +2,6 @@
 after checking a decoder's common arguments (the model's protocol, the conditions) once per call."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Callable, Optional
 
@@ -57,12 +56,11 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
     if run.exact and (why := not_exact(method)):
         raise ValueError(f"exact: {why}")
     if isinstance(conditions, Requests):
-        run = dataclasses.replace(run, concurrency=run.concurrency or run.batch_size, batch_size=1)
         return StreamingEngine(method, make_policy, run, model.grid, run.concurrency, tokenizer, conditions.condition)
     conditions = check_classes(model, conditions)
     n, rows = conditions.shape[0], run.concurrency or run.batch_size
     prompts = is_prompts(conditions)
-    finished, total = {}, DecodeStats(method)
+    finished = {}
     start = time.perf_counter()
     scheduler = Scheduler(method, make_policy, run, model.grid, min(rows, n), refill=run.concurrency is not None)
     try:        # (whatever ends the decode, its compiled runners go back to their models: `Engine.release`)
@@ -77,15 +75,12 @@ def run_rows(method: str, model, conditions, make_policy: Callable, run: RunSett
                         run.progress(len(finished))
     finally:
         scheduler.engine.release()
-    total.passes_made += scheduler.passes_made
-    if run.compile:
-        total.compile_s.append(scheduler.take_compile_s())
-    wall_s = time.perf_counter() - start
-    total.extend([finished[i].stats for i in sorted(finished)])
-    total.wall_s = wall_s
-    H, W = model.grid
+    compile_s = [scheduler.take_compile_s()] if run.compile else []
+    total = DecodeStats(method, passes_made=scheduler.passes_made, wall_s=time.perf_counter() - start,
+                        compile_s=compile_s)
     images = [finished[i] for i in sorted(finished)]
-    tokens = torch.stack([image.tokens for image in images]).view(-1, H, W)
+    total.extend([image.stats for image in images])
+    tokens = torch.stack([image.tokens for image in images])
     previews = [image.preview for image in images]
     preview = torch.stack(previews) if all(p is not None for p in previews) else None
     return DecodeResult(tokens, decode_images(tokens, tokenizer), total, preview)

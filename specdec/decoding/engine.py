@@ -2,16 +2,8 @@
 
 A method (a policy: `ar`, `sd`, `lantern`, `sjd`, `zipar`, `mulo`, `ssd`) decides what each pass
 feeds, how the target judges the drafts (a rule and mode of `verify_grid`) and what it redraws.
-Everything else of a round is here, written once:
-
-- the images' random streams (`ImageStreams`: image i draws only from its own stream);
-- the runners (`runner`): made for the batch, eager or compiled, each with a role (target,
-  drafter, preview) under which the scheduler counts its passes per image;
-- committed lengths (`Lengths`: on the device for the passes, mirrored on the host for the loop's
-  control, the passes' shapes and the streams' consumption);
-- the read-accept-commit step: `judge` (the drafts' verdict, the pass's one host read, the
-  statistics) and `redraw` (rejected drafts drawn again from the residual, with each image's own
-  uniforms).
+Everything else of a round is here, written once (docs/engine.md, "The round: state, policy, one
+read": the streams, runners, committed lengths and the read-accept-commit step).
 
     engine = Engine(run, streams, grid)            # the scheduler makes one for its rows
     target = engine.runner(model)
@@ -103,10 +95,10 @@ class Engine:
         self.streams = streams
         self.batch = len(streams)
         self.H, self.W = grid
-        self._runners: List[Tuple[ModelRunner, str]] = []
+        #: the batch's runners so far, each with its role (target, drafter, preview)
+        self.runners: List[Tuple[ModelRunner, str]] = []
         #: drafter passes made without a runner of their own (SSD's heads on the target)
         self.head_passes = 0
-        self.reads = 0      #: host reads made (`read`: one per judgement)
         #: the scheduler whose rows these are (`specdec.decoding.scheduler.Scheduler`; see `record`)
         self.rows = None
         #: target passes of prefills of some rows (`prefill_rows`), besides the runners' own
@@ -117,15 +109,6 @@ class Engine:
         self.kept_runners: Optional[dict] = None
         #: the models' compiled runners this batch holds, out of their stores until `release`
         self.held: dict = {}
-
-    @property
-    def backend(self):
-        return self.run.backend
-
-    @property
-    def runners(self) -> List[Tuple[ModelRunner, str]]:
-        """The batch's runners so far, each with its role (target, drafter, preview)."""
-        return list(self._runners)
 
     @property
     def token_share(self) -> Optional[int]:
@@ -148,7 +131,7 @@ class Engine:
         runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
                             store=self.kept_runners, graphs=self.graphs, held=self.held)
         resolve(self.run.backend, runner.device)     # (a backend this device lacks: refused before any pass)
-        self._runners.append((runner, role))
+        self.runners.append((runner, role))
         return runner
 
     def prefill_rows(self, runner: ModelRunner, rows: Sequence[int], conditions) -> Tuple[Outputs, torch.Tensor]:
@@ -159,7 +142,7 @@ class Engine:
         other rows on a `part`, copied in (`SlotKVCache.put_images`). A part's or view's extra rows
         are prefilled with the first condition. Each row's image is counted one pass of the
         runner's role."""
-        role = next(rr for r, rr in self._runners if r is runner)
+        role = next(rr for r, rr in self.runners if r is runner)
         k = len(rows)
         in_place = False
         if k == self.batch:
@@ -207,7 +190,7 @@ class Engine:
         shape = (B, 1, score.shape[-1]) if score.dim() == 2 else tuple(score.shape)
         view = (lambda t: None if t is None else t.reshape(shape))
         verdict = verify_grid_unchecked(score.reshape(shape), view(q), rule, uniforms=view(uniforms),
-                                        valid=view(valid), backend=self.backend, **how)
+                                        valid=view(valid), backend=self.run.backend, **how)
         parts = [verdict.accept.view(B, -1), verdict.resample.view(B, -1)]
         if islands:
             parts += [verdict.islands.view(B, -1), verdict.num_islands.view(B, 1)]
@@ -218,7 +201,7 @@ class Engine:
         """The host side of `verdicts` in one host read: which drafts were kept and which are
         drawn again (and where the islands are). How many uniforms each image draws next depends
         on it, and so do the next pass's shape and the loop's control."""
-        flat = self.read(torch.cat([v.host.reshape(-1) for v in verdicts]))
+        flat = torch.cat([v.host.reshape(-1) for v in verdicts]).tolist()
         out, at = [], 0
         for v in verdicts:
             B, K = v.host.shape
@@ -233,11 +216,6 @@ class Engine:
             self.record(judgement.accept, v.starts, v.judged, v.rows)
             out.append(judgement)
         return out
-
-    def read(self, t: torch.Tensor) -> list:
-        """The host values of a tensor (a host read)."""
-        self.reads += 1
-        return t.tolist()
 
     def record(self, accept: List[List[bool]], starts: Sequence[int], judged: Sequence[int],
                rows: Optional[Sequence[int]] = None) -> None:
@@ -274,7 +252,8 @@ class Engine:
             counts[b] += 1
         if [b for b, _ in picks] != sorted(b for b, _ in picks):
             raise ValueError("redraw's picks must list the images in order")
-        out = draw_residual(p, q, self.streams.rand_counts(counts), self.backend, with_distribution=with_distribution)
+        out = draw_residual(p, q, self.streams.rand_counts(counts), self.run.backend,
+                            with_distribution=with_distribution)
         rows, cols = to_device([[b for b, _ in picks], [t for _, t in picks]], x.device, torch.long)
         x[rows, cols] = out[0] if with_distribution else out
         return out

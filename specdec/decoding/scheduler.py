@@ -4,13 +4,7 @@ A method is a policy over the batch's rows (`RowPolicy`): it starts rows on thei
 prefills, token 0, per-row state), makes one step over every row (`step`: each op once over the
 rows that need it, one pass per model) and says which rows are done. The scheduler owns the rest:
 the request queue, which row holds which image, each image's random stream (restarted when a row
-takes it) and counters, and when rows take new images. A lockstep batch is the case where every
-request arrives at once:
-
-- `decode(..., batch_size=B)`: every request queued at the start, rows refilled only when all are
-  free (groups of B images that start together);
-- `decode(..., concurrency=C)`: the same requests, each free row refilled at once;
-- `stream(..., concurrency=C)`: requests queued as they arrive (`submit`), one `step()` at a time.
+takes it) and counters, and when rows take new images.
 
     scheduler = Scheduler("sd", make_policy, run, grid, capacity=16)
     scheduler.submit(condition, index)
@@ -19,14 +13,8 @@ request arrives at once:
             ...
     scheduler.engine.release()               # (its compiled runners back to their models)
 
-Image i depends only on (seed, i): its row's stream is its own from the start (`ImageStreams
-.restart`) and a row's computation never reads another row's, so under `batch_invariant()` its
-tokens are bit for bit those of its decode alone, whatever the concurrency or its neighbours.
-
-Which rows a step's passes cover is decided here, in one place (`covered_images`, whenever the
-rows that hold images change), as a serving engine pads its batch to its graph sizes; a row
-without an image inside the bucket rides along, changing no image (`ModelRunner.cover`). A request
-takes the lowest free row, and `_compact` keeps the busy rows the first ones.
+How each call fills the rows, randomness, counters and which rows a pass covers: docs/engine.md,
+"The scheduler: one loop over rows".
 """
 from __future__ import annotations
 
@@ -110,7 +98,8 @@ class RowCounts:
 
 
 class Scheduler:
-    """The persistent batch of `capacity` rows and its loop (see the module's docstring)."""
+    """The persistent batch of `capacity` rows and its loop (docs/engine.md, "The scheduler: one loop
+    over rows")."""
 
     def __init__(self, method: str, make_policy: Callable[[Engine], RowPolicy], run: RunSettings,
                  grid: Tuple[int, int], capacity: int, *, refill: bool = True, kept_runners: Optional[dict] = None):
@@ -132,7 +121,6 @@ class Scheduler:
         self.queue: Deque[Request] = deque()
         self.rows: List[Optional[RowCounts]] = [None] * capacity
         self.requests: List[Optional[Request]] = [None] * capacity   #: the request each row holds
-        self.steps = 0      #: steps made
         # `_tick`: each runner's counts at the last tick (a step's passes are the differences), and
         # the rows the policy credited this step (`credit`).
         self._seen: Dict[int, Tuple[int, int]] = {}
@@ -150,10 +138,6 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         return not self.queue and not self.running
-
-    @property
-    def reads(self) -> int:
-        return self.engine.reads
 
     def submit(self, condition, index: int, seed: Optional[int] = None, tag: Hashable = None) -> None:
         """Queue a request: `condition` one class id (a 0-d tensor) or a `Prompts` of one prompt,
@@ -219,7 +203,6 @@ class Scheduler:
         self._admit()
         if any(r is not None and not d for r, d in zip(self.rows, self.policy.done())):
             self.policy.step()
-            self.steps += 1
             self._tick()
         return self._retire()
 

@@ -34,8 +34,6 @@ class Requests:
 
 def one_class(condition) -> torch.Tensor:
     """A request's class id as a 0-d int64 tensor."""
-    if condition is None:
-        raise ValueError("this family is class-conditional: submit a class id, not a prompt")
     condition = torch.as_tensor(condition)
     if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
@@ -48,14 +46,12 @@ class StreamingEngine:
     one scheduler step (admit -> step -> retire), and the images' pixels when it has a tokenizer."""
 
     def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
-                 tokenizer=None, condition: Optional[Callable] = None):
-        """`condition`: `Requests`' (None: class ids, unchecked), run at `submit` so that a bad
-        request is refused there, not in a step that other images share."""
-        check_int(concurrency, "concurrency", 1)
-        self.method, self.run = method, run
+                 tokenizer, condition: Callable):
+        """`condition`: `Requests`', run at `submit` so that a bad request is refused there, not in
+        a step that other images share."""
+        self.method = method
         self._condition = condition
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
-        self.grid = tuple(grid)
         self.concurrency = concurrency
         self._next_index = run.first_index
         #: its own compiled runners: its caches live across steps while other decodes of the same
@@ -76,15 +72,12 @@ class StreamingEngine:
             raise ValueError("submit takes a class id (condition) or a prompt, one of them")
         if negative_prompt is not None and prompt is None:
             raise ValueError("negative_prompt goes with a prompt (a class id's unconditional input is the null class)")
-        if self._condition is not None:
-            condition = self._condition(condition, prompt, negative_prompt)
-        else:
-            condition = one_class(condition)
+        condition = self._condition(condition, prompt, negative_prompt)
         index = self._next_index if index is None else check_int(index, "index", 0, INDICES - 1)
         if seed is not None:
             check_seed(seed)
+        self.scheduler.submit(condition, index, seed, tag)
         self._next_index = index + 1
-        self.queue.append(Request(condition, index, seed, index if tag is None else tag))
         return index
 
     @property
@@ -96,16 +89,6 @@ class StreamingEngine:
     def idle(self) -> bool:
         """Nothing queued and nothing decoding."""
         return self.scheduler.idle
-
-    @property
-    def steps(self) -> int:
-        """Scheduler steps made."""
-        return self.scheduler.steps
-
-    @property
-    def reads(self) -> int:
-        """Host reads made (at most one per step)."""
-        return self.scheduler.reads
 
     @property
     def passes_made(self) -> int:
@@ -138,7 +121,7 @@ class StreamingEngine:
         passes also go over the busy rows as they thin out. Each image draws from a stream of its
         own, so that widths depending on the images (MuLo-SD's islands, SSD's spans) vary as under a
         load; a rare one may still come later. The engine must be idle; its images are dropped, the
-        next request's image index is as before, and its counters (steps, reads, passes) include
+        next request's image index is as before, and its pass counter (`passes_made`) includes
         them. Returns how many images it decoded."""
         if not self.idle:
             raise RuntimeError("warm_up needs an idle engine (call it before submitting requests)")
