@@ -1,9 +1,6 @@
 """`ar`: plain autoregressive decoding, one target pass per token, CFG batched (the baseline).
 
-As fast as a careful user would make it: the prefix is never recomputed (slot KV cache), the only
-Python work per token is the sampling (the fused `sampling_probs` + `sample_residual` kernels), and
-there is no host round trip per token after the prefill. `run.compile` gives the step the treatment
-any compiled speculative method gets (`decode`).
+As fast as a careful user would make it (docs/decoders.md, "ar"); no host read per token (`ARRows`).
 """
 from __future__ import annotations
 

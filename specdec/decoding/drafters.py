@@ -22,9 +22,9 @@ from specdec.models.protocol import cfg_rows
 
 
 class Drafter(abc.ABC):
-    """What raster speculation asks of a drafter; each round: `observe`, `draft`, `accepted`."""
+    """What raster speculation asks of a drafter; each round: `draft`, `accepted`."""
 
-    #: whether `observe`'s hidden states are what it drafts from (SSD's heads)
+    #: whether `draft`'s hidden states are what it drafts from (SSD's heads)
     reads_hidden = False
 
     def start(self, engine: Engine, target: ModelRunner) -> None:
@@ -33,13 +33,12 @@ class Drafter(abc.ABC):
     def start_rows(self, rows: List[int], conditions) -> None:
         """Rows `rows` start the images of `conditions` (one each)."""
 
-    def observe(self, hidden: torch.Tensor) -> None:
-        """hidden [rows, dim]: the target's state that gave each image's last committed token."""
-
     @abc.abstractmethod
-    def draft(self, x: torch.Tensor, c: Lengths, n: int, going: Sequence[bool]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def draft(self, x: torch.Tensor, c: Lengths, n: int, going: Sequence[bool],
+              hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Drafts [B, n] and their distributions q [B, n, V] after the committed lengths c; images
-        not `going` (finished) draw nothing from their streams."""
+        not `going` (finished) draw nothing from their streams. hidden [rows, dim]: the target's
+        state that gave each image's last committed token."""
 
     def accepted(self, c: Lengths, a: torch.Tensor, a_host: List[int], n: int) -> None:
         """a [B] (a_host on the host) of each image's n drafts were kept after c."""
@@ -49,12 +48,12 @@ class Drafter(abc.ABC):
 
 
 class ModelDrafter(Drafter):
-    def __init__(self, model, sampling=None):
-        self.model, self.sampling = model, sampling
+    def __init__(self, model):
+        self.model = model
 
     def start(self, engine, target):
         self.engine = engine
-        self.runner = engine.runner(self.model, self.sampling, role="drafter")
+        self.runner = engine.runner(self.model, role="drafter")
         # committed tokens seen (a row without an image: all of them)
         self.fed = Lengths([self.runner.H * self.runner.W] * engine.batch, self.runner.device)
 
@@ -62,7 +61,7 @@ class ModelDrafter(Drafter):
         self.engine.prefill_rows(self.runner, rows, conditions)
         self.fed.reset_rows(rows, 0)
 
-    def draft(self, x, c, n, going):
+    def draft(self, x, c, n, going, hidden):
         r, streams = self.runner, self.engine.streams
         HW = x.shape[1]
         # Catch up on the committed tokens the drafter has not seen (1 or 2 per row). The width of
@@ -79,11 +78,11 @@ class ModelDrafter(Drafter):
         once = [1 if g else 0 for g in going]
         for i in range(n):
             q = r.probs(o)[:, 0]
-            d = draw(q, streams, r.backend, counts=once, positions=(c.device + i).clamp(max=HW - 1))
+            p = (c.device + i).clamp(max=HW - 1)       # past the grid: re-feed the last slot
+            d = draw(q, streams, r.backend, counts=once, positions=p)
             tokens.append(d)
             qs.append(q)
             if i + 1 < n:
-                p = (c.device + i).clamp(max=HW - 1)   # past the grid: re-feed the last slot
                 inside = (c.device + i) < HW
                 # Rows past the grid write their slot's own token back (a fixed-shape write).
                 work.scatter_(1, p[:, None], torch.where(inside, d, work.gather(1, p[:, None])[:, 0])[:, None])
@@ -110,16 +109,13 @@ class HeadsDrafter(Drafter):
     def start(self, engine, target):
         self.engine, self.target = engine, target
 
-    def observe(self, hidden):
-        self.hidden = hidden
-
-    def draft(self, x, c, n, going):
+    def draft(self, x, c, n, going, hidden):
         t = self.target
         self.engine.head_passes += 1
         last = x.gather(1, (c.device - 1).clamp_min(0)[:, None])[:, 0]
         drafting = [b for b, g in enumerate(going) if g] or None      # (the rows done draft nothing)
-        q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), self.hidden,
-                         cfg_rows(last, self.hidden.shape[0] // last.shape[0]), drafting)   # q [B, n, V]
+        q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), hidden,
+                         cfg_rows(last, hidden.shape[0] // last.shape[0]), drafting)   # q [B, n, V]
         B, _, V = q.shape
         positions = (c.device[:, None] + torch.arange(n, device=q.device)).clamp(max=x.shape[1] - 1)
         d = draw(q.reshape(-1, V), self.engine.streams, t.backend, counts=[n if g else 0 for g in going],

@@ -1,10 +1,7 @@
 """`lantern`: raster speculative decoding with relaxed acceptance (LANTERN, ICLR 2025).
 
-`sd` with p(x) replaced, in the acceptance ratio only, by the delta-pooled target probability of
-kernel 1: the target mass of x's nearest codebook neighbours (by latent distance) is moved onto x
-while the moved mass stays <= delta, so each token's distribution moves by at most delta in
-total variation. Reading (docs/decoders.md): on rejection the residual is that of the unpooled p.
-Defaults are LANTERN's code: k = 1000 neighbours (capped at V - 1), delta = 0.1.
+`sd` with p pooled over each token's nearest codebook neighbours (by latent distance; kernel 1) in
+the acceptance ratio only; delta, the reading adopted and the defaults: docs/decoders.md, "lantern".
 """
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding import sd
-from specdec.decoding.sd import check_chunk, speculative_decode
-from specdec.decoding.speculative import Relaxation
+from specdec.decoding.sd import speculative_decode
 from specdec.neighbors import knn_table
 from specdec.settings import RunSettings, check_int
 
@@ -68,7 +64,7 @@ class LanternOptions:
     delta: float = 0.1   #: the total-variation budget of the moved mass (LANTERN's code default)
 
     def __post_init__(self):
-        check_chunk(self.chunk)
+        check_int(self.chunk, "chunk", 1)
         check_k(self.k)
         check_delta(self.delta)
 
@@ -85,7 +81,7 @@ def decode(target, conditions, *, drafter=None, heads=None, codebook=None, neigh
             raise ValueError(f"codebook has {codebook.shape[0]} entries, the target's vocabulary {target.vocab_size}")
         neighbors = neighbor_table(codebook, options.k)
     return speculative_decode("lantern", target, conditions, drafter=drafter, heads=heads, chunk=options.chunk,
-                              run=run, tokenizer=tokenizer, relax=Relaxation(neighbors, options.delta))
+                              run=run, tokenizer=tokenizer, neighbors=neighbors, delta=options.delta)
 
 
 OPTIONS = LanternOptions

@@ -1,14 +1,7 @@
 """`sd`: raster speculative decoding (Leviathan et al. / Chen et al.), lossless.
 
-A drafter proposes `chunk` tokens; one target pass scores them; they are kept left to right while
-`u < min(1, p/q)` (`verify_grid(rule="ratio", mode="raster")`); the first rejected one is replaced
-by a sample of norm(max(0, p - q)) (`sample_residual`), or, when all are kept, a bonus token is
-drawn from p. The output distribution is exactly the target's.
-
-The drafter is either a second ARImageModel on the same grid and vocabulary (`drafter=model`) or
-SSD's horizontal heads on the target itself (`heads=...`, Medusa-style self-drafting). On images
-this is often slower than AR: image token distributions are flat and acceptance is low (a
-published finding this project reproduces, not a bug).
+The algorithm, the drafters and why it is often slower than AR on images: docs/decoders.md, "sd".
+The policy itself: `specdec.decoding.speculative`.
 """
 from __future__ import annotations
 
@@ -18,12 +11,8 @@ from specdec.decoding import heads as _heads
 from specdec.decoding.ar import ARRows
 from specdec.decoding.batching import check_grid_model, run_rows
 from specdec.decoding.drafters import HeadsDrafter, ModelDrafter
-from specdec.decoding.speculative import RasterSpeculation, Relaxation
+from specdec.decoding.speculative import RasterSpeculation
 from specdec.settings import RunSettings, check_int
-
-
-def check_chunk(chunk) -> int:
-    return check_int(chunk, "chunk", 1)
 
 
 @dataclass(frozen=True)
@@ -31,28 +20,24 @@ class SDOptions:
     chunk: int = 4   #: tokens drafted per target pass (capped at the heads' count when heads draft)
 
     def __post_init__(self):
-        check_chunk(self.chunk)
-
-
-def check_same_grid(target, drafter) -> None:
-    check_grid_model(drafter, "drafter")
-    if tuple(drafter.grid) != tuple(target.grid):
-        raise ValueError(f"drafter grid {tuple(drafter.grid)} does not match the target grid {tuple(target.grid)}: "
-                         "raster speculative decoding needs a drafter on the same grid (MuLo-SD takes a "
-                         "low-resolution one)")
-    if drafter.vocab_size != target.vocab_size:
-        raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}")
+        check_int(self.chunk, "chunk", 1)
 
 
 def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk: int, run: RunSettings,
-                       tokenizer=None, relax: Relaxation = None):
+                       tokenizer=None, neighbors=None, delta=None):
     """`sd` and `lantern`: raster speculation with a drafter model or SSD's horizontal heads;
-    `relax` (LANTERN) pools p in the acceptance ratio."""
+    `neighbors` [V, K] and `delta` (LANTERN) pool p in the acceptance ratio."""
     check_grid_model(target, "target")
     if drafter is None and heads is None:
         raise ValueError(f"{method} needs a drafter: pass drafter=<same-grid model> or heads=<SSD heads>")
     if drafter is not None:
-        check_same_grid(target, drafter)
+        check_grid_model(drafter, "drafter")
+        if tuple(drafter.grid) != tuple(target.grid):
+            raise ValueError(f"drafter grid {tuple(drafter.grid)} does not match the target grid "
+                             f"{tuple(target.grid)}: raster speculative decoding needs a drafter on the same grid "
+                             "(MuLo-SD takes a low-resolution one)")
+        if drafter.vocab_size != target.vocab_size:
+            raise ValueError(f"drafter vocabulary {drafter.vocab_size} differs from the target's {target.vocab_size}")
     else:
         chunk = min(chunk, _heads.num_heads(heads, "horizontal"))
 
@@ -64,7 +49,8 @@ def speculative_decode(method: str, target, conditions, *, drafter, heads, chunk
             return ARRows(engine, engine.runner(target))
         d = ModelDrafter(drafter) if drafter is not None else HeadsDrafter(heads)
         HW = target.grid[0] * target.grid[1]
-        return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, relax=relax, adaptive=True)
+        return RasterSpeculation(engine, engine.runner(target), d, end=HW, chunk=n, neighbors=neighbors, delta=delta,
+                                 adaptive=True)
 
     return run_rows(method, target, conditions, policy, run, tokenizer)
 

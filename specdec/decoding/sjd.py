@@ -1,13 +1,6 @@
 """`sjd`: speculative Jacobi decoding (Teng et al., ICLR 2025), lossless in the speculative sense.
 
-No drafter: a window of `window` future slots holds guesses, initialised uniformly at random.
-Each iteration one target pass over [last committed token ; window] gives p^(j) at every slot;
-the window is verified left to right with u < min(1, p^(j)(y) / p^(j-1)(y)), where p^(j-1) is the
-distribution y was drawn from (`verify_grid(rule="ratio", mode="raster")`); at the first rejection
-the token is resampled from norm(max(0, p^(j) - p^(j-1))) (`sample_residual`), the accepted prefix
-is committed, and the rest of the window is redrawn from p^(j) (Jacobi iteration), new slots
-appended at the end uniformly at random. When the whole window is accepted a bonus token is
-drawn from the last output.
+The algorithm (a window of guesses, verified against the previous iterate): docs/decoders.md, "sjd".
 
 Batched: every image has its own window start c_b and length n_b (shorter near the end of the grid,
 0 once finished); the images share target passes as wide as the longest window, shorter windows
@@ -22,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.decoding.ar import ARRows
-from specdec.decoding.batching import check_grid_model, run_rows
+from specdec.decoding.batching import run_rows
 from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
@@ -48,13 +41,13 @@ def _long(values, device) -> torch.Tensor:
 class JacobiRows(RowPolicy):
     """SJD over the scheduler's rows: guesses y [B, L] for positions c_b .. c_b + n_b - 1 and the
     distribution q [B, L, V] each was drawn from (beyond n_b: padding); a row without an image, or
-    done, has n_b = 0. A step is one Jacobi iteration of every row with window `window` (`adaptive`:
-    chosen each step up to that by `widths`, 0 meaning a plain AR step)."""
+    done, has n_b = 0. A step is one Jacobi iteration of every row with window `window` (with the
+    run's `adapts_width`: chosen each step up to that by `widths`, 0 meaning a plain AR step)."""
 
-    def __init__(self, engine: Engine, target, window: int, adaptive: bool = False):
+    def __init__(self, engine: Engine, target, window: int):
         super().__init__(engine)
         self.runner = runner = engine.runner(target)
-        self.window, self.HW = window, runner.H * runner.W
+        self.HW = runner.H * runner.W
         self.n = window                 #: this step's window
         B, dev = engine.batch, runner.device
         self.tokens = torch.zeros(B, self.HW, dtype=torch.long, device=dev)
@@ -63,7 +56,7 @@ class JacobiRows(RowPolicy):
         self.uniform = torch.full((target.vocab_size,), 1.0 / target.vocab_size, device=dev)
         self.q = self.uniform.expand(B, 1, target.vocab_size).clone()
         self.y = torch.zeros(B, 1, dtype=torch.long, device=dev)
-        self.widths = widths_for(engine, min(window, self.HW - 1), runner, all_or_none=True) if adaptive else None
+        self.widths = widths_for(engine, min(window, self.HW - 1), runner, all_or_none=True)
 
     def start(self, rows, conditions):
         """Their windows of uniform guesses come with the next step (`_fit_windows`)."""
@@ -137,9 +130,8 @@ class JacobiRows(RowPolicy):
                                           uniforms=u, mode="raster", valid=valid)
         a = torch.minimum(judgement.verdict.first_reject.long(), n)
         a_host = [judgement.kept(b) for b in range(B)]
-        self._commit(c, n, a, a_host, p)
-        new_c = [cb + ab + (1 if (ab < nb or cb + nb < self.HW) and nb > 0 else 0)
-                 for cb, ab, nb in zip(c_host, a_host, n_host)]
+        new = self._commit(c, n, a, a_host, p)
+        new_c = [cb + ab + nw for cb, ab, nw in zip(c_host, a_host, new)]
         if self.widths is not None:
             self.widths.observe(judgement.accept, n_host)
         new_n = [min(self.n, self.HW - cb) for cb in new_c]
@@ -149,9 +141,10 @@ class JacobiRows(RowPolicy):
             return
         self._next_windows(p, a, n, new_n)
 
-    def _commit(self, c, n, a, a_host, p) -> None:
+    def _commit(self, c, n, a, a_host, p) -> list:
         """Write the kept prefixes, then each image's correction at c + a (from the residual) or,
-        with its whole window kept, its bonus token at c + n (from p)."""
+        with its whole window kept (a = n), its bonus token there (from p) if inside the grid.
+        Returns whether each image drew one (host bools)."""
         x, y = self.tokens, self.y
         B, L = y.shape
         jl = torch.arange(L, device=x.device)[None]
@@ -161,23 +154,19 @@ class JacobiRows(RowPolicy):
         x.scatter_(
             1, torch.where(kept, dpos, last.expand(-1, L)), torch.where(kept, y, x.gather(1, last).expand(-1, L))
         )
-        picks, fix = [], []
-        for b, (cb, ab, nb) in enumerate(zip(self.c.host, a_host, self.n_host)):
-            if ab < nb:
-                picks.append((b, cb + ab))
-                fix.append(True)
-            elif nb > 0 and cb + nb < self.HW:
-                picks.append((b, cb + nb))  # a bonus token
-                fix.append(False)
+        # (a < n: cb + ab < cb + nb <= HW, so a correction is always inside the grid)
+        new = [nb > 0 and cb + ab < self.HW for cb, ab, nb in zip(self.c.host, a_host, self.n_host)]
+        picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(self.c.host, a_host, new)) if nw]
         if any(ab < nb for ab, nb in zip(a_host, self.n_host)):
             self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))  # stale guesses
         if picks and self.engine.streams.exact:
             put_own(x, self._own, picks, a_host)
         elif picks:
             rows = _long([b for b, _ in picks], x.device)
-            col = torch.where(a < n, a, n)[rows]
-            q_rows = torch.where(_long(fix, x.device)[:, None].bool(), self.q[rows, col.clamp(max=L - 1)], 0.0)
+            col = a[rows]
+            q_rows = torch.where((a < n)[rows, None], self.q[rows, col.clamp(max=L - 1)], 0.0)
             self.engine.redraw(x, picks, p[rows, col], q_rows)  # q = 0: a bonus draw from p
+        return new
 
     def _next_windows(self, p, a, n, new_n) -> None:
         """Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow
@@ -198,13 +187,12 @@ class JacobiRows(RowPolicy):
 def decode(target, conditions, *, tokenizer=None, options: SJDOptions = SJDOptions(), run: RunSettings = RunSettings()):
     """Speculative Jacobi decoding of `target`. With `run.compile` every target pass runs through
     compiled graphs padded to bucket widths (specdec.decoding.compiled)."""
-    check_grid_model(target, "target")
 
     def policy(engine):
         # Under a token budget the window shrinks to the image's share (a pass feeds the last
         # committed token and the window); with room for no guess, plain AR steps.
         window = engine.narrowed(options.window + 1) - 1
-        return ARRows(engine, engine.runner(target)) if window == 0 else JacobiRows(engine, target, window, True)
+        return ARRows(engine, engine.runner(target)) if window == 0 else JacobiRows(engine, target, window)
 
     return run_rows("sjd", target, conditions, policy, run, tokenizer)
 

@@ -1,4 +1,4 @@
-"""Raster speculative decoding (the algorithm: `specdec.decoding.sd`), the policy shared by `sd`,
+"""Raster speculative decoding (the algorithm: docs/decoders.md, "sd"), the policy shared by `sd`,
 `lantern` and SSD's first row. A drafter (`specdec.decoding.drafters`) proposes `n` tokens after
 each image's committed prefix and one target pass scores [last committed token ; drafts]. The kept
 prefix is lossless for any q that depends only on the committed prefix and earlier drafts
@@ -10,7 +10,7 @@ more (SSD goes on from its stream after row 0).
 """
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -23,14 +23,6 @@ from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
 from specdec.decoding.widths import rows_covered, widths_for
 from specdec.models.protocol import cfg_rows, image_rows
-
-
-class Relaxation(NamedTuple):
-    """LANTERN's relaxed acceptance: the target probability in the ratio is pooled over each
-    token's `neighbors` [V, K] with the moved mass at most `delta`."""
-
-    neighbors: torch.Tensor
-    delta: Optional[float]
 
 
 class Round(NamedTuple):
@@ -94,13 +86,13 @@ class RasterSpeculation(RowPolicy):
     """Raster speculation with `drafter` on `target`, over the scheduler's rows: per row, its
     committed length `c` and the hidden state that gave its last token. A step is one round of
     every row (draft, one target pass, judge, commit); a row at `end` rides along at the grid's last
-    slot (`_feed`). `relax`: LANTERN's pooled acceptance (None: plain `sd`). SSD decodes row 0 with
-    it (end = W) and sets `hidden_out` [rows, end, dim]: each round stores there the exact target
-    state behind each token's distribution (for SSD's vertical heads; SSD stores token 0's)."""
+    slot (`_feed`). `neighbors` [V, K] and `delta`: LANTERN's pooled acceptance (None: plain `sd`).
+    SSD decodes row 0 with it (end = W) and sets `hidden_out` [rows, end, dim]: each round stores
+    there the exact target state behind each token's distribution (for SSD's vertical heads; SSD
+    stores token 0's)."""
 
     def __init__(self, engine: Engine, target: ModelRunner, drafter: Drafter, *, end: int, chunk: int,
-                 relax: Optional[Relaxation] = None, hidden_out: Optional[torch.Tensor] = None,
-                 adaptive: bool = False):
+                 neighbors: Optional[torch.Tensor] = None, delta: Optional[float] = None, adaptive: bool = False):
         """`adaptive`: the drafts per round chosen each step, `chunk` at most (`widths`; with the
         run's `adapts_width`)."""
         super().__init__(engine)
@@ -108,8 +100,8 @@ class RasterSpeculation(RowPolicy):
         self.end = end
         self.chunk = min(chunk, end - 1)     # re-feed padding needs room before the block (see padded_block)
         self.n = self.chunk                  #: drafts per row this round
-        self.relax = relax
-        self.hidden_out = hidden_out
+        self.neighbors, self.delta = neighbors, delta
+        self.hidden_out: Optional[torch.Tensor] = None
         B = engine.batch
         self.tokens = torch.zeros(B, target.H * target.W, dtype=torch.long, device=target.device)
         self.c = Lengths([end] * B, target.device)     # (a row without an image: done)
@@ -120,10 +112,7 @@ class RasterSpeculation(RowPolicy):
     def start(self, rows, conditions):
         out, p0 = self.engine.prefill_rows(self.target, rows, conditions)
         self.drafter.start_rows(rows, conditions)
-        self._begin(rows, p0, out.hidden[:, 0])
-
-    def _begin(self, rows: List[int], p0: torch.Tensor, hidden: torch.Tensor) -> None:
-        """`begin_grids` plus the hidden state that gave token 0 (hidden [k or 2k (CFG), dim])."""
+        hidden = out.hidden[:, 0]           # the state that gave token 0, [k or 2k (CFG), dim]
         B = self.tokens.shape[0]
         index = self.begin_grids(self.target, rows, p0)
         halves = hidden.shape[0] // len(rows)            # (CFG: image b's rows 2b and 2b + 1)
@@ -171,21 +160,18 @@ class RasterSpeculation(RowPolicy):
         a = torch.minimum(judgement.verdict.first_reject.long(), rnd.nb)
         a_host = [judgement.kept(b) for b in range(x.shape[0])]
         new_host = [nbb > 0 and cb + ab < self.end for cb, ab, nbb in zip(c.host, a_host, nb_host)]
-        self._commit(x, c, rnd, a, a_host, nb_host, new_host)
+        new = self._commit(x, c, rnd, a, a_host, nb_host, new_host)
         self.drafter.accepted(c, a, a_host, rnd.n)
         if self.widths is not None:
             self.widths.observe(judgement.accept, nb_host)
-        active = rnd.nb > 0
-        new = active & (c.device + a < self.end)            # a correction or a bonus token
-        c.advance(torch.where(active, a + new.long(), torch.zeros_like(a)),
-                  [ab + nw if nbb > 0 else 0 for ab, nw, nbb in zip(a_host, new_host, nb_host)])
+        # (an image with no drafts, nb = 0, kept a = 0 and draws nothing new)
+        c.advance(a + new.long(), [ab + nw for ab, nw in zip(a_host, new_host)])
 
     def _feed(self, x: torch.Tensor, c: Lengths, going, forward: Callable) -> Round:
         """Draft n tokens per image and feed [last committed ; drafts] to the target."""
         n = self.n
         nb = (self.end - c.device).clamp(min=0, max=n)
-        self.drafter.observe(self.hid_prev)
-        d, q = self.drafter.draft(x, c, n, going)
+        d, q = self.drafter.draft(x, c, n, going, self.hid_prev)
         j = torch.arange(n, device=x.device)[None]
         in_chunk = j < nb[:, None]
         dpos = (c.device[:, None] + j).clamp(max=x.shape[1] - 1)
@@ -206,17 +192,17 @@ class RasterSpeculation(RowPolicy):
         if self.engine.streams.exact:
             self._own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
             return own_verdict(self.engine, rnd.drafts, self._own, starts=c.host, judged=nb_host, valid=valid)
-        neighbors, delta = self.relax if self.relax is not None else (None, None)
-        tp = self.target.token_probs(rnd.out.select(slice(0, rnd.n)), rnd.drafts, neighbors, delta)
-        score = tp.pooled if neighbors is not None else tp.p_token
+        tp = self.target.token_probs(rnd.out.select(slice(0, rnd.n)), rnd.drafts, self.neighbors, self.delta)
+        score = tp.pooled if self.neighbors is not None else tp.p_token
         q_tok = rnd.q.gather(2, rnd.drafts[..., None])[..., 0]
         # An image that is done draws no uniforms: its stream goes on after `end` (SSD's later rows).
         u = to_device(self.engine.streams.rand_padded([rnd.n if g else 0 for g in going], rnd.n), score.device)
         return self.engine.verdict(score, q_tok, starts=c.host, judged=nb_host, uniforms=u, valid=valid,
                                    mode="raster")
 
-    def _commit(self, x, c: Lengths, rnd: Round, a, a_host, nb_host, new_host) -> None:
-        """`end_round`'s writes, and the hidden state behind each image's last committed token."""
+    def _commit(self, x, c: Lengths, rnd: Round, a, a_host, nb_host, new_host) -> torch.Tensor:
+        """`end_round`'s writes, and the hidden state behind each image's last committed token.
+        Returns which images drew a correction or a bonus token, [B] bool (`new_host` on the host)."""
         n, nb, d, dpos, out = rnd.n, rnd.nb, rnd.drafts, rnd.dpos, rnd.out
         j = torch.arange(n, device=x.device)[None]
         kept = j < a[:, None]
@@ -244,6 +230,7 @@ class RasterSpeculation(RowPolicy):
             )[rows]
             self.engine.redraw(x, picks, p_new, q_new)
         self._keep_last_hidden(sel.hidden[:, 0], active)
+        return new
 
     def _keep_last_hidden(self, hidden: torch.Tensor, active: torch.Tensor) -> None:
         """hidden [rows, dim]: the states that gave each active image's last committed token."""
@@ -262,4 +249,4 @@ class RasterSpeculation(RowPolicy):
         hidden_out.copy_(torch.where(exact[..., None], src, hidden_out))
 
 
-__all__ = ["RasterSpeculation", "Relaxation"]
+__all__ = ["RasterSpeculation"]

@@ -1,17 +1,7 @@
 """Draft widths that follow the load: each step, the draft length (`sd`) or window (`sjd`) that
 maximises the tokens the rows are expected to commit per second of the step's passes (SmartSpec's
-goodput rule), from the acceptance measured as the decode runs and a pass's cost measured on the
-device when the engine starts.
-
-- `PassCost`: a pass's seconds, `fixed + per_token * tokens` (tokens: rows x width fed), timed on
-  the runner itself (`measure_pass_cost`). On a GPU a pass of a few hundred tokens costs about what
-  one token costs (per_token ~ 0): speculation stays wide; on a compute-bound CPU a pass costs
-  about its tokens: at load the rule narrows to plain AR steps.
-- `Widths`: per draft offset j, how often a draft there was kept when the drafts before it were;
-  `choose(rows)` the width of the step.
-
-In exact mode a width cannot change an image, so the rule is on by default
-(`RunSettings.adaptive_width`); elsewhere the image depends on the widths, so on the load: opt-in.
+goodput rule). The rule, the pass cost and why it is on by default in exact mode only:
+docs/decoders.md, "Widths that follow the load" (under "Exact mode").
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """`zipar`: row-staggered parallel decoding (ZipAR; training-free, lossy).
 
-Row i + 1 starts once row i has `window` tokens; from then on every active row advances one
-token per step, and one target pass carries one query per active row at its own raster slot.
-Rows below are later in raster order, so the `tree_attention` rule (valid slots at positions <=
-the query's) gives each query the rows above up to their current progress, the slots not yet
-generated being invalid. Steps: window * (H - 1) + W (the prefill included).
-
-Reading (adopted here, as the raster model has no slot that predicts a row start before the row
-above is complete): the first token of row i is sampled from a query placed at the end-of-row
-slot (i - 1, W - 1) carrying the newest token of row i - 1, so its 2-D rotary position says "next
-is (i, 0)". That slot is forgotten right after the pass and written for real later.
+The schedule and the reading adopted for a row's first token (a fake query at the end-of-row slot
+above): docs/decoders.md, "zipar". Rows below are later in raster order, so the `tree_attention`
+rule (valid slots at positions <= the query's) shows each query the rows above up to their progress.
 """
 from __future__ import annotations
 
@@ -66,13 +59,10 @@ def plan(H: int, W: int, window: int) -> tuple:
 
 def widest_pass(H: int, W: int, window: int) -> int:
     """The most tokens one pass of the schedule feeds (the rows in flight, and a fake end-of-row
-    query when a row starts): the widest of `plan`'s positions, without building the plan."""
-    widest = 1
-    for t in range(1, (H - 1) * window + W):
-        rows = sum(1 for i in range(H) if 0 <= t - 1 - i * window < W)
-        starts = 1 if window < W and any(t - i * window == 0 for i in range(1, H)) else 0
-        widest = max(widest, rows + starts)
-    return widest
+    query when a row starts): the widest of `plan`'s positions, without building the plan. A row
+    is in flight for W steps and one starts every `window`: W // window + 1 queries at most (a
+    start's fake query included), H at most; window W is raster AR, one token a pass."""
+    return min(H, W // window + 1) if window < W else 1
 
 
 def narrowed_window(H: int, W: int, window: int, share) -> int:
@@ -143,7 +133,7 @@ class ZipARRows(RowPolicy):
             if drawing is not None:
                 values = torch.where(drawing, values, self.tokens.gather(1, targets))
             self.tokens.scatter_(1, targets, values)
-        self._advance()
+        self.t = [t + 1 if t <= len(self.plan) else t for t in self.t]
 
     def _pass(self) -> tuple:
         """This step's device tensors, [B, n] or [B, m]: positions, the slots fed, the fake
@@ -181,9 +171,6 @@ class ZipARRows(RowPolicy):
         picks = to_device([[min(j, max(c - 1, 0)) for j in range(m)] for c in counts], dev, torch.long)
         drawing = None if all(counts) else to_device([[c > 0] for c in counts], dev, torch.bool)
         return pos, fed, fake, src, targets, counts, picks, drawing
-
-    def _advance(self) -> None:
-        self.t = [t + 1 if t <= len(self.plan) else t for t in self.t]
 
 
 def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipAROptions(),
