@@ -200,7 +200,8 @@ def cmd_sample(args) -> int:
         print(f"specdec sample{who}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("specdec sample: interrupted; run the same command again to resume", file=sys.stderr)
+        if world is None or world.is_main:     # (every rank gets the signal: one line is enough)
+            print("specdec sample: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
     finally:
         if world is not None:

@@ -153,9 +153,10 @@ def _attempt_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
 
 
-def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
-    """Rank 0: check the directory against the settings (and the ranks against each other),
-    record them, and list the images not yet verifiably done."""
+def prepare(job: Job, out_dir: str, rank_settings: List[dict]):
+    """Rank 0: check the directory against the settings (and the ranks against each other), lock
+    it (`store.lock_run`), record the settings, and list the images not yet verifiably done.
+    Returns (what to do, the lock: held until the run ends)."""
     settings.check_ranks_agree(rank_settings)
     config_path = os.path.join(out_dir, "config.json")
     try:
@@ -163,12 +164,23 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]) -> dict:
     except ValueError:
         raise SampleError(f"--out {out_dir}: config.json is not valid JSON; it is not a directory this "
                           "command can continue") from None
-    if recorded is None and os.path.isdir(out_dir) and os.listdir(out_dir):
+    # (what a run killed while it wrote its first config.json leaves is no stranger's file)
+    if recorded is None and os.path.isdir(out_dir) and any(
+            not store.is_temporary(name) and name != store.LOCK_FILE for name in os.listdir(out_dir)):
         raise SampleError(f"--out {out_dir} is not empty and holds no config.json of a sample run; choose a new --out")
+    os.makedirs(out_dir, exist_ok=True)
+    lock = store.lock_run(out_dir)
+    try:
+        return _record(job, out_dir, recorded, config_path), lock
+    except BaseException:
+        lock.close()
+        raise
+
+
+def _record(job: Job, out_dir: str, recorded: Optional[dict], config_path: str) -> dict:
     records = store.read_manifest(out_dir)
     chosen = job.settings if recorded is None else settings.check_against(recorded, job.settings, out_dir,
                                                                            max(records, default=-1))
-    os.makedirs(out_dir, exist_ok=True)
     # no process of this run has written yet: what killed processes left, and the statistics of
     # the ranks of an earlier run (a world of fewer ranks would leave some behind), go
     store.remove_temporaries(out_dir)
@@ -262,7 +274,9 @@ def gather(job: Job, out_dir: str, per_rank: List[dict], todo: dict, wall_s: flo
                "skipped_as_done": len(job.items) - len(todo["pending"]),
                "world_size": len(per_rank), "attempt": todo["attempt"], "npz_shape": list(shape),
                "npz_s": time.perf_counter() - t0, "total": total, "per_rank": per_rank}
-    store.atomic_write_json(os.path.join(out_dir, "stats.json"), summary)
+    stats_path = os.path.join(out_dir, "stats.json")
+    if decoded or not os.path.exists(stats_path):     # (a rerun that found everything done keeps
+        store.atomic_write_json(stats_path, summary)  # the figures of the run that decoded)
     return summary
 
 
@@ -276,19 +290,28 @@ def run(family, req: Request, world: World, device: torch.device) -> Optional[di
     except SampleError as e:
         job, problem = None, str(e)
     reports = world.gather((None if job is None else job.settings, problem))
-    todo = None
+    todo, lock = None, None
     if world.is_main:
         failed = [(r, p) for r, (_, p) in enumerate(reports) if p is not None]
         try:
             if failed:
                 rank, problem = failed[0]
                 raise SampleError(problem if rank == 0 else f"rank {rank}: {problem}")
-            todo = prepare(job, out_dir, [s for s, _ in reports])
+            todo, lock = prepare(job, out_dir, [s for s, _ in reports])
         except (SampleError, OSError) as e:
             todo = {"error": str(e)}
-    todo = world.broadcast(todo)
-    if "error" in todo:
-        raise SampleError(todo["error"]) if world.is_main else Refused(todo["error"])
+    try:
+        todo = world.broadcast(todo)
+        if "error" in todo:
+            raise SampleError(todo["error"]) if world.is_main else Refused(todo["error"])
+        return _decode_and_gather(job, req, world, todo)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _decode_and_gather(job: Job, req: Request, world: World, todo: dict) -> Optional[dict]:
+    out_dir = req.out_dir
     done_before = len(job.items) - len(todo["pending"])
     bar = ProgressLine(len(job.items), done_before, enabled=req.show_progress and world.is_main)
     start = time.perf_counter()

@@ -24,6 +24,31 @@ MANIFEST_DIR = "manifest"
 STATS_DIR = "stats"
 
 
+#: the lock a run's rank 0 holds on its directory (see `lock_run`)
+LOCK_FILE = ".lock"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of `atomic_write`'s temporary files (`.name.tmp-PID`)."""
+    return name.startswith(".") and ".tmp-" in name
+
+
+def lock_run(out_dir: str):
+    """Rank 0's exclusive lock on the directory, held (by the returned open file) until it is
+    closed or the process ends: a second run on the same directory would delete the first one's
+    temporary files and decode its images again. flock: local filesystems, and NFS on Linux."""
+    import fcntl
+
+    f = open(os.path.join(out_dir, LOCK_FILE), "a")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BlockingIOError(f"--out {out_dir} is in use by another specdec sample run (it holds {LOCK_FILE}); "
+                              "wait for it to end or choose another --out") from None
+    return f
+
+
 def remove_temporaries(out_dir: str) -> int:
     """Delete the temporary files killed processes left (call before any process of the new run
     writes: a live writer's temporary file would be removed too). Returns how many."""
@@ -102,14 +127,14 @@ def read_manifest(out_dir: str) -> Dict[int, dict]:
     """Index -> record over every manifest file; a line a killed process left half-written is
     skipped (its image is then redone)."""
     records: Dict[int, dict] = {}
-    for path in sorted(glob.glob(os.path.join(out_dir, MANIFEST_DIR, "*.jsonl"))):
-        with open(path) as f:
+    for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), MANIFEST_DIR, "*.jsonl"))):
+        with open(path, "rb") as f:
             for line in f:
-                if not line.endswith("\n"):
+                if not line.endswith(b"\n"):
                     continue
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
+                except ValueError:      # (not JSON, or not UTF-8: a damaged line)
                     continue
                 if isinstance(rec, dict) and isinstance(rec.get("i"), int):
                     records[rec["i"]] = rec
@@ -135,7 +160,7 @@ class LineCounter:
     the other ranks' files; only the bytes added since the last call are read)."""
 
     def __init__(self, out_dir: str, attempt: str):
-        self.pattern = os.path.join(out_dir, MANIFEST_DIR, f"{attempt}-rank*.jsonl")
+        self.pattern = os.path.join(glob.escape(out_dir), MANIFEST_DIR, f"{attempt}-rank*.jsonl")
         self.seen: Dict[str, Tuple[int, int]] = {}
 
     def __call__(self) -> int:

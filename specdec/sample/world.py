@@ -4,6 +4,7 @@ gloo on CPU. A plain launch (no WORLD_SIZE) is a world of one and starts no proc
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -29,6 +30,18 @@ def _env_int(name: str, default: int) -> int:
         raise SampleError(f"environment variable {name}={text!r} is not an integer (set by torchrun)") from None
 
 
+@contextlib.contextmanager
+def _peers_lost():
+    """A collective that fails because another rank died or left (on another node torchrun does
+    not stop this one: it learns at the next collective) is one line, not the backend's trace."""
+    try:
+        yield
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SampleError(f"lost the other ranks of the run ({first}); torchrun's log names the one that "
+                          "failed. Rerun the command to resume") from None
+
+
 @dataclass
 class World:
     rank: int = 0
@@ -45,7 +58,8 @@ class World:
         if self.size == 1:
             return obj
         box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
+        with _peers_lost():
+            torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
     def gather(self, obj: Any) -> Optional[List[Any]]:
@@ -53,7 +67,8 @@ class World:
         if self.size == 1:
             return [obj]
         out = [None] * self.size if self.is_main else None
-        torch.distributed.gather_object(obj, out, dst=0)
+        with _peers_lost():
+            torch.distributed.gather_object(obj, out, dst=0)
         return out
 
     def close(self) -> None:
