@@ -1,20 +1,7 @@
 """Decoder steps through `torch.compile`: one model pass plus the sampling that follows it, as a
-function of tensors only, so the compiler sees the whole step as one graph.
-
-On CPU the step is compiled by inductor (C++ kernels, the specdec ops called from the graph
-through their registered fake implementations); on CUDA with CUDA graphs (`triton.cudagraphs`,
-what mode="reduce-overhead" turns on), with the KV cache marked as a static address so that its
-in-place writes can be replayed. Shapes are static: the AR step feeds one token per row against
-the whole slot cache, so one graph serves every step of a decode; the speculative methods' target
-passes (`CompiledForward`) are padded to a few bucket widths (`bucket_width`), one graph per
-width. Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default under the system temporary
-directory) makes later runs skip most of the compilation.
-
-Every compiled function here is made for one shape and one cache, and is called only with that
-shape (the key of the store that holds it): it is compiled with Dynamo's guards dropped
-(`skip_all_guards_unsafe`), which on this model family saves about an eighth of a step's time, and
-each gets its own copy of the code object, because Dynamo keeps its compiled entries per code
-object and would otherwise test the guards of every width in turn.
+function of tensors only, so the compiler sees the whole step as one graph (docs/engine.md,
+"Compiled steps"). Inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, by default under the
+system temporary directory) makes later runs skip most of the compilation.
 """
 from __future__ import annotations
 
@@ -27,14 +14,18 @@ import torch
 
 from specdec import masks
 from specdec.decoding.blocks import power_of_two
-from specdec.decoding.runner import ModelRunner, TokenStep, count_pass, weights_key
+from specdec.decoding.runner import ModelRunner, count_pass, weights_key
+from specdec.numerics import batch_invariant_enabled
 
 
 def compile_step(fn: Callable, device: torch.device, graphs: bool = True) -> Callable:
     """`fn` compiled for `device` without graph breaks (fullgraph=True: a break is an error, not
-    a silent slow path), for the one shape it will be called with (no guards; see the module
-    docstring), as its own code object; `graphs`: replayed as a CUDA graph on CUDA."""
-    return torch.compile(own_code(fn), fullgraph=True, dynamic=False, options=compile_options(device, graphs))
+    a silent slow path), for the one shape it will be called with: without Dynamo's guards (on
+    this model family about an eighth of a step's time), as its own copy of the code object
+    (Dynamo keeps compiled entries per code object, and would otherwise test the guards of every
+    width in turn); `graphs`: replayed as a CUDA graph on CUDA."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return torch.compile(own, fullgraph=True, dynamic=False, options=compile_options(device, graphs))
 
 
 def compile_options(device: torch.device, graphs: bool = True) -> dict:
@@ -44,11 +35,6 @@ def compile_options(device: torch.device, graphs: bool = True) -> dict:
     if device.type == "cuda" and graphs:
         options["triton.cudagraphs"] = True
     return options
-
-
-def own_code(fn: Callable) -> Callable:
-    """`fn` with its own copy of its code object (Dynamo keeps compiled entries per code object)."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def bucket_width(n: int) -> int:
@@ -72,12 +58,6 @@ def bucket_width(n: int) -> int:
         width *= 2
 
 
-def mark_cache_static(cache) -> None:
-    """Mark the cache tensors as static addresses (CUDA graphs replay writes into them)."""
-    for t in list(cache.k) + list(cache.v) + [cache.valid]:
-        torch._dynamo.mark_static_address(t)
-
-
 class _CompileClock:
     """The one-off compile time of an object's compiled functions (their first calls)."""
 
@@ -90,8 +70,9 @@ class _CompileClock:
 
 
 class CompiledFunction(_CompileClock):
-    """`fn(*tensors)` compiled for one set of input shapes (no guards; see the module docstring): its
-    tensor inputs are made contiguous, as traced. The first call compiles (timed in `compile_s`)."""
+    """`fn(*tensors)` compiled for one set of input shapes (no guards: docs/engine.md, "Compiled
+    steps"): its tensor inputs are made contiguous, as traced. The first call compiles (timed in
+    `compile_s`)."""
 
     def __init__(self, fn: Callable, device: torch.device, graphs: bool = True):
         self._fn = compile_step(fn, device, graphs)
@@ -111,12 +92,6 @@ class CompiledFunction(_CompileClock):
         return out
 
 
-def _visible_columns(real: int, width: int, device) -> torch.Tensor:
-    """int32 [ceil(width / 32)]: the packed tree-mask row whose bits 0..real-1 are set (the real
-    columns of a block padded to `width`)."""
-    return masks.pack(torch.arange(width, device=device) < real)
-
-
 class CompiledForward(_CompileClock):
     """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
     (padded width, tree mask or not, write or not), made on first use and kept.
@@ -125,29 +100,29 @@ class CompiledForward(_CompileClock):
     position, with that token's view: written in place, a copy sees what the token sees (the cache
     at positions up to its own) and writes the token's keys and values at its slot again; in a
     block attended without writing in place (a tree mask, or `write=False`), a tree mask hides the
-    copies from the real queries and gives each copy the last real row's mask
-    (`_visible_columns`). So the real outputs and the cache are those of the unpadded pass (with
-    row-by-row products and one attention product per query: bit for bit for in-place passes, to
-    float32 rounding for a block, whose softmax sums the masked copies' zeros too; tested).
+    copies from the real queries and gives each copy the last real row's mask. So the real outputs
+    and the cache are those of the unpadded pass (with row-by-row products and one attention
+    product per query: bit for bit for in-place passes, to float32 rounding for a block, whose
+    softmax sums the masked copies' zeros too; tested).
 
-    A call returns (logits [rows, N, V], hidden [rows, N, dim], probs [B, N, V] or None), cut back
-    to the N real columns; probs (made inside the graph) only when the CompiledForward was given
-    a `distribution`."""
+    A call returns (logits [rows, N, V], hidden [rows, N, dim], probs [B, N, V]), cut back to the
+    N real columns; probs are made inside the graph by `distribution`."""
 
-    def __init__(self, model, cache, backend=None, fast=None, compiler: Callable = None,
-                 distribution: Callable = None, graphs: bool = True):
+    def __init__(self, model, cache, backend, fast: dict, distribution: Callable, compiler: Callable = None,
+                 graphs: bool = True):
         self.model, self.cache, self.backend = model, cache, backend
         # `distribution(logits, hidden, positions) -> probs [B, N, V]`: made inside each graph too
         # (the runner's `probs` of its `outputs_at`): one eager call less per pass.
         self.distribution = distribution
-        self.fast = {"checked": False} if fast is None else fast   # the runner's fast-path flag
+        self.fast = fast   # the runner's fast-path keywords of forward_tokens
         self.graphs = graphs and cache.device.type == "cuda"   #: passes replayed as CUDA graphs
         # `compiler(fn, device)`: as `CompiledRunner`'s
         self.compiler = compiler or (lambda fn, device: compile_step(fn, device, graphs))
         self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
-        if self.graphs:
-            mark_cache_static(cache)
+        if self.graphs:   # static addresses: CUDA graphs replay the cache's in-place writes
+            for t in [*cache.k, *cache.v, cache.valid]:
+                torch._dynamo.mark_static_address(t)
 
     def _graph(self, key):
         graph = self._graphs.get(key)
@@ -158,7 +133,7 @@ class CompiledForward(_CompileClock):
             def forward(tokens, positions, tree_mask):
                 out = model.forward_tokens(cache, tokens, positions, tree_mask=tree_mask, write=write, backend=backend,
                                            **fast)
-                return out.logits, out.hidden, None if dist is None else dist(out.logits, out.hidden, positions)
+                return out.logits, out.hidden, dist(out.logits, out.hidden, positions)
 
             graph = self._graphs[key] = self.compiler(forward, cache.device)
         return graph
@@ -167,8 +142,8 @@ class CompiledForward(_CompileClock):
         """The mask of the padded block: the caller's rows (without one: every real column)
         restricted to the real columns; padding rows copy the last real row (class docstring)."""
         key = (n, width)
-        if key not in self._columns:
-            self._columns[key] = _visible_columns(n, width, self.cache.device)
+        if key not in self._columns:   # the packed row whose bits 0..n-1 (the real columns) are set
+            self._columns[key] = masks.pack(torch.arange(width, device=self.cache.device) < n)
         columns = self._columns[key]
         if tree_mask is None:
             return columns.expand(rows, width, -1).contiguous()
@@ -201,11 +176,11 @@ class CompiledForward(_CompileClock):
                         None if tree_mask is None else tree_mask.contiguous())
         if first:
             self.compile_s += time.perf_counter() - start
-        outputs = tuple(None if t is None else t[:, :n] for t in outputs)
+        outputs = tuple(t[:, :n] for t in outputs)
         if self.graphs:
             # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
             # across later passes (only the real columns are copied).
-            outputs = tuple(None if t is None else t.clone() for t in outputs)
+            outputs = tuple(t.clone() for t in outputs)
         return outputs
 
 
@@ -224,8 +199,8 @@ class CompiledRunner(ModelRunner):
         super().__init__(model, sampling, batch=batch, backend=backend, cache=cache)
         self.graphs = graphs
         self._compiler = compiler
-        self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, compiler=compiler,
-                                                distribution=self._distribution, graphs=graphs)
+        self.compiled_forward = CompiledForward(model, self.cache, backend, self._fast, self._distribution,
+                                                compiler=compiler, graphs=graphs)
         #: compiled functions kept with the runner, by key (`function`)
         self.functions: Dict[object, CompiledFunction] = {}
 
@@ -265,23 +240,11 @@ class CompiledRunner(ModelRunner):
             found = self.functions[key] = CompiledFunction(make(), self.device, self.graphs)
         return found
 
-    def _new_token_step(self, exact: bool) -> TokenStep:
-        return TokenStep(self, lambda fn, device: CompiledFunction(fn, device, self.graphs), exact)
-
     def take_compile_s(self) -> float:
         """The compile time of every graph of the runner not reported yet."""
-        parts = [self.compiled_forward, *self._token_steps.values(), *self.functions.values()]
+        parts = [self.compiled_forward, *self.functions.values()]
         return (sum(part.take_compile_s() for part in parts)
                 + sum(r.take_compile_s() for r in [*self._prefixes.values(), self._spare] if r is not None))
-
-
-def _store_key(model, sampling, batch: int, backend) -> tuple:
-    """What a compiled graph was made for: the batch, sampling and backend, and what the model's
-    numerics depend on (its parameters' dtype and device, the batch-invariant mode), since the
-    graphs keep no guards."""
-    from specdec.numerics import batch_invariant_enabled
-
-    return (batch, sampling, backend, weights_key(model), batch_invariant_enabled())
 
 
 #: How many compiled runners a model keeps, the most recently used: each holds a cache of its batch
@@ -303,7 +266,9 @@ def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optiona
     in another thread meanwhile makes its own instead of writing into the same cache (both images
     went wrong). `store`: a dict of the caller's own to keep them in instead, unbounded (a streaming
     engine, whose batch lives across steps while other decodes of the model run)."""
-    key = _store_key(model, sampling, batch, backend) + (graphs,)
+    # What the graphs were made for (they keep no guards): the batch, sampling, backend and graphs,
+    # and what the model's numerics depend on (its parameters' dtype and device, batch invariance).
+    key = (batch, sampling, backend, weights_key(model), batch_invariant_enabled(), graphs)
     # (a caller's store, and a decode's runners, are of several models: the target's, the drafter's)
     wide_key = (id(model),) + key
     if store is not None:
@@ -349,4 +314,4 @@ def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = Fal
 
 
 __all__ = ["CompiledForward", "CompiledFunction", "CompiledRunner", "bucket_width", "compile_step", "compiled_runner",
-           "mark_cache_static", "put_back", "runner_for"]
+           "put_back", "runner_for"]

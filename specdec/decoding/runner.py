@@ -15,7 +15,7 @@ from specdec.decoding.draws import race
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import image_rows, split_cfg
 from specdec.ops import pooling, verification
-from specdec.settings import Sampling, SamplingArgs
+from specdec.settings import Sampling
 
 def unguided_after_interval(sampling: Sampling, cond: torch.Tensor, uncond: torch.Tensor,
                             positions: torch.Tensor) -> torch.Tensor:
@@ -64,21 +64,18 @@ class Outputs(NamedTuple):
 
     @staticmethod
     def cat(parts) -> "Outputs":
-        parts = list(parts)
         fields = zip(*parts)
         return Outputs(*(None if any(t is None for t in ts) else torch.cat(ts, 1) for ts in fields))
 
 
-def supports_guidance(model) -> bool:
-    """Whether `model` has an unconditional input for CFG: a null class, or (text-conditional
-    models, `supports_cfg`) an unconditional prompt."""
-    flag = getattr(model, "supports_cfg", None)
-    return bool(flag) if flag is not None else getattr(model, "null_class", None) is not None
-
-
 def check_guidance(model, guided: bool) -> None:
-    """A ValueError when sampling is `guided` (cfg_scale != 1) and `model` has no CFG."""
-    if guided and not supports_guidance(model):
+    """A ValueError when sampling is `guided` (cfg_scale != 1) and `model` has no unconditional
+    input for CFG: a null class, or (text-conditional models, `supports_cfg`) an unconditional
+    prompt."""
+    if not guided:
+        return
+    flag = getattr(model, "supports_cfg", None)
+    if not (bool(flag) if flag is not None else getattr(model, "null_class", None) is not None):
         raise ValueError(f"cfg_scale != 1 needs classifier-free guidance, which {type(model).__name__} does not "
                          "have (a null class trained with label dropout, or an unconditional prompt): use cfg_scale=1")
 
@@ -90,10 +87,10 @@ def weights_key(module):
     return None if p is None else (p.dtype, p.device)
 
 
-def count_pass(runner, width: int, passes: int = 1) -> None:
-    """Count `passes` passes of `width` image tokens per row in a runner's counters (any kind)."""
-    runner.forwards += passes
-    runner.fed += passes * width
+def count_pass(runner, width: int) -> None:
+    """Count a pass of `width` image tokens per row in a runner's counters (any kind)."""
+    runner.forwards += 1
+    runner.fed += width
     runner.widest = max(runner.widest, width)
 
 
@@ -125,8 +122,7 @@ class ModelRunner:
         params = inspect.signature(model.forward_tokens).parameters
         self._fast = {"checked": False} if "checked" in params else {}
         self._takes_reach = "reach" in params
-        H, W = model.grid
-        self.H, self.W = H, W
+        self.H, self.W = model.grid
         self.device = self.cache.device
 
     def reset(self) -> None:
@@ -137,12 +133,10 @@ class ModelRunner:
         self.cover(None)
 
     def cover(self, k: Optional[int]) -> None:
-        """Let later passes of all B rows go over the first k images only (None: every one); the
-        scheduler sets k whenever it changes (`specdec.decoding.scheduler.covered_images`). A pass
-        then runs on a view of the cache's first rows (`prefix`: nothing is copied); an image left
-        out gets a copy of image 0's outputs (a valid distribution: its stand-in goes on drawing
-        tokens) and its cache is not written. An image's outputs do not depend on which others
-        share its pass (bit for bit under `batch_invariant()`), so the images are unchanged."""
+        """Let later passes of all B rows go over the first k images only (None: every one), on a
+        view of the cache's first rows (`prefix`; docs/engine.md, "Which rows a pass covers"). An
+        image left out gets a copy of image 0's outputs (a valid distribution: its stand-in goes
+        on drawing tokens) and its cache is not written."""
         self.covered = None if k is None or k >= self.batch else k
 
     def prefix(self, k: int) -> "ModelRunner":
@@ -161,11 +155,9 @@ class ModelRunner:
 
     def part(self, k: int) -> "ModelRunner":
         """A runner of the same kind, model and sampling for k images (a `part_size`) on a cache
-        apart from this one's: work on some images runs there, their rows copied in
-        (`SlotKVCache.take_images`) and back (`put_images`): `apart`, a prefill of some rows. Every
-        k shares one spare cache (made on first use; the part of k images is a view of its first
-        k), so a batch keeps at most one cache beside its own: a runner of its own per k would keep
-        up to B(B - 1)/2 images, which a server reaches in time."""
+        apart from this one's, their rows copied in (`SlotKVCache.take_images`) and back
+        (`put_images`): `apart`, a prefill of some rows. Every k shares one spare cache, made on
+        first use, of which it is a view (docs/engine.md, "Rows started apart from the batch")."""
         most = self.part_size(self.batch - 1)
         if not 1 <= k <= most:
             raise ValueError(f"a part holds 1 to {most} images, got {k}")
@@ -178,12 +170,11 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def apart(self, rows: List[int]):
-        """While the block runs, a runner whose first k images are images `rows` (sorted), for
-        passes over them (MuLo-SD verifying the images whose drafts are done while others draft):
-        a `part` holding a copy of their rows, copied back at the end; this runner for every
-        image, and `prefix` (a view, nothing copied) for the first k. A compiled runner's part may
-        hold more (`part_size`): its last images copy the first, and passes feed it `batch` rows
-        (`pad_with_first`), of which the first k's outputs count."""
+        """While the block runs, a runner whose first k images are images `rows` (sorted): a `part`
+        holding a copy of their rows, copied back at the end (docs/engine.md, "Which rows a pass
+        covers"); this runner for every image, and `prefix` (a view) for the first k. A compiled
+        runner's part may hold more (`part_size`): its last images copy the first, and passes feed
+        it `batch` rows (`pad_with_first`), of which the first k's outputs count."""
         k = len(rows)
         if k == self.batch:
             yield self
@@ -268,11 +259,8 @@ class ModelRunner:
         """The AR step on this runner (eager here, compiled on a compiled runner), made once."""
         found = self._token_steps.get(exact)
         if found is None:
-            found = self._token_steps[exact] = self._new_token_step(exact)
+            found = self._token_steps[exact] = TokenStep(self, exact)
         return found
-
-    def _new_token_step(self, exact: bool) -> "TokenStep":
-        return TokenStep(self, exact=exact)
 
     def ar_step(self, grid: torch.Tensor, position: torch.Tensor, rand: torch.Tensor, *, exact: bool = False,
                 reach: Optional[int] = None) -> torch.Tensor:
@@ -290,9 +278,6 @@ class ModelRunner:
         return torch.cat([moved, position[k:]])
 
     # ---- distributions through the kernels ----
-    def _settings(self) -> SamplingArgs:
-        return self.sampling.args
-
     def probs(self, o: Outputs) -> torch.Tensor:
         """The sampling distribution [B, N, V] (CFG, temperature, top-k, top-p) of every output (the
         one its pass computed, when it did)."""
@@ -301,30 +286,28 @@ class ModelRunner:
         B, N, V = o.cond.shape
         p = pooling.sampling_probs_unchecked(o.cond.reshape(-1, V),
                                              None if o.uncond is None else o.uncond.reshape(-1, V),
-                                             self._settings(), backend=self.backend)
+                                             self.sampling.args, backend=self.backend)
         return p.view(B, N, V)
 
     def token_probs(self, o: Outputs, tokens: torch.Tensor, neighbors=None, delta=None):
         """PooledProbs over [B, N]: p(x) of each token x and its neighbour-pooled version."""
         B, N, V = o.cond.shape
         out = pooling.pool_probs_unchecked(o.cond.reshape(-1, V), tokens.reshape(-1).to(o.cond.device), neighbors,
-                                           None if o.uncond is None else o.uncond.reshape(-1, V), self._settings(),
+                                           None if o.uncond is None else o.uncond.reshape(-1, V), self.sampling.args,
                                            delta, backend=self.backend)
         return type(out)(*(t.view(B, N) for t in out))
 
 
 class TokenStep:
-    """One AR step of every row of a grid, each at its own raster position (`on_grid`), compiled
-    by `compiler(fn, device)` (None: eager; `specdec.decoding.compiled.CompiledRunner` passes its
-    `CompiledFunction`). `exact`: the token is the race winner of its row's key at its position
-    (`draws.race`), not the inverse CDF of its uniform."""
+    """One AR step of every row of a grid, each at its own raster position (`on_grid`), made by the
+    runner's `function` (compiled on a compiled runner). `exact`: the token is the race winner of
+    its row's key at its position (`draws.race`), not the inverse CDF of its uniform."""
 
-    def __init__(self, runner: ModelRunner, compiler: Optional[Callable] = None, exact: bool = False):
+    def __init__(self, runner: ModelRunner, exact: bool = False):
         self.runner = runner
-        self.compiled = compiler is not None
         model, cache, s, backend = runner.model, runner.cache, runner.sampling, runner.backend
         guided, interval = s.guided, s.has_cfg_interval
-        settings = runner._settings()
+        settings = s.args
         fast, takes_reach = runner._fast, runner._takes_reach
         HW = runner.H * runner.W
 
@@ -344,7 +327,8 @@ class TokenStep:
                 drawn = verification.sample_residual_unchecked(p, None, uniforms.gather(1, nxt)[:, 0], backend).tokens
             return torch.where(going, drawn.long()[:, None], grid.gather(1, nxt)), nxt, position + going.long()
 
-        self._grid_step = grid_step if compiler is None else compiler(grid_step, cache.device)
+        self._grid_step = runner.function(("token_step", exact), lambda: grid_step)
+        self.compiled = self._grid_step is not grid_step
 
     def on_grid(self, grid, position, uniforms, reach: Optional[int] = None):
         """Each row of `grid` [B, H*W] int64 feeds its last drawn token at its position [B, 1] (a
@@ -360,10 +344,5 @@ class TokenStep:
             return self._grid_step(grid, position, uniforms)
         return self._grid_step(grid, position, uniforms, reach)
 
-    def take_compile_s(self) -> float:
-        """The compile time of the compiled step not reported yet (0 once reported, and eager)."""
-        return self._grid_step.take_compile_s() if self.compiled else 0.0
 
-
-__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass",
-           "supports_guidance", "unguided_after_interval", "weights_key"]
+__all__ = ["ModelRunner", "Outputs", "TokenStep", "count_pass", "unguided_after_interval", "weights_key"]

@@ -1,13 +1,6 @@
 """Models that write a low-resolution preview grid before their target grid (GLM-Image: h x w,
-then H x W, in one sequence). `decode(method, family)` runs them in two stages, each a grid every
-method decodes: the preview stage (`family.preview`, the model on the preview grid, decoded with
-`preview_method`) and the target stage (`family.target`, conditioned on the prompts and the
-preview grids through `target.condition_on_preview`, decoded with `method`). MuLo-SD with
-`draft="preview"` runs both itself: the preview is its draft.
-
-The result holds the target grids (`tokens`), the preview grids (`preview`) and both stages'
-statistics joined (`DecodeStats.add_stage`; the preview's passes are the model's own: target
-passes). The target stage draws from streams of its own: those of the image indices
+then H x W, in one sequence): the pieces of their two-stage decode (docs/models.md, "Models with a
+preview stage"). The target stage draws from streams of its own: those of the image indices
 TARGET_STAGE_INDEX on.
 """
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Randomness as an input: one random stream per image.
 
-All randomness of a decode goes through uniforms drawn from one CPU generator per image (image i
-of a run seeded s always draws from `image_generator(s, i)`), so a decode is a pure function of
-(models, conditions, settings, seed), identical on every kernel backend (the ops are bit-exact
-against their reference given the uniforms), and image i's tokens do not depend on the batch it
-was decoded in. `ImageStreams` is the one stream type of the decoders: a single image is a batch
-of one.
+A decode is a pure function of (models, conditions, settings, seed), identical on every kernel
+backend (the ops are bit-exact against their reference given the uniforms; docs/engine.md,
+"Batches and randomness"). `ImageStreams` is the one stream type of the decoders: a single image
+is a batch of one.
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import torch
@@ -90,8 +89,7 @@ class ImageStreams:
     def rows(self, rows: Sequence[int]) -> "ImageStreams":
         """The streams of `rows` alone, as a batch of those images; they share the generators, so
         each goes on drawing where the other left off."""
-        some = ImageStreams.__new__(ImageStreams)
-        some.seed, some.exact = self.seed, self.exact
+        some = copy.copy(self)
         some.indices = [self.indices[b] for b in rows]
         some.generators = [self.generators[b] for b in rows]
         some.keys = [self.keys[b] for b in rows]
@@ -101,12 +99,6 @@ class ImageStreams:
     def __len__(self) -> int:
         return len(self.generators)
 
-    def _fill(self, b: int, row: torch.Tensor) -> None:
-        """Image b's next uniforms written into `row` (a contiguous float32 view of a draw's
-        tensor): the numbers `torch.rand(row.numel(), generator=...)` gives (it is `uniform_` on a
-        new tensor), without a tensor per image to be copied together afterwards."""
-        row.uniform_(generator=self.generators[b])
-
     def rand(self, shape) -> torch.Tensor:
         """float32 uniforms of `shape`, whose leading dimension is split evenly between the images."""
         shape = tuple(shape)
@@ -114,16 +106,18 @@ class ImageStreams:
         if not shape or shape[0] % n:
             raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
         out = torch.empty(shape, dtype=torch.float32)
+        # `uniform_` into a view of `out`: the numbers of `torch.rand(row.numel(), generator=...)`
+        # (which is `uniform_` on a new tensor), without a tensor per image to copy together.
         for b, row in enumerate(out.view(n, out.numel() // n)):
-            self._fill(b, row)
+            row.uniform_(generator=self.generators[b])
         return out
 
     def rand_counts(self, counts: Sequence[int]) -> torch.Tensor:
         """counts[b] uniforms from image b's stream, concatenated (host counts: no read-back)."""
         self._check(counts)
         out = torch.empty(sum(counts))
-        for b, row in enumerate(out.split(list(counts))):
-            self._fill(b, row)
+        for b, row in enumerate(out.split(list(counts))):   # (as in `rand`)
+            row.uniform_(generator=self.generators[b])
         return out
 
     def rand_padded(self, counts: Sequence[int], width: int, *, right: bool = False) -> torch.Tensor:
@@ -133,7 +127,7 @@ class ImageStreams:
         out = torch.zeros(len(counts), width)
         for b, (row, c) in enumerate(zip(out, counts)):
             if c:
-                self._fill(b, row[width - c:] if right else row[:c])
+                (row[width - c:] if right else row[:c]).uniform_(generator=self.generators[b])
         return out
 
     def _check(self, counts) -> None:
@@ -141,9 +135,4 @@ class ImageStreams:
             raise ValueError(f"{len(counts)} counts for {len(self.generators)} images")
 
 
-def uniforms(streams: ImageStreams, shape, device) -> torch.Tensor:
-    """`streams.rand(shape)` on `device` (the same numbers anywhere)."""
-    return to_device(streams.rand(shape), device)
-
-
-__all__ = ["ImageStreams", "image_generator", "image_key", "uniforms"]
+__all__ = ["ImageStreams", "image_generator", "image_key"]

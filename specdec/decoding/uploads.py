@@ -1,10 +1,7 @@
 """Host data to the device without waiting for it (`to_device`).
 
-A plain copy from pageable host memory to a GPU blocks: PyTorch synchronizes the stream around
-it, so the host first waits for every kernel already queued (`torch.cuda.set_sync_debug_mode`
-reports a sync). The decoders upload index lists and uniforms every pass; the switch
-SPECDEC_ASYNC_UPLOADS=1 (`specdec.switches`; opt-in: it has not run on a GPU yet) sends them
-through pinned memory as an asynchronous CUDA copy, ordered on the stream before their readers.
+Why a plain copy waits, and the opt-in switch SPECDEC_ASYNC_UPLOADS=1: docs/engine.md, "Copies to
+the GPU that do not wait for it".
 """
 from __future__ import annotations
 

@@ -294,7 +294,6 @@ def test_decode_never_leaves_the_nucleus(method):
 
 
 def test_sampling_validates_top_p():
-    from specdec.decoding.runner import ModelRunner
     from specdec.settings import Sampling
 
     assert Sampling().top_p == 1.0
@@ -302,7 +301,7 @@ def test_sampling_validates_top_p():
         with pytest.raises(ValueError, match="top_p"):
             Sampling(top_p=bad)
     s = Sampling(top_p=0.8, top_k=5)
-    assert ModelRunner._settings(type("R", (), {"sampling": s})())[3] == 0.8
+    assert s.args[3] == 0.8
 
 
 # ---- CUDA v2 (shared-memory) kernels: opt-in, compiled here, run only where a GPU is ---------------

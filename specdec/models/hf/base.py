@@ -69,7 +69,7 @@ class HFImageModel(nn.Module, abc.ABC):
         row_end_token: text-vocabulary id ending every grid row, or None.
     """
 
-    supports_cfg = True     #: CFG through an unconditional prompt (specdec.decoding.runner.supports_guidance)
+    supports_cfg = True     #: CFG through an unconditional prompt (specdec.decoding.runner.check_guidance)
     null_class = None       #: text-conditional: no null class
 
     def __init__(self, hf_model: nn.Module, *, grid: Tuple[int, int], vocab_size: int, processor=None,
