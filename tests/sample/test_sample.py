@@ -446,12 +446,8 @@ def test_an_out_path_with_glob_characters_finishes_and_resumes(tiny, tmp_path):
     assert sample(out, num=3) == 0
     assert sample(out, num=3) == 0
     assert json.loads((out / "stats.json").read_text())["skipped_as_done"] == 0    # (the first run's)
-    assert len(store.read_manifest(str(out))) == 3 and files(out) == _finished(tmp_path / "plain", 3)
-
-
-def _finished(out, num):
-    assert sample(out, num=num) == 0
-    return files(out)
+    assert sample(tmp_path / "plain", num=3) == 0
+    assert len(store.read_manifest(str(out))) == 3 and files(out) == files(tmp_path / "plain")
 
 
 def test_a_temporary_file_left_before_config_json_does_not_block_the_directory(tiny, tmp_path):
@@ -460,8 +456,8 @@ def test_a_temporary_file_left_before_config_json_does_not_block_the_directory(t
     out = tmp_path / "r"
     out.mkdir()
     (out / ".config.json.tmp-4242").write_text('{"form')
-    assert sample(out, num=2) == 0
-    assert not (out / ".config.json.tmp-4242").exists() and files(out) == _finished(tmp_path / "plain", 2)
+    assert sample(out, num=2) == 0 and sample(tmp_path / "plain", num=2) == 0
+    assert not (out / ".config.json.tmp-4242").exists() and files(out) == files(tmp_path / "plain")
 
 
 def test_a_manifest_line_that_is_not_utf8_is_redone_not_fatal(tiny, tmp_path):
