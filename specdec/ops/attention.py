@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from specdec import switches
-from specdec.ops import dispatch
+from specdec.ops import dispatch, no_backward
 from specdec.ops.checks import _INDEX_DTYPES, check_finite_scalar, check_same_device, check_tensor, fail
 from specdec.reference import attention as _reference
 
@@ -216,26 +216,10 @@ def _tree_attention_on_path(q, k, v, *, q_pos, kv_pos, kv_valid=None, tree_mask=
         out, lse = dispatch.compiled_op("tree_attention_split")(*args, warps_m, splits)
     else:
         out, lse = dispatch.compiled_op("tree_attention")(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _NoBackward.apply(chosen, out, lse, q, k, v)
+    # (a model wrapped for specdec and fine-tuned through it would otherwise freeze its attention)
+    out, lse = no_backward.guard("tree_attention", chosen, (out, lse), (q, k, v),
+                                 hint=" or another attention (transformers: attn_implementation='sdpa')")
     return (out, lse) if return_lse else out
-
-
-class _NoBackward(torch.autograd.Function):
-    """The outputs of a kernel that has no backward, as nodes of the graph whose backward raises:
-    without it autograd would drop the gradients of q, k and v with a warning at most (a fine-tune
-    through a model wrapped for specdec would silently freeze its attention)."""
-
-    @staticmethod
-    def forward(ctx, backend, out, lse, *inputs):
-        ctx.backend = backend
-        return out.view_as(out), lse.view_as(lse)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(f"tree_attention has no backward on the {ctx.backend} backend: run inference under "
-                           "torch.no_grad(); to train through it, use backend='reference' (pure PyTorch) or "
-                           "another attention (transformers: attn_implementation='sdpa')")
 
 
 # ---- torch.library registration -------------------------------------------------------------

@@ -17,7 +17,6 @@ what `torch.library` needs beside the compiled kernels (docs/design.md, "Backend
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import warnings
 from typing import Callable, Optional
@@ -84,8 +83,20 @@ def compiled_op(name: str):
 
 
 def triton(module: str):
-    """The Triton kernels' module `specdec.triton_kernels.<module>` (imported on first use)."""
-    return importlib.import_module(f"specdec.triton_kernels.{module}")
+    """The Triton kernels' module `specdec.triton_kernels.<module>` (imported on first use). Import
+    statements, not importlib: torch.compile (fullgraph, as the decoders' steps) traces an import
+    statement but not `importlib.import_module`."""
+    if module == "pooling":
+        from specdec.triton_kernels import pooling as found
+    elif module == "verification":
+        from specdec.triton_kernels import verification as found
+    elif module == "attention":
+        from specdec.triton_kernels import attention as found
+    elif module == "exact_sampling":
+        from specdec.triton_kernels import exact_sampling as found
+    else:
+        raise ValueError(f"no Triton kernels module {module!r}")
+    return found
 
 
 #: The CUDA pooling kernels by the switch SPECDEC_CUDA_POOL, as the `variant` argument of the

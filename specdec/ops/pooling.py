@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from specdec._types import PooledProbs
-from specdec.ops import dispatch
+from specdec.ops import dispatch, no_backward
 from specdec.ops.checks import (_FLOAT_LOGITS, _INDEX_DTYPES, FLOAT32_TINY, check_finite_scalar, check_ids_in_range,
                                 check_same_device, check_table_in_range, check_tensor, fail)
 from specdec.reference import pooling as _reference
@@ -146,9 +146,9 @@ def pool_probs(
         PooledProbs(pooled, p_token, row_max, row_lse), float32 [N] each. A row whose guided
         logits hold NaN or +inf (or no finite value) gives NaN in all four, for that row only.
     """
-    logits, tokens, neighbors, uncond_logits, sampling, delta = pool_args(
-        logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p)
-    return pool_probs_unchecked(logits, tokens, neighbors, uncond_logits, sampling, delta, backend)
+    checked = pool_args(logits, tokens, neighbors, uncond_logits, cfg_scale, temperature, top_k, delta, top_p)
+    out = pool_probs_unchecked(*checked, backend)
+    return PooledProbs(*_guarded("pool_probs", backend, tuple(out), checked[0], checked[3]))
 
 
 def sampling_probs(
@@ -165,7 +165,15 @@ def sampling_probs(
     CFG, temperature, top-k and top-p (see pool_probs). Meant for the few rows that must be
     resampled."""
     logits, uncond_logits, sampling = sampling_args(logits, uncond_logits, cfg_scale, temperature, top_k, top_p)
-    return sampling_probs_unchecked(logits, uncond_logits, sampling, backend)
+    p = sampling_probs_unchecked(logits, uncond_logits, sampling, backend)
+    return _guarded("sampling_probs", backend, (p,), logits, uncond_logits)[0]
+
+
+def _guarded(op: str, backend: Optional[str], outputs: tuple, logits, uncond_logits) -> tuple:
+    """The kernels have no backward: outputs whose backward raises when logits need gradients."""
+    if not torch.is_grad_enabled():
+        return outputs
+    return no_backward.guard(op, dispatch.resolve_for(op, backend, logits.device), outputs, (logits, uncond_logits))
 
 
 # ---- the decoders' fast path ----------------------------------------------------------------

@@ -32,6 +32,11 @@ def tree_attention(
     A query with no visible key outputs zeros and lse = -inf. `lse` is the natural-log
     sum-exp of the scaled scores over the visible keys.
     """
+    if q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
+        # (autocast would run the products in its lower dtype: the contract is float32 compute)
+        with torch.autocast(q.device.type, enabled=False):
+            return tree_attention(q, k, v, q_pos=q_pos, kv_pos=kv_pos, kv_valid=kv_valid, tree_mask=tree_mask,
+                                  scale=scale, return_lse=return_lse)
     b, hq, nq, d = q.shape
     hkv = k.shape[1]
     if scale is None:

@@ -62,3 +62,16 @@ def test_build_info_fields():
         # benchmarks/gpu_check.sh sets to the GPU at hand, for the build and the tests alike).
         asked = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0a").replace(" ", ";").split(";")
         assert sorted(info["cuda_archs"]) == sorted(a for a in asked if a)
+
+
+def test_the_triton_modules_are_found_inside_a_fullgraph_compile():
+    """`importlib.import_module` stopped torch.compile(fullgraph=True) before any Triton kernel: the
+    decoders' compiled steps on the triton backend could not trace."""
+    pytest.importorskip("triton")
+    from specdec.ops import dispatch
+
+    def step(x):
+        return x + (1 if dispatch.triton("pooling").__name__.endswith("pooling") else 0)
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(step, fullgraph=True, backend="eager")(torch.zeros(2)), torch.ones(2))

@@ -265,7 +265,8 @@ def test_bad_arguments_raise_value_error_naming_them(device, backend):
 
 def test_a_table_made_under_inference_mode_is_checked_and_an_edit_is_seen():
     """A neighbour table's range check is kept per table and version; one made under inference_mode
-    has no version counter (reading it raised), and is checked once as itself."""
+    has no version counter (reading it raised; a verdict kept on it missed an in-place edit, and
+    Triton then read out of range), so it is checked at every call."""
     logits, tokens, neighbors, _ = _make_inputs(8, 3, 10, 4, torch.float32, "cpu", cfg=False)
     with torch.inference_mode():
         table = neighbors.clone()
@@ -274,6 +275,11 @@ def test_a_table_made_under_inference_mode_is_checked_and_an_edit_is_seen():
         with pytest.raises(ValueError, match="neighbors"):
             ops.pool_probs(logits, tokens, bad)
     ops.pool_probs(logits, tokens, table)      # (outside inference_mode too)
+    with torch.inference_mode():
+        table[0, 1] = 10 ** 6      # (no version counter to see it: such a table is checked every call)
+        for backend in specdec.available_backends(torch.device("cpu")):
+            with pytest.raises(ValueError, match="neighbors"):
+                ops.pool_probs(logits, tokens, table, backend=backend)
     ordinary = neighbors.clone()
     ops.pool_probs(logits, tokens, ordinary)
     ordinary[0, 0] = 10                       # (an in-place torch op: a new version, checked again)
@@ -348,3 +354,24 @@ def test_empty_batch(device, backend):
     out = ops.pool_probs(logits[:0], tokens[:0], neighbors, backend=backend)
     assert all(t.shape == (0,) and t.dtype == torch.float32 for t in out)
     assert ops.sampling_probs(logits[:0], backend=backend).shape == (0, 5)
+
+
+@pytest.mark.parametrize("backend", [b for b in ("cpu", "triton")
+                                     if b in specdec.available_backends(torch.device("cpu"))])
+def test_backward_through_the_pooling_kernels_raises_and_the_reference_differentiates(backend):
+    """The kernels have no backward: the cpu backend dropped the logits' gradients with a warning,
+    Triton's outputs did not even require grad. Now backward raises, naming the op."""
+    logits, tokens, neighbors, _ = _make_inputs(6, 3, 10, 4, torch.float32, "cpu", cfg=False)
+    logits.requires_grad_(True)
+    for op, call in (("pool_probs", lambda b: ops.pool_probs(logits, tokens, neighbors, backend=b).pooled),
+                     ("sampling_probs", lambda b: ops.sampling_probs(logits, backend=b))):
+        out = call(backend)
+        assert out.requires_grad
+        with pytest.raises(RuntimeError, match=f"{op} has no backward on the {backend} backend"):
+            out.sum().backward()
+        logits.grad = None
+        call("reference").sum().backward()
+        assert logits.grad is not None and logits.grad.abs().sum() > 0
+        logits.grad = None
+        with torch.no_grad():
+            assert call(backend).grad_fn is None

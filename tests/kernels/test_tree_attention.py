@@ -369,3 +369,14 @@ def test_backward_through_a_kernel_raises_and_the_reference_backend_differentiat
         plain = specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, backend="cpu")
     assert plain.grad_fn is None
     torch.testing.assert_close(plain, out.detach(), rtol=0, atol=0)
+
+
+def test_the_reference_computes_in_float32_under_autocast():
+    """Autocast ran the reference's products in bfloat16: lse came back bfloat16, off by 1e-2."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    q_pos, kv_pos = torch.tensor([[2, 3, 4]]), torch.arange(5)[None]
+    plain = specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, return_lse=True, backend="reference")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = specdec.ops.tree_attention(q, k, k, q_pos=q_pos, kv_pos=kv_pos, return_lse=True, backend="reference")
+    assert [t.dtype for t in cast] == [torch.float32, torch.float32]
+    torch.testing.assert_close(cast, plain, rtol=0, atol=0)

@@ -144,3 +144,14 @@ def test_the_public_verify_reads_back_once(backend):
         out = ops.verify_grid(p, q, rule="ratio", uniforms=u, mode="raster", backend=backend)
     assert c.round_trips == 1, c.by_op
     assert torch.equal(out.accept, ref.verify_grid(p, q, rule="ratio", uniforms=u, mode="raster").accept)
+
+
+def test_scalars_traced_as_symbols_by_torch_compile_are_checked_without_a_break():
+    """math.isfinite cannot take a symbolic float: a scale that changed between calls (or any
+    scalar under dynamic=True) broke torch.compile(fullgraph=True)."""
+    logits = torch.randn(3, 10)
+    torch._dynamo.reset()
+    probs = torch.compile(lambda x, t: ops.sampling_probs(x, temperature=t, backend="reference"),
+                          fullgraph=True, dynamic=True, backend="eager")
+    for t in (0.7, 1.3):
+        torch.testing.assert_close(probs(logits, t), ops.sampling_probs(logits, temperature=t, backend="reference"))
