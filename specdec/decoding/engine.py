@@ -144,20 +144,21 @@ class Engine:
         runner's role."""
         role = next(rr for r, rr in self.runners if r is runner)
         k = len(rows)
-        in_place = False
-        if k == self.batch:
+        size = runner.part_size(k) if k < self.batch else k
+        in_place = k == self.batch or (list(rows) == list(range(k)) and self.rows is not None
+                                       and self.rows.free(range(k, size)))
+        if in_place and size == self.batch:
+            # (the whole cache: the runner itself, not a second runner and graph on a view of it)
             runner.cache.reset()
             source = runner
         else:
-            size = runner.part_size(k)
-            in_place = list(rows) == list(range(k)) and self.rows is not None and self.rows.free(range(k, size))
             source = runner.prefix(size) if in_place else runner.part(size)
             source.reset()
             self.prefill_passes += role != "drafter"
         out = source.prefill(pad_with_first(conditions, source.batch))
-        if source is not runner:
-            if not in_place:
-                source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+        if not in_place:
+            source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
+        if k < source.batch:
             out = out.first(k)
         if self.rows is not None:
             self.rows.count_prefill(list(rows), role)

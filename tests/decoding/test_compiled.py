@@ -233,6 +233,22 @@ def test_a_warmed_up_stream_meets_no_new_graph_under_load_and_keeps_no_trace(fam
     assert all(torch.equal(images[i], plain[i]) for i in range(9))
 
 
+def test_a_group_that_rounds_up_to_the_whole_batch_starts_on_the_runner_itself(fam, monkeypatch):
+    """Three requests at once on an idle engine of 4 rows: their group rounds up to 4, the whole
+    batch, and was prefilled on a second runner over a view of the whole cache, with a graph of its
+    own that the warm-up had not made (a stall under load, and one more graph kept)."""
+    from specdec.decoding import compiled
+
+    monkeypatch.setattr(compiled, "compile_step", lambda fn, device, graphs=True: fn)
+    engine = decoding.stream("ar", fam, concurrency=4, compile=True, seed=2, sampling=SAMPLING)
+    engine.warm_up(2)
+    made = _graph_keys(engine)
+    indices = [engine.submit(c) for c in (0, 1, 2)]
+    while not engine.idle:
+        engine.step()
+    assert indices == [0, 1, 2] and _graph_keys(engine) == made
+
+
 def test_a_decode_while_another_holds_its_compiled_runners_makes_its_own():
     """Compiled runners are kept on the model for the next decode; while a decode holds them,
     another decode of the model (another thread's; here, deterministically, one run from the first
