@@ -138,8 +138,9 @@ class Engine:
         """Prefill `conditions` (one per row) into rows `rows` (sorted) of `runner`'s cache; returns
         the outputs and each row's distribution of token 0 ([k, V]). The other rows are untouched:
         the first k rows, when no image is in the rows up to the `part_size`, are prefilled in
-        place (`prefix`, a view: a lockstep batch's last, smaller group, a stream after idle);
-        other rows on a `part`, copied in (`SlotKVCache.put_images`). A part's or view's extra rows
+        place (`prefix`, a view: a lockstep batch's last, smaller group, a stream after idle; the
+        runner itself when the part is the whole batch); other rows on a `part`, copied in
+        (`SlotKVCache.put_images`). A part's or view's extra rows
         are prefilled with the first condition. Each row's image is counted one pass of the
         runner's role."""
         role = next(rr for r, rr in self.runners if r is runner)

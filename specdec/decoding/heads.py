@@ -59,6 +59,8 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
 
     def make():
         model, seq = runner.model, _heads(heads, kind)
+        if not all(1 <= k <= len(seq) for k in offsets):     # (seq[0 - 1] would be the last head)
+            raise ValueError(f"ssd heads: {kind} offsets {list(offsets)} asked, {len(seq)} heads available")
 
         def fn(h, tokens):
             z = torch.cat([h, model.embed_tokens(tokens).to(h.dtype)], dim=-1)

@@ -43,7 +43,7 @@ class SSDOptions:
             raise ValueError(f"commit must be one of {', '.join(COMMIT)}, got {self.commit!r}")
         for name in ("max_tail", "final_passes"):  # None: unbounded (exact)
             if getattr(self, name) is not None:
-                check_int(getattr(self, name), name)
+                check_int(getattr(self, name), f"{name} (None or an int)")
 
 
 def decode(target, conditions, *, heads, tokenizer=None, options: SSDOptions = SSDOptions(),

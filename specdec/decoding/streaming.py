@@ -34,6 +34,8 @@ class Requests:
 
 def one_class(condition) -> torch.Tensor:
     """A request's class id as a 0-d int64 tensor."""
+    if condition is None:
+        raise ValueError("this family is class-conditional: submit a class id, not a prompt")
     condition = torch.as_tensor(condition)
     if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")

@@ -158,26 +158,31 @@ def prepare(job: Job, out_dir: str, rank_settings: List[dict]):
     it (`store.lock_run`), record the settings, and list the images not yet verifiably done.
     Returns (what to do, the lock: held until the run ends)."""
     settings.check_ranks_agree(rank_settings)
-    config_path = os.path.join(out_dir, "config.json")
-    try:
-        recorded = store.read_json(config_path)
-    except ValueError:
-        raise SampleError(f"--out {out_dir}: config.json is not valid JSON; it is not a directory this "
-                          "command can continue") from None
-    # (what a run killed while it wrote its first config.json leaves is no stranger's file)
-    if recorded is None and os.path.isdir(out_dir) and any(
+    # (a stranger's directory is refused before anything is written in it, the lock file included;
+    # what a run killed while it wrote its first config.json leaves is no stranger's file)
+    if _config(out_dir) is None and os.path.isdir(out_dir) and any(
             not store.is_temporary(name) and name != store.LOCK_FILE for name in os.listdir(out_dir)):
         raise SampleError(f"--out {out_dir} is not empty and holds no config.json of a sample run; choose a new --out")
     os.makedirs(out_dir, exist_ok=True)
     lock = store.lock_run(out_dir)
     try:
-        return _record(job, out_dir, recorded, config_path), lock
+        return _record(job, out_dir), lock
     except BaseException:
         lock.close()
         raise
 
 
-def _record(job: Job, out_dir: str, recorded: Optional[dict], config_path: str) -> dict:
+def _config(out_dir: str) -> Optional[dict]:
+    try:
+        return store.read_json(os.path.join(out_dir, "config.json"))
+    except ValueError:
+        raise SampleError(f"--out {out_dir}: config.json is not valid JSON; it is not a directory this "
+                          "command can continue") from None
+
+
+def _record(job: Job, out_dir: str) -> dict:
+    """Under the lock: the directory as the run that held it last left it."""
+    config_path, recorded = os.path.join(out_dir, "config.json"), _config(out_dir)
     records = store.read_manifest(out_dir)
     chosen = job.settings if recorded is None else settings.check_against(recorded, job.settings, out_dir,
                                                                            max(records, default=-1))
@@ -275,9 +280,20 @@ def gather(job: Job, out_dir: str, per_rank: List[dict], todo: dict, wall_s: flo
                "world_size": len(per_rank), "attempt": todo["attempt"], "npz_shape": list(shape),
                "npz_s": time.perf_counter() - t0, "total": total, "per_rank": per_rank}
     stats_path = os.path.join(out_dir, "stats.json")
-    if decoded or not os.path.exists(stats_path):     # (a rerun that found everything done keeps
-        store.atomic_write_json(stats_path, summary)  # the figures of the run that decoded)
+    if decoded or not _describes(stats_path, summary):
+        store.atomic_write_json(stats_path, summary)
     return summary
+
+
+def _describes(stats_path: str, summary: dict) -> bool:
+    """Whether an earlier run's stats.json describes the same set as this summary: a rerun that
+    decoded nothing keeps the figures of the run that decoded it."""
+    try:
+        stats = store.read_json(stats_path)
+    except ValueError:      # (damaged: written again)
+        return False
+    return isinstance(stats, dict) and stats.get("num") == summary["num"] and \
+        stats.get("npz_shape") == summary["npz_shape"]
 
 
 def run(family, req: Request, world: World, device: torch.device) -> Optional[dict]:

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import warnings
 import zipfile
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -36,13 +37,19 @@ def is_temporary(name: str) -> bool:
 def lock_run(out_dir: str):
     """Rank 0's exclusive lock on the directory, held (by the returned open file) until it is
     closed or the process ends: a second run on the same directory would delete the first one's
-    temporary files and decode its images again. flock: local filesystems, and NFS on Linux."""
+    temporary files and decode its images again. A filesystem that takes no flock (Lustre without
+    `-o flock`, NFS without a lock daemon) gets a warning and the run goes on unlocked."""
+    import errno
     import fcntl
 
     f = open(os.path.join(out_dir, LOCK_FILE), "a")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            warnings.warn(f"--out {out_dir}: its filesystem takes no lock ({e.strerror}); nothing stops a second "
+                          "run on this directory meanwhile", stacklevel=2)
+            return f
         f.close()
         raise BlockingIOError(f"--out {out_dir} is in use by another specdec sample run (it holds {LOCK_FILE}); "
                               "wait for it to end or choose another --out") from None
