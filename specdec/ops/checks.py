@@ -11,21 +11,26 @@ import torch
 _FLOAT_LOGITS = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
+
 def fail(message: str):
     raise ValueError(message)
+
 
 def check_tensor(t, name: str):
     if not isinstance(t, torch.Tensor):
         fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
+
 def check_same_device(t: torch.Tensor, ref: torch.Tensor, name: str, ref_name: str):
     if t.device != ref.device:
         fail(f"{name} must be on the device of {ref_name} ({ref.device}), got {t.device}")
+
 
 #: The largest float32: the kernels compute with the scalars in float32, where a larger one is inf.
 FLOAT32_MAX = torch.finfo(torch.float32).max
 #: The smallest normal float32 (a temperature below it is subnormal or 0 there).
 FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
 
 def check_finite_scalar(value, name: str):
     """A real number that stays finite in float32 (1e39 is finite as a Python float but inf in the
@@ -42,10 +47,12 @@ def check_finite_scalar(value, name: str):
         fail(f"{name} must be finite in float32 (|{name}| <= {FLOAT32_MAX:.4g}), got {value!r}")
     return v
 
+
 def read_back(*scalars: torch.Tensor) -> list:
     """Python values of 0-d tensors of one dtype, in one device-to-host transfer: each transfer
     from a GPU is a synchronisation, so a check reads all its statistics back together."""
     return torch.stack(scalars).tolist()
+
 
 def check_ids_in_range(ids: torch.Tensor, upper: int, name: str):
     """Token-like ids must lie in [0, upper)."""
@@ -55,6 +62,7 @@ def check_ids_in_range(ids: torch.Tensor, upper: int, name: str):
     if lo < 0 or hi >= upper:
         bad = lo if lo < 0 else hi
         fail(f"{name}: ids must be in [0, {upper}), found {bad}")
+
 
 def check_table_in_range(table: torch.Tensor, upper: int, name: str):
     """Like check_ids_in_range, remembered on the tensor itself (keyed by its version counter),

@@ -8,6 +8,7 @@ that line recorded: a PNG from any other source (a half-copied file, another run
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import io
@@ -29,9 +30,12 @@ STATS_DIR = "stats"
 LOCK_FILE = ".lock"
 
 
+#: `atomic_write`'s temporary files (`.name.tmp-PID`, specdec.files.temporary_path)
+TEMPORARY = ".*.tmp-*"
+
+
 def is_temporary(name: str) -> bool:
-    """Whether a file name is one of `atomic_write`'s temporary files (`.name.tmp-PID`)."""
-    return name.startswith(".") and ".tmp-" in name
+    return fnmatch.fnmatch(name, TEMPORARY)
 
 
 def lock_run(out_dir: str):
@@ -59,7 +63,7 @@ def lock_run(out_dir: str):
 def remove_temporaries(out_dir: str) -> int:
     """Delete the temporary files killed processes left (call before any process of the new run
     writes: a live writer's temporary file would be removed too). Returns how many."""
-    stale = glob.glob(os.path.join(glob.escape(out_dir), "**", ".*.tmp-*"), recursive=True)
+    stale = glob.glob(os.path.join(glob.escape(out_dir), "**", TEMPORARY), recursive=True)
     for path in stale:
         os.remove(path)
     return len(stale)

@@ -30,6 +30,11 @@ def _env_int(name: str, default: int) -> int:
         raise SampleError(f"environment variable {name}={text!r} is not an integer (set by torchrun)") from None
 
 
+def _first_line(e: Exception) -> str:
+    """A backend's error in one line: its first, or its type when it says nothing."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 @contextlib.contextmanager
 def _peers_lost():
     """A collective that fails because another rank died or left (on another node torchrun does
@@ -37,8 +42,7 @@ def _peers_lost():
     try:
         yield
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SampleError(f"lost the other ranks of the run ({first}); torchrun's log names the one that "
+        raise SampleError(f"lost the other ranks of the run ({_first_line(e)}); torchrun's log names the one that "
                           "failed. Rerun the command to resume") from None
 
 
@@ -112,7 +116,6 @@ def join(device_name: str):
         try:
             torch.distributed.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT, **kwargs)
         except (RuntimeError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SampleError(f"cannot join the torchrun process group ({backend}): {first}") from None
+            raise SampleError(f"cannot join the torchrun process group ({backend}): {_first_line(e)}") from None
         world.started_group = True
     return world, device

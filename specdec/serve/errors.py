@@ -20,6 +20,11 @@ class APIError(Exception):
         self.headers = headers or {}
 
     @property
+    def outcome(self) -> str:
+        """How `specdec_requests_total` counts a request that ended with this error."""
+        return {429: "rejected", 499: "cancelled"}.get(self.status, "failed" if self.status >= 500 else "invalid")
+
+    @property
     def body(self) -> dict:
         kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}

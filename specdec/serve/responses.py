@@ -101,7 +101,7 @@ async def collect(service, job: Job, events: asyncio.Queue, request: Request):
                 service.metrics.request_done("cancelled")
                 return error_response(client_gone())
             if isinstance(event, Failed):
-                service.metrics.request_done("failed" if event.error.status >= 500 else "invalid")
+                service.metrics.request_done(event.error.outcome)
                 return error_response(event.error)
             if isinstance(event, ImageReady):
                 ready[event.j] = event
@@ -135,7 +135,7 @@ async def started(service, job: Job, events: asyncio.Queue, request: Request) ->
     if isinstance(event, Started) or event is KEEPALIVE:
         return None
     if isinstance(event, Failed):
-        service.metrics.request_done("failed" if event.error.status >= 500 else "invalid")
+        service.metrics.request_done(event.error.outcome)
         return error_response(event.error)
     service.loop.cancel(job)
     service.metrics.request_done("cancelled")
@@ -157,7 +157,7 @@ async def event_stream(service, job: Job, events: asyncio.Queue, request: Reques
             if event is KEEPALIVE:
                 yield b": keep-alive\n\n"
             elif isinstance(event, Failed):
-                outcome = "failed" if event.error.status >= 500 else "invalid"
+                outcome = event.error.outcome
                 yield error_event(event.error)
                 return
             elif isinstance(event, PartialImage):

@@ -86,8 +86,7 @@ async def generate(request: Request):
         deliver = partial(asyncio.get_running_loop().call_soon_threadsafe, events.put_nowait)
         job = service.loop.submit(plan, deliver)
     except APIError as error:
-        service.metrics.request_done({429: "rejected", 499: "cancelled"}.get(
-            error.status, "invalid" if error.status < 500 else "failed"))
+        service.metrics.request_done(error.outcome)
         return error_response(error)
     if plan.stream:
         refused = await started(service, job, events, request)
