@@ -16,7 +16,7 @@ import torch
 
 from specdec.decoding import ar, lantern, mulo, sd, sjd, ssd, stages, zipar
 from specdec.decoding.batching import check_classes
-from specdec.decoding.streaming import Requests, StreamingEngine, one_class
+from specdec.decoding.streaming import Requests, StreamingEngine
 from specdec.decoding.results import DecodeResult
 from specdec.decoding.runner import check_guidance
 from specdec.models.conditions import Prompts, is_prompts
@@ -246,8 +246,11 @@ def _request_condition(model, guided: bool):
         if (prompt is not None) != prompted:
             raise ValueError("this family is text-conditional: submit a prompt, not a class id" if prompted else
                              "this family is class-conditional: submit a class id, not a prompt")
-        if not prompted:
-            return check_classes(model, one_class(class_id).reshape(1))[0]
+        if not prompted:     # (one class id, range-checked as decode's)
+            class_id = torch.as_tensor(class_id)
+            if class_id.numel() != 1 or class_id.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"condition must be one class id, got {tuple(class_id.shape)} {class_id.dtype}")
+            return check_classes(model, class_id.reshape(1))[0]
         try:
             made = _conditions(model, None, [prompt], None if negative is None else [negative])
             return _checked_prompts(model, made, guided)

@@ -43,8 +43,7 @@ class ARRows(RowPolicy):
                                                                                                       device=dev)
 
     def start(self, rows, conditions):
-        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
-        index = self.begin_grids(self.runner, rows, p0)
+        _, index = self.begin(self.runner, rows, conditions)
         streams = self.engine.streams.rows(rows)
         if self.exact:
             u = torch.tensor(streams.keys, dtype=torch.long)[:, None]

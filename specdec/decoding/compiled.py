@@ -58,10 +58,32 @@ def bucket_width(n: int) -> int:
         width *= 2
 
 
-class _CompileClock:
-    """The one-off compile time of an object's compiled functions (their first calls)."""
+class CompiledFunction:
+    """`fn(*tensors)` compiled for one set of input shapes (no guards: docs/engine.md, "Compiled
+    steps"): its tensor inputs are made contiguous, as traced (None passes as it is). The first
+    call compiles (timed in `compile_s`). `compiler(fn, device)`: as `CompiledRunner`'s."""
 
     compile_s = 0.0
+
+    def __init__(self, fn: Callable, device: torch.device, graphs: bool = True, compiler: Callable = None):
+        self._fn = compiler(fn, device) if compiler is not None else compile_step(fn, device, graphs)
+        self._graphs = graphs and device.type == "cuda"   # CUDA-graph replays
+        self._calls = 0
+
+    def __call__(self, *tensors, columns: Optional[int] = None):
+        """`columns`: only the first that many columns of each output are kept (and copied)."""
+        if self._graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        start = time.perf_counter()
+        out = self._fn(*(None if t is None else t.contiguous() for t in tensors))
+        if self._calls == 0:
+            self.compile_s += time.perf_counter() - start
+        self._calls += 1
+        if columns is not None:
+            out = tuple(t[:, :columns] for t in out)
+        if self._graphs:
+            out = tuple(t.clone() for t in out)   # a replay reuses its output memory
+        return out
 
     def take_compile_s(self) -> float:
         """The compile time not reported yet (0 once reported)."""
@@ -69,30 +91,7 @@ class _CompileClock:
         return seconds
 
 
-class CompiledFunction(_CompileClock):
-    """`fn(*tensors)` compiled for one set of input shapes (no guards: docs/engine.md, "Compiled
-    steps"): its tensor inputs are made contiguous, as traced. The first call compiles (timed in
-    `compile_s`)."""
-
-    def __init__(self, fn: Callable, device: torch.device, graphs: bool = True):
-        self._fn = compile_step(fn, device, graphs)
-        self._graphs = graphs and device.type == "cuda"   # CUDA-graph replays
-        self._calls = 0
-
-    def __call__(self, *tensors):
-        if self._graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        start = time.perf_counter()
-        out = self._fn(*(t.contiguous() for t in tensors))
-        if self._calls == 0:
-            self.compile_s += time.perf_counter() - start
-        self._calls += 1
-        if self._graphs:
-            out = tuple(t.clone() for t in out)   # a replay reuses its output memory
-        return out
-
-
-class CompiledForward(_CompileClock):
+class CompiledForward:
     """A model's target pass (`forward_tokens` on the fast path) through compiled graphs, one per
     (padded width, tree mask or not, write or not), made on first use and kept.
 
@@ -106,7 +105,8 @@ class CompiledForward(_CompileClock):
     softmax sums the masked copies' zeros too; tested).
 
     A call returns (logits [rows, N, V], hidden [rows, N, dim], probs [B, N, V]), cut back to the
-    N real columns; probs are made inside the graph by `distribution`."""
+    N real columns (only those are copied after a CUDA-graph replay, which reuses its output
+    memory); probs are made inside the graph by `distribution`."""
 
     def __init__(self, model, cache, backend, fast: dict, distribution: Callable, compiler: Callable = None,
                  graphs: bool = True):
@@ -116,9 +116,8 @@ class CompiledForward(_CompileClock):
         self.distribution = distribution
         self.fast = fast   # the runner's fast-path keywords of forward_tokens
         self.graphs = graphs and cache.device.type == "cuda"   #: passes replayed as CUDA graphs
-        # `compiler(fn, device)`: as `CompiledRunner`'s
-        self.compiler = compiler or (lambda fn, device: compile_step(fn, device, graphs))
-        self._graphs: Dict[Tuple[int, bool, bool], Callable] = {}
+        self.compiler = compiler   # `compiler(fn, device)`: as `CompiledRunner`'s
+        self._graphs: Dict[Tuple[int, bool, bool], CompiledFunction] = {}
         self._columns: Dict[Tuple[int, int], torch.Tensor] = {}
         if self.graphs:   # static addresses: CUDA graphs replay the cache's in-place writes
             for t in [*cache.k, *cache.v, cache.valid]:
@@ -135,7 +134,7 @@ class CompiledForward(_CompileClock):
                                            **fast)
                 return out.logits, out.hidden, dist(out.logits, out.hidden, positions)
 
-            graph = self._graphs[key] = self.compiler(forward, cache.device)
+            graph = self._graphs[key] = CompiledFunction(forward, cache.device, self.graphs, self.compiler)
         return graph
 
     def _tree_mask(self, tree_mask, rows: int, n: int, width: int):
@@ -164,24 +163,9 @@ class CompiledForward(_CompileClock):
             if tree_mask is not None or not write:
                 tree_mask = self._tree_mask(tree_mask, tree_mask.shape[0] if tree_mask is not None else rows,
                                             n, width)
-        key = (width, tree_mask is not None, write)
-        first = key not in self._graphs
-        graph = self._graph(key)
-        if self.graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        start = time.perf_counter()
-        # The graph was traced on contiguous inputs and keeps no guards: a strided view (a slice
-        # of the token grid) would fail inductor's stride assertion.
-        outputs = graph(tokens.contiguous(), positions.contiguous(),
-                        None if tree_mask is None else tree_mask.contiguous())
-        if first:
-            self.compile_s += time.perf_counter() - start
-        outputs = tuple(t[:, :n] for t in outputs)
-        if self.graphs:
-            # A CUDA-graph replay reuses its output memory: the decoders keep a pass's outputs
-            # across later passes (only the real columns are copied).
-            outputs = tuple(t.clone() for t in outputs)
-        return outputs
+        # (the graph was traced on contiguous inputs and keeps no guards: a strided view, a slice of
+        # the token grid, would fail inductor's stride assertion; `CompiledFunction` makes them so)
+        return self._graph((width, tree_mask is not None, write))(tokens, positions, tree_mask, columns=n)
 
 
 class CompiledRunner(ModelRunner):
@@ -242,7 +226,7 @@ class CompiledRunner(ModelRunner):
 
     def take_compile_s(self) -> float:
         """The compile time of every graph of the runner not reported yet."""
-        parts = [self.compiled_forward, *self.functions.values()]
+        parts = [*self.compiled_forward._graphs.values(), *self.functions.values()]
         return (sum(part.take_compile_s() for part in parts)
                 + sum(r.take_compile_s() for r in [*self._prefixes.values(), self._spare] if r is not None))
 
@@ -257,25 +241,21 @@ _STORE = "_specdec_compiled_runners"
 _STORES_LOCK = threading.Lock()
 
 
-def compiled_runner(model, sampling, batch: int, backend=None, *, store: Optional[dict] = None,
-                    graphs: bool = True, held: Optional[dict] = None) -> CompiledRunner:
+def compiled_runner(model, sampling, batch: int, backend=None, *, graphs: bool = True,
+                    held: Optional[dict] = None) -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model among its last KEPT_RUNNERS (later decodes reset the same runner: same cache tensors, so
     the graphs are reused, and on CUDA replay into the same addresses). `held`: the runners a decode
     holds (`put_back` at its end): a runner it holds is out of the model's store, so that a decode
     in another thread meanwhile makes its own instead of writing into the same cache (both images
-    went wrong). `store`: a dict of the caller's own to keep them in instead, unbounded (a streaming
-    engine, whose batch lives across steps while other decodes of the model run)."""
+    went wrong). A streaming engine holds its runners for its life (its batch lives across steps
+    while other decodes of the model run), never putting them back."""
     # What the graphs were made for (they keep no guards): the batch, sampling, backend and graphs,
     # and what the model's numerics depend on (its parameters' dtype and device, batch invariance).
     key = (batch, sampling, backend, weights_key(model), batch_invariant_enabled(), graphs)
-    # (a caller's store, and a decode's runners, are of several models: the target's, the drafter's)
+    # (a decode's runners are of several models: the target's, the drafter's)
     wide_key = (id(model),) + key
-    if store is not None:
-        runner = store.get(wide_key)
-        if runner is None:
-            runner = store[wide_key] = CompiledRunner(model, sampling, batch=batch, backend=backend, graphs=graphs)
-    elif held is not None and wide_key in held:
+    if held is not None and wide_key in held:
         runner = held[wide_key][2]
     else:
         with _STORES_LOCK:
@@ -304,12 +284,12 @@ def put_back(held: dict) -> None:
     held.clear()
 
 
-def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False,
-               store: Optional[dict] = None, graphs: bool = True, held: Optional[dict] = None) -> ModelRunner:
+def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False, graphs: bool = True,
+               held: Optional[dict] = None) -> ModelRunner:
     """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
-    kept compiled one (kept in `store` when given; `held` by the decode: `compiled_runner`)."""
+    kept compiled one (`held` by the decode: `compiled_runner`)."""
     if compile:
-        return compiled_runner(model, sampling, batch, backend, store=store, graphs=graphs, held=held)
+        return compiled_runner(model, sampling, batch, backend, graphs=graphs, held=held)
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 

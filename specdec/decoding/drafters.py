@@ -111,9 +111,10 @@ class HeadsDrafter(Drafter):
 
     def draft(self, x, c, n, going, hidden):
         t = self.target
-        self.engine.head_passes += 1
         last = x.gather(1, (c.device - 1).clamp_min(0)[:, None])[:, 0]
         drafting = [b for b, g in enumerate(going) if g] or None      # (the rows done draft nothing)
+        if self.engine.rows is not None:     # (a drafter pass of each row drafting)
+            self.engine.rows.credit(drafting or [], "drafter", 1, 0, 0)
         q = _heads.draft(t, self.heads, "horizontal", range(1, n + 1), hidden,
                          cfg_rows(last, hidden.shape[0] // last.shape[0]), drafting)   # q [B, n, V]
         B, _, V = q.shape

@@ -19,6 +19,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from specdec import switches
 from specdec.decoding.compiled import put_back, runner_for
 from specdec.decoding.draws import draw_residual
 from specdec.decoding.runner import ModelRunner, Outputs
@@ -97,28 +98,15 @@ class Engine:
         self.H, self.W = grid
         #: the batch's runners so far, each with its role (target, drafter, preview)
         self.runners: List[Tuple[ModelRunner, str]] = []
-        #: drafter passes made without a runner of their own (SSD's heads on the target)
-        self.head_passes = 0
         #: the scheduler whose rows these are (`specdec.decoding.scheduler.Scheduler`; see `record`)
         self.rows = None
-        #: target passes of prefills of some rows (`prefill_rows`), besides the runners' own
-        self.prefill_passes = 0
-        #: compiled passes replayed as CUDA graphs on CUDA (a scheduler's: `scheduler.cuda_graphs`)
-        self.graphs = True
-        #: where compiled runners are kept (None: on the model; see `compiled.compiled_runner`)
-        self.kept_runners: Optional[dict] = None
         #: the models' compiled runners this batch holds, out of their stores until `release`
         self.held: dict = {}
 
-    @property
-    def token_share(self) -> Optional[int]:
-        """The most image tokens each image may feed one target pass (`RunSettings.token_share`;
-        None: no limit). A method narrows its speculation to fit it; at 1 it makes plain AR steps."""
-        return self.run.token_share
-
     def narrowed(self, width: int) -> int:
-        """`width` tokens per pass cut to the share."""
-        share = self.token_share
+        """`width` tokens per pass cut to the share of each image (`RunSettings.token_share`; None:
+        no limit). A method narrows its speculation to fit it; at 1 it makes plain AR steps."""
+        share = self.run.token_share
         return width if share is None else min(width, share)
 
     def runner(self, model, sampling=None, *, role: str = "target") -> ModelRunner:
@@ -129,7 +117,7 @@ class Engine:
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
         sampling = sampling or self.run.sampling_or_default
         runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
-                            store=self.kept_runners, graphs=self.graphs, held=self.held)
+                            graphs=cuda_graphs(), held=self.held)
         resolve(self.run.backend, runner.device)     # (a backend this device lacks: refused before any pass)
         self.runners.append((runner, role))
         return runner
@@ -155,14 +143,14 @@ class Engine:
         else:
             source = runner.prefix(size) if in_place else runner.part(size)
             source.reset()
-            self.prefill_passes += role != "drafter"
+            runner.forwards += 1     # (a pass of the batch's runner, made on a view or a part of it)
         out = source.prefill(pad_with_first(conditions, source.batch))
         if not in_place:
             source.cache.prefix(k).put_images(runner.cache, to_device(list(rows), runner.device, torch.long))
         if k < source.batch:
             out = out.first(k)
         if self.rows is not None:
-            self.rows.count_prefill(list(rows), role)
+            self.rows.credit(rows, role, 1, 0, 0)
         return out, source.probs(out)[:, 0]
 
     def release(self) -> None:
@@ -260,4 +248,10 @@ class Engine:
         x[rows, cols] = out[0] if with_distribution else out
         return out
 
-__all__ = ["Engine", "Judgement", "Lengths"]
+def cuda_graphs() -> bool:
+    """Whether the scheduler's compiled passes replay CUDA graphs on CUDA: opt-in by the switch
+    SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU (`specdec.switches`)."""
+    return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
+
+
+__all__ = ["Engine", "Judgement", "Lengths", "cuda_graphs"]

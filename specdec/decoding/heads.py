@@ -47,9 +47,7 @@ def draft(runner, heads, kind: str, offsets, h: torch.Tensor, tokens: torch.Tens
     rows that draw nothing from it)."""
     offsets = tuple(offsets)
     B = runner.batch
-    if rows is None:
-        rows = range(B if runner.covered is None else runner.covered)
-    rows = list(rows)
+    rows = list(range(runner.covered) if rows is None else rows)
     some = len(rows) < B
     if some:
         count = power_of_two(len(rows))

@@ -66,7 +66,7 @@ class MuloRows(RowPolicy):
         B, self.HW = engine.batch, self.runner.H * self.runner.W
         # A share of one token per pass leaves nothing to verify a draft with: plain AR, drafting
         # nothing (a two-stage model still writes the preview its target stage is conditioned on).
-        self.plain = engine.token_share == 1
+        self.plain = engine.run.token_share == 1
         self.ar = ARRows(engine, self.runner) if self.plain else None
         self.drafting = None
         if self.previewing or not self.plain:
@@ -197,7 +197,7 @@ class MuloRows(RowPolicy):
                                       pad_with_first(torch.tensor(judgement.resample, device=x.device), part.batch))
         # A pass feeds up to two tokens per island it advances: under a token budget, fewer
         # islands at a time.
-        share = e.token_share
+        share = e.run.token_share
         most = None if share is None else max(1, share // 2)
         # (v1, raster order, is R_X as one island)
         plans = [island_plan(R, [0] * len(R) if self.o.resample == "raster" else isl, most)

@@ -9,6 +9,7 @@ import torch
 
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine
+from specdec.decoding.runner import Outputs
 from specdec.decoding.uploads import to_device
 from specdec.models.protocol import move_rows
 
@@ -27,7 +28,7 @@ class RowPolicy(ABC):
     @abstractmethod
     def start(self, rows: List[int], conditions) -> None:
         """Rows `rows` (sorted) begin the images of `conditions` (one each): their prefills
-        (`engine.prefill_rows`), token 0 from each row's own stream (`begin_grids`), their per-row
+        (`engine.prefill_rows`), token 0 from each row's own stream (both: `begin`), their per-row
         state."""
 
     @abstractmethod
@@ -44,14 +45,16 @@ class RowPolicy(ABC):
         state a row's without an image). The scheduler moves the cache rows and the streams. With
         src == dst the row is just freed, its image withdrawn (`Scheduler.cancel`)."""
 
-    def begin_grids(self, runner, rows: List[int], p0: torch.Tensor) -> torch.Tensor:
-        """Rows `rows` begin new grids in `tokens`: token 0 drawn from p0 [k, V] (their prefill's)
-        with each row's own stream, the rest zeros. Returns `rows` as a device index."""
+    def begin(self, runner, rows: List[int], conditions) -> Tuple[Outputs, torch.Tensor]:
+        """Rows `rows` begin new grids in `tokens`: their prefill on `runner` (`engine.prefill_rows`),
+        token 0 drawn from its distribution with each row's own stream, the rest zeros. Returns the
+        prefill's outputs and `rows` as a device index."""
+        out, p0 = self.engine.prefill_rows(runner, rows, conditions)
         index = to_device(rows, runner.device, torch.long)
         grids = torch.zeros(len(rows), self.tokens.shape[1], dtype=torch.long, device=runner.device)
         grids[:, 0] = draw(p0, self.engine.streams.rows(rows), runner.backend, positions=torch.zeros_like(index))
         self.tokens.index_copy_(0, index, grids)
-        return index
+        return out, index
 
     def _in(self, phase: str) -> List[int]:
         """The rows in `phase`, for a policy that keeps each row's phase in `self.phase`."""

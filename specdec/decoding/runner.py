@@ -110,8 +110,8 @@ class ModelRunner:
         self.forwards = 0
         self.fed = 0    #: image tokens fed per row by the passes so far (a pass of N tokens adds N)
         self.widest = 0  #: the most image tokens per row one pass fed (the prefill aside)
-        #: the images a pass of all B rows goes over, the first `covered` (`cover`; None: every one)
-        self.covered: Optional[int] = None
+        #: the images a pass of all B rows goes over, the first `covered` (`cover`)
+        self.covered = batch
         self._prefixes: dict = {}   # `prefix`: runners of the first k images, views of this cache
         self._sources: dict = {}    # `_spread`: the image whose outputs each of the B rows takes, by k
         self._spare: Optional["ModelRunner"] = None   # `part`: the parts' one cache of their own
@@ -137,7 +137,7 @@ class ModelRunner:
         view of the cache's first rows (`prefix`; docs/engine.md, "Which rows a pass covers"). An
         image left out gets a copy of image 0's outputs (a valid distribution: its stand-in goes
         on drawing tokens) and its cache is not written."""
-        self.covered = None if k is None or k >= self.batch else k
+        self.covered = self.batch if k is None else min(k, self.batch)
 
     def prefix(self, k: int) -> "ModelRunner":
         """The runner of the first k images of this cache, on a view of it (what it writes is
@@ -210,8 +210,8 @@ class ModelRunner:
         """Feed tokens [B, N] at raster positions [N] or [B, N]; output i is the distribution of the
         token that follows position i in raster order. Under `cover` (and without a tree mask) the
         pass goes over the first k images alone, its outputs spread back to B rows."""
-        k = self.covered if tree_mask is None else None
-        if k is None:
+        k = self.covered if tree_mask is None else self.batch
+        if k == self.batch:
             return self._forward(tokens, positions, tree_mask=tree_mask, write=write)
         positions = positions.to(self.device)
         count_pass(self, tokens.shape[1])
@@ -267,7 +267,7 @@ class ModelRunner:
         """`TokenStep.on_grid` over `grid` [B, H*W] (`rand`: its `uniforms`), the values written
         in place; returns the positions advanced. Under `cover` only the first k images step."""
         k = self.covered
-        if k is None:
+        if k == self.batch:
             values, written, moved = self.token_step(exact).on_grid(grid, position, rand, reach=reach)
             grid.scatter_(1, written, values)
             return moved

@@ -26,11 +26,10 @@ import torch
 
 from specdec.decoding.blocks import power_of_two
 from specdec.decoding.compiled import CompiledRunner
-from specdec.decoding.engine import Engine
+from specdec.decoding.engine import Engine, cuda_graphs
 from specdec.decoding.policy import RowPolicy
 from specdec.decoding.results import DecodeStats
 from specdec.decoding.streams import ImageStreams
-from specdec import switches
 from specdec.models.conditions import Prompts, is_prompts
 from specdec.settings import INDICES, RunSettings
 
@@ -68,13 +67,15 @@ class Finished:
 
 
 class RowCounts:
-    """One live image's counters: the passes it took part in by role (prefills included), the image
-    tokens they fed its row and the widest feed, and its judgements (acceptance maps, drafted and
-    kept counts). Which rows took part in a step's passes: `Scheduler.credit`."""
+    """One live image: its request and its counters: the passes it took part in by role (prefills
+    included), the image tokens they fed its row and the widest feed, and its judgements
+    (acceptance maps, drafted and kept counts). Which rows took part in a step's passes:
+    `Scheduler.credit`."""
 
-    __slots__ = ("passes", "fed", "widest", "maps", "drafted", "accepted")
+    __slots__ = ("request", "passes", "fed", "widest", "maps", "drafted", "accepted")
 
-    def __init__(self):
+    def __init__(self, request: Request):
+        self.request = request
         self.passes = {"target": 0, "drafter": 0, "preview": 0}
         self.fed = 0
         self.widest = 0
@@ -102,16 +103,13 @@ class Scheduler:
     over rows")."""
 
     def __init__(self, method: str, make_policy: Callable[[Engine], RowPolicy], run: RunSettings,
-                 grid: Tuple[int, int], capacity: int, *, refill: bool = True, kept_runners: Optional[dict] = None):
+                 grid: Tuple[int, int], capacity: int, *, refill: bool = True):
         """`make_policy(engine) -> RowPolicy`: the method's policy over the engine's rows; `refill`:
         a free row takes the next request at once (False: only once every row is free, lockstep
-        batches); `kept_runners`: where compiled runners are kept (None: on the model; a stream
-        keeps its own: `specdec.decoding.compiled.compiled_runner`)."""
+        batches)."""
         self.method, self.grid, self.refill = method, tuple(grid), refill
         streams = ImageStreams(run.seed, [-1 - b for b in range(capacity)], exact=run.exact)
         self.engine = Engine(run, streams, grid)
-        self.engine.kept_runners = kept_runners
-        self.engine.graphs = cuda_graphs()
         self.engine.rows = self
         try:
             self.policy = make_policy(self.engine)
@@ -119,12 +117,10 @@ class Scheduler:
             self.engine.release()
             raise
         self.queue: Deque[Request] = deque()
-        self.rows: List[Optional[RowCounts]] = [None] * capacity
-        self.requests: List[Optional[Request]] = [None] * capacity   #: the request each row holds
+        self.rows: List[Optional[RowCounts]] = [None] * capacity   #: the image each row holds
         # `_tick`: each runner's counts at the last tick (a step's passes are the differences), and
         # the rows the policy credited this step (`credit`).
         self._seen: Dict[int, Tuple[int, int]] = {}
-        self._head_passes = 0
         self._credited: Dict[str, List[Tuple[List[int], int, int, int]]] = {}
 
     @property
@@ -133,10 +129,12 @@ class Scheduler:
 
     @property
     def running(self) -> int:
+        """Images decoding now."""
         return sum(r is not None for r in self.rows)
 
     @property
     def idle(self) -> bool:
+        """Nothing queued and nothing decoding."""
         return not self.queue and not self.running
 
     def submit(self, condition, index: int, seed: Optional[int] = None, tag: Hashable = None) -> None:
@@ -149,14 +147,14 @@ class Scheduler:
         self.queue.append(Request(condition, index, seed, index if tag is None else tag))
 
     def cancel(self, tag: Hashable) -> int:
-        """Withdraw the images submitted with `tag` (by default an image's index): out of the
-        queue, or their rows freed at once, their work stopped (`_free`). Returns how many were
-        withdrawn."""
+        """Withdraw the images submitted with `tag` (by default an image's index; a client gone):
+        out of the queue, or their rows freed at once for the next requests, their work stopped
+        (`_free`). Returns how many were withdrawn."""
         queued = len(self.queue)
         kept = [r for r in self.queue if r.tag != tag]
         self.queue.clear()
         self.queue.extend(kept)
-        running = [b for b, r in enumerate(self.requests) if r is not None and r.tag == tag]
+        running = [b for b, r in enumerate(self.rows) if r is not None and r.request.tag == tag]
         self._free(running)
         if running:
             self._compact()
@@ -164,7 +162,9 @@ class Scheduler:
         return queued - len(kept) + len(running)
 
     def partials(self) -> List[Partial]:
-        """The images decoding now, as far as they have formed (one host read for all of them)."""
+        """The images decoding now, as far as they have formed (one host read for all of them), for
+        clients that want partial images: each one's tokens, how many of them (a raster prefix) are
+        final, and a draft at another resolution where the method makes one (MuLo-SD)."""
         rows = [b for b in range(self.capacity) if self.rows[b] is not None]
         if not rows:
             return []
@@ -179,7 +179,7 @@ class Scheduler:
         for b, grid, draft in zip(rows, grids, drafts):
             if draft is not None:
                 draft = (next(host).view(draft[0].shape), draft[1])
-            request = self.requests[b]
+            request = self.rows[b].request
             out.append(Partial(request.index, request.tag, grid, self.policy.final(b), draft))
         return out
 
@@ -193,7 +193,7 @@ class Scheduler:
         of a row onto itself): a withdrawn image would otherwise go on through its phases beside
         the others, its passes wasted and its phase changes (a MuLo-SD prefill) made for no image."""
         for b in rows:
-            self.rows[b] = self.requests[b] = None
+            self.rows[b] = None
             self.policy.move(b, b)
 
     # ---- the loop ----
@@ -213,12 +213,12 @@ class Scheduler:
         rows = free[:len(self.queue)]
         conditions = []
         for b in rows:
-            request = self.requests[b] = self.queue.popleft()
+            request = self.queue.popleft()
             self.engine.streams.restart(b, request.index, request.seed)
-            self.rows[b] = RowCounts()
+            self.rows[b] = RowCounts(request)
             conditions.append(request.condition)
         self.policy.start(rows, join_conditions(conditions))
-        self._tick(count=False)     # (the prefills were counted per row by prefill_rows)
+        self._tick()     # (the prefills, credited to their rows by prefill_rows)
         self._cover()
 
     def _retire(self) -> List[Finished]:
@@ -231,9 +231,9 @@ class Scheduler:
                 preview = self.policy.preview(b)
                 stats = self.rows[b].result(self.method, H * W + (0 if preview is None else preview.numel()),
                                             self.policy.method_stats(b))
-                request = self.requests[b]
+                request = self.rows[b].request
                 done.append(Finished(request.index, tokens, stats, preview, tag=request.tag))
-                self.rows[b] = self.requests[b] = None
+                self.rows[b] = None
         if done:
             self._compact()
             self._cover()
@@ -261,7 +261,6 @@ class Scheduler:
             self.engine.streams.move(src, dst)
             self.policy.move(src, dst)
             self.rows[dst], self.rows[src] = self.rows[src], None
-            self.requests[dst], self.requests[src] = self.requests[src], None
 
     def _cover(self) -> None:
         """Tell every runner which rows its passes go over now (`covered_images`)."""
@@ -273,12 +272,14 @@ class Scheduler:
     def credit(self, rows: List[int], role: str, passes: int, fed: int, widest: int) -> None:
         """Rows `rows` took part in `passes` passes of `role` this step, feeding `fed` image tokens
         each, at most `widest` at once: a policy whose rows are in different phases says which
-        rows took which passes (for a role it names in a step, only what it names is counted)."""
+        rows took which passes (for a role it names in a step, only what it names is counted).
+        Prefills (`Engine.prefill_rows`) and SSD's head drafts (`HeadsDrafter`) credit their rows
+        so: a policy that prefills rows inside a step credits that step's other target passes too."""
         self._credited.setdefault(role, []).append((list(rows), passes, fed, widest))
 
-    def _tick(self, count: bool = True) -> None:
+    def _tick(self) -> None:
         """Credit the runners' passes since the last tick to the rows that took part (`credit`;
-        by default every row holding an image). `count=False`: none (prefills count per row)."""
+        by default every row holding an image)."""
         e = self.engine
         made: Dict[str, List[int]] = {}
         for runner, role in e.runners:
@@ -289,11 +290,7 @@ class Scheduler:
             m[1] += runner.fed - fed
             m[2] = max(m[2], runner.widest)
             runner.widest = 0      # (the widest feed since this tick: one number per runner)
-        heads, self._head_passes = e.head_passes - self._head_passes, e.head_passes
-        made.setdefault("drafter", [0, 0, 0])[0] += heads
         credited, self._credited = self._credited, {}
-        if not count:
-            return
         held = [b for b in range(self.capacity) if self.rows[b] is not None]
         for role in sorted(set(made) | set(credited)):
             passes, fed, widest = made.get(role, (0, 0, 0))
@@ -306,11 +303,6 @@ class Scheduler:
         """Whether none of `rows` holds an image."""
         return all(self.rows[b] is None for b in rows)
 
-    def count_prefill(self, rows: List[int], role: str) -> None:
-        """A prefill of `rows` on a runner of `role`: one pass for each of those images."""
-        for b in rows:
-            self.rows[b].passes[role] += 1
-
     def record(self, b: int, accepted: torch.Tensor, drafted: int, kept: int) -> None:
         """Row b's part of a judgement (its map [1, H, W] of kept drafts, its counts)."""
         r = self.rows[b]
@@ -321,9 +313,9 @@ class Scheduler:
 
     @property
     def passes_made(self) -> int:
-        """Target passes made so far, a pass shared by rows once (prefills of some rows too)."""
+        """Target passes made so far (the prefills included), a pass shared by rows once."""
         e = self.engine
-        return sum(r.forwards for r, role in e.runners if role != "drafter") + e.prefill_passes
+        return sum(r.forwards for r, role in e.runners if role != "drafter")
 
     def take_compile_s(self) -> float:
         return sum(r.take_compile_s() for r, _ in self.engine.runners if isinstance(r, CompiledRunner))
@@ -338,12 +330,6 @@ def covered_images(held: List[int], capacity: int, device: torch.device) -> Opti
         return None
     k = power_of_two(held[-1] + 1)
     return None if k >= capacity else k
-
-
-def cuda_graphs() -> bool:
-    """Whether the scheduler's compiled passes replay CUDA graphs on CUDA: opt-in by the switch
-    SPECDEC_CONTINUOUS_GRAPHS=1 until they have run on a GPU (`specdec.switches`)."""
-    return switches.value("SPECDEC_CONTINUOUS_GRAPHS") == "1"
 
 
 def join_conditions(conditions: list):

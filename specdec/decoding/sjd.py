@@ -11,6 +11,7 @@ are never judged and draw no uniforms: every image consumes its stream exactly a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -20,8 +21,8 @@ from specdec.decoding.blocks import padded_block
 from specdec.decoding.draws import draw
 from specdec.decoding.engine import Engine, Lengths
 from specdec.decoding.policy import RowPolicy, move_rows
-from specdec.decoding.speculative import own_tokens, own_verdict, plain_round, put_own
-from specdec.decoding.widths import rows_covered, widths_for
+from specdec.decoding.speculative import Round, commit_window, own_tokens, own_verdict, plain_round
+from specdec.decoding.widths import widths_for
 from specdec.decoding.uploads import to_device
 from specdec.settings import RunSettings, check_int
 
@@ -57,11 +58,11 @@ class JacobiRows(RowPolicy):
         self.q = self.uniform.expand(B, 1, target.vocab_size).clone()
         self.y = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.widths = widths_for(engine, min(window, self.HW - 1), runner, all_or_none=True)
+        self.own: Optional[torch.Tensor] = None      #: exact mode: the pass's `own_tokens`
 
     def start(self, rows, conditions):
         """Their windows of uniform guesses come with the next step (`_fit_windows`)."""
-        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
-        self.begin_grids(self.runner, rows, p0)
+        self.begin(self.runner, rows, conditions)
         self.c.reset_rows(rows, 1)
         for b in rows:
             self.n_host[b] = 0
@@ -102,7 +103,7 @@ class JacobiRows(RowPolicy):
     def step(self) -> None:
         """One pass: feed, judge, commit, and the next windows."""
         if self.widths is not None:
-            self.n = self.widths.choose(rows_covered(self.runner))
+            self.n = self.widths.choose(self.runner.covered)
             if self.n == 0:
                 plain_round(self.engine, self.runner, self.tokens, self.c, self.HW)
                 self.n_host = [0] * len(self.n_host)
@@ -120,8 +121,8 @@ class JacobiRows(RowPolicy):
                                                   pos))                        # output j: dist of c_b + j
         valid = (j[:, :L] < n[:, None]) if any(nb != L for nb in n_host) else None
         if self.engine.streams.exact:   # a guess is kept iff it is the target's own token there
-            self._own = own_tokens(self.engine, self.runner, p, c)
-            judgement = self.engine.read_verdicts([own_verdict(self.engine, y, self._own, starts=c_host,
+            self.own = own_tokens(self.engine, self.runner, p, c)
+            judgement = self.engine.read_verdicts([own_verdict(self.engine, y, self.own, starts=c_host,
                                                                judged=n_host, valid=valid)])[0]
         else:
             u = to_device(self.engine.streams.rand_padded(n_host, L), x.device)
@@ -130,7 +131,9 @@ class JacobiRows(RowPolicy):
                                           uniforms=u, mode="raster", valid=valid)
         a = torch.minimum(judgement.verdict.first_reject.long(), n)
         a_host = [judgement.kept(b) for b in range(B)]
-        new = self._commit(c, n, a, a_host, p)
+        # (each image's correction at c + a, or with its whole window kept its bonus token there)
+        new = commit_window(self, self.runner, Round(L, n, y, self.q, padded_block(c, n, L), None), a, a_host, n_host,
+                            self.HW, lambda rows, col: p[rows, col])
         new_c = [cb + ab + nw for cb, ab, nw in zip(c_host, a_host, new)]
         if self.widths is not None:
             self.widths.observe(judgement.accept, n_host)
@@ -140,33 +143,6 @@ class JacobiRows(RowPolicy):
             self.n_host = new_n
             return
         self._next_windows(p, a, n, new_n)
-
-    def _commit(self, c, n, a, a_host, p) -> list:
-        """Write the kept prefixes, then each image's correction at c + a (from the residual) or,
-        with its whole window kept (a = n), its bonus token there (from p) if inside the grid.
-        Returns whether each image drew one (host bools)."""
-        x, y = self.tokens, self.y
-        B, L = y.shape
-        jl = torch.arange(L, device=x.device)[None]
-        kept = jl < a[:, None]
-        dpos = padded_block(c, n, L)                                          # distinct per row
-        last = (c - 1)[:, None]
-        x.scatter_(
-            1, torch.where(kept, dpos, last.expand(-1, L)), torch.where(kept, y, x.gather(1, last).expand(-1, L))
-        )
-        # (a < n: cb + ab < cb + nb <= HW, so a correction is always inside the grid)
-        new = [nb > 0 and cb + ab < self.HW for cb, ab, nb in zip(self.c.host, a_host, self.n_host)]
-        picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(self.c.host, a_host, new)) if nw]
-        if any(ab < nb for ab, nb in zip(a_host, self.n_host)):
-            self.runner.invalidate_where(dpos, (jl >= a[:, None]) & (jl < n[:, None]))  # stale guesses
-        if picks and self.engine.streams.exact:
-            put_own(x, self._own, picks, a_host)
-        elif picks:
-            rows = _long([b for b, _ in picks], x.device)
-            col = a[rows]
-            q_rows = torch.where((a < n)[rows, None], self.q[rows, col.clamp(max=L - 1)], 0.0)
-            self.engine.redraw(x, picks, p[rows, col], q_rows)  # q = 0: a bonus draw from p
-        return new
 
     def _next_windows(self, p, a, n, new_n) -> None:
         """Jacobi step: after a correction at c + a the window's slots c + a + 1 .. c + n follow

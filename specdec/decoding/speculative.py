@@ -21,7 +21,7 @@ from specdec.decoding.engine import Engine, Judgement, Lengths, Verdict
 from specdec.decoding.runner import ModelRunner, Outputs
 from specdec.decoding.policy import RowPolicy, move_rows
 from specdec.decoding.uploads import to_device
-from specdec.decoding.widths import rows_covered, widths_for
+from specdec.decoding.widths import widths_for
 from specdec.models.protocol import cfg_rows, image_rows
 
 
@@ -57,6 +57,36 @@ def put_own(x: torch.Tensor, own: torch.Tensor, picks, kept) -> None:
     rows, cols, at = to_device([[b for b, _ in picks], [t for _, t in picks], [kept[b] for b, _ in picks]],
                                x.device, torch.long)
     x[rows, cols] = own[rows, at]
+
+
+def commit_window(policy: RowPolicy, runner: ModelRunner, rnd: Round, a: torch.Tensor, a_host, nb_host, end: int,
+                  p_at: Callable) -> list:
+    """A judged window's writes into `policy.tokens` (`sd`'s drafts and `sjd`'s guesses alike;
+    `policy.c` its committed lengths): each row's kept drafts (a [B] of its rnd.nb [B]; a_host,
+    nb_host on the host), the keys and values of the others forgotten, and where a row with drafts
+    is still before `end` its correction at c + a from the residual of p_at(rows, a[rows]) ([M, V],
+    the target's distribution there) and rnd.q at a, or with every draft kept its bonus token from
+    p (exact: the target's own token there, `policy.own`). Returns which rows drew one (host)."""
+    engine, x, c, drafts, dpos, nb, q = policy.engine, policy.tokens, policy.c, rnd.drafts, rnd.dpos, rnd.nb, rnd.q
+    L = drafts.shape[1]
+    j = torch.arange(L, device=x.device)[None]
+    kept = j < a[:, None]
+    last = (c.device - 1)[:, None]
+    x.scatter_(1, torch.where(kept, dpos, last.expand(-1, L)),
+               torch.where(kept, drafts, x.gather(1, last).expand(-1, L)))
+    if any(ab < nbb for ab, nbb in zip(a_host, nb_host)):
+        runner.invalidate_where(dpos, (j < nb[:, None]) & ~kept)  # stale keys and values
+    new = [nbb > 0 and cb + ab < end for cb, ab, nbb in zip(c.host, a_host, nb_host)]
+    picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(c.host, a_host, new)) if nw]
+    if picks and engine.streams.exact:
+        put_own(x, policy.own, picks, a_host)
+    elif picks:
+        rows = to_device([b for b, _ in picks], x.device, torch.long)
+        col = a[rows]
+        # q = 0 where every draft was kept: a bonus draw from p
+        q_rows = torch.where((a < nb)[rows, None], q[rows, col.clamp(max=L - 1)], 0.0)
+        engine.redraw(x, picks, p_at(rows, col), q_rows)
+    return new
 
 
 def plain_round(engine: Engine, runner: ModelRunner, x: torch.Tensor, c: Lengths, end: int, *,
@@ -102,6 +132,7 @@ class RasterSpeculation(RowPolicy):
         self.n = self.chunk                  #: drafts per row this round
         self.neighbors, self.delta = neighbors, delta
         self.hidden_out: Optional[torch.Tensor] = None
+        self.own: Optional[torch.Tensor] = None      #: exact mode: the round's `own_tokens`
         B = engine.batch
         self.tokens = torch.zeros(B, target.H * target.W, dtype=torch.long, device=target.device)
         self.c = Lengths([end] * B, target.device)     # (a row without an image: done)
@@ -110,11 +141,10 @@ class RasterSpeculation(RowPolicy):
         self.widths = widths_for(engine, self.chunk, target, getattr(drafter, "runner", None)) if adaptive else None
 
     def start(self, rows, conditions):
-        out, p0 = self.engine.prefill_rows(self.target, rows, conditions)
+        out, index = self.begin(self.target, rows, conditions)
         self.drafter.start_rows(rows, conditions)
         hidden = out.hidden[:, 0]           # the state that gave token 0, [k or 2k (CFG), dim]
         B = self.tokens.shape[0]
-        index = self.begin_grids(self.target, rows, p0)
         halves = hidden.shape[0] // len(rows)            # (CFG: image b's rows 2b and 2b + 1)
         if self.hid_prev is None:
             self.hid_prev = hidden.new_zeros(halves * B, hidden.shape[-1])
@@ -134,7 +164,7 @@ class RasterSpeculation(RowPolicy):
 
     def step(self):
         if self.widths is not None:
-            self.n = self.widths.choose(rows_covered(self.target))
+            self.n = self.widths.choose(self.target.covered)
             if self.n == 0:
                 reads = self.drafter.reads_hidden
                 out, going = plain_round(self.engine, self.target, self.tokens, self.c, self.end, hidden=reads)
@@ -156,11 +186,10 @@ class RasterSpeculation(RowPolicy):
     def end_round(self, judgement: Judgement) -> None:
         """A round's host half, once its verdict is read: commit the kept drafts and the
         correction or bonus token, advance the committed lengths."""
-        x, c, rnd, nb_host = self.tokens, self.c, self._rnd, self._nb_host
+        c, rnd, nb_host = self.c, self._rnd, self._nb_host
         a = torch.minimum(judgement.verdict.first_reject.long(), rnd.nb)
-        a_host = [judgement.kept(b) for b in range(x.shape[0])]
-        new_host = [nbb > 0 and cb + ab < self.end for cb, ab, nbb in zip(c.host, a_host, nb_host)]
-        new = self._commit(x, c, rnd, a, a_host, nb_host, new_host)
+        a_host = [judgement.kept(b) for b in range(len(nb_host))]
+        new, new_host = self._commit(c, rnd, a, a_host, nb_host)
         self.drafter.accepted(c, a, a_host, rnd.n)
         if self.widths is not None:
             self.widths.observe(judgement.accept, nb_host)
@@ -190,8 +219,8 @@ class RasterSpeculation(RowPolicy):
         """The ratio test on the real drafts (LANTERN: on the pooled p; exact: `own_verdict`)."""
         valid = torch.arange(rnd.n, device=rnd.drafts.device)[None] < rnd.nb[:, None]
         if self.engine.streams.exact:
-            self._own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
-            return own_verdict(self.engine, rnd.drafts, self._own, starts=c.host, judged=nb_host, valid=valid)
+            self.own = own_tokens(self.engine, self.target, self.target.probs(rnd.out), c.device)
+            return own_verdict(self.engine, rnd.drafts, self.own, starts=c.host, judged=nb_host, valid=valid)
         tp = self.target.token_probs(rnd.out.select(slice(0, rnd.n)), rnd.drafts, self.neighbors, self.delta)
         score = tp.pooled if self.neighbors is not None else tp.p_token
         q_tok = rnd.q.gather(2, rnd.drafts[..., None])[..., 0]
@@ -200,37 +229,19 @@ class RasterSpeculation(RowPolicy):
         return self.engine.verdict(score, q_tok, starts=c.host, judged=nb_host, uniforms=u, valid=valid,
                                    mode="raster")
 
-    def _commit(self, x, c: Lengths, rnd: Round, a, a_host, nb_host, new_host) -> torch.Tensor:
-        """`end_round`'s writes, and the hidden state behind each image's last committed token.
-        Returns which images drew a correction or a bonus token, [B] bool (`new_host` on the host)."""
-        n, nb, d, dpos, out = rnd.n, rnd.nb, rnd.drafts, rnd.dpos, rnd.out
-        j = torch.arange(n, device=x.device)[None]
-        kept = j < a[:, None]
-        last = (c.device - 1)[:, None]
-        x.scatter_(1, torch.where(kept, dpos, last.expand(-1, n)),
-                   torch.where(kept, d, x.gather(1, last).expand(-1, n)))
-        if any(ab < nbb for ab, nbb in zip(a_host, nb_host)):
-            self.target.invalidate_where(dpos, (j < nb[:, None]) & ~kept)  # stale keys and values
-        active = nb > 0
+    def _commit(self, c: Lengths, rnd: Round, a, a_host, nb_host):
+        """`end_round`'s writes (`commit_window`), and the hidden state behind each image's last
+        committed token. Returns which images drew a correction or a bonus token, [B] bool and on
+        the host."""
+        active = rnd.nb > 0
         new = active & (c.device + a < self.end)
         if self.hidden_out is not None:
-            self._keep_hidden(out, c, a, active)
-        sel = gather_rows(out, torch.where(new, a, (nb - 1).clamp_min(0)))
-        picks = [(b, cb + ab) for b, (cb, ab, nw) in enumerate(zip(c.host, a_host, new_host)) if nw]
-        if picks and self.engine.streams.exact:
-            put_own(x, self._own, picks, a_host)
-        elif picks:
-            rows = to_device([b for b, _ in picks], x.device, torch.long)
-            p_new = self.target.probs(sel)[:, 0][rows]  # [M, V]
-            # q = 0 where every draft was kept: a bonus draw from p
-            q_new = torch.where(
-                (a < nb)[:, None],
-                rnd.q[torch.arange(x.shape[0], device=x.device), a.clamp(max=n - 1)],
-                torch.zeros_like(rnd.q[:, 0]),
-            )[rows]
-            self.engine.redraw(x, picks, p_new, q_new)
+            self._keep_hidden(rnd.out, c, a, active)
+        sel = gather_rows(rnd.out, torch.where(new, a, (rnd.nb - 1).clamp_min(0)))
+        new_host = commit_window(self, self.target, rnd, a, a_host, nb_host, self.end,
+                                 lambda rows, _: self.target.probs(sel)[:, 0][rows])
         self._keep_last_hidden(sel.hidden[:, 0], active)
-        return new
+        return new, new_host
 
     def _keep_last_hidden(self, hidden: torch.Tensor, active: torch.Tensor) -> None:
         """hidden [rows, dim]: the states that gave each active image's last committed token."""

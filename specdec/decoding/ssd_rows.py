@@ -83,7 +83,7 @@ class SSDRows(RowPolicy):
         # (a group of rows is fed whole); with room for less than a row, the horizontal heads draft
         # the whole grid in raster order (sd with SSD's heads), and with room for one token, AR.
         chunk = engine.narrowed(options.chunk + 1) - 1
-        share = self.share = engine.token_share
+        share = self.share = engine.run.token_share
         # The exact variant cannot bound its open tails without keeping tokens as judged: under a
         # share below its widest possible span (rows 1 to H - 1) it drafts with its horizontal heads
         # alone, which stays exact.
@@ -149,8 +149,7 @@ class SSDRows(RowPolicy):
         drafting = [b for b in rows if not self.state[b].drafted]
         if drafting:     # (before the pass: the spans it feeds hold the new drafts)
             self._draft(drafting)
-        heads = [b for b in first if not isinstance(self.first, ARRows)] + drafting
-        credit(sorted(heads), "drafter", 1, 0, 0)           # (a row drafts once a step)
+        credit(drafting, "drafter", 1, 0, 0)     # (a row drafts once a step; row 0's heads: `HeadsDrafter`)
         span = self._span_feed(rows) if rows else None
         verdicts, ends = [], []
         forwards, fed = self.runner.forwards, self.runner.fed
@@ -196,7 +195,6 @@ class SSDRows(RowPolicy):
         for n in sorted(set(height.values())):      # (a last group of fewer rows: a call of its own)
             some_set = {b for b in rows if height[b] == n}
             q = _heads.draft(self.runner, self.heads, "vertical", range(1, n // W + 1), h, tokens, sorted(some_set))
-            e.head_passes += 1
             going = [n if b in some_set else 0 for b in range(B)]
             d = draw(q.reshape(-1, q.shape[-1]), e.streams, self.runner.backend, counts=going).view(B, n)
             mine = to_device([b in some_set for b in range(B)], x.device, torch.bool)

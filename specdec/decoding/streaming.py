@@ -13,12 +13,12 @@ not thread-safe: one thread makes all its calls (`specdec.serve.engine_loop` own
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Deque, Hashable, Iterator, List, Optional, Tuple
+from typing import Callable, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 
 from specdec.decoding.results import decode_images
-from specdec.decoding.scheduler import Finished, Partial, Request, Scheduler
+from specdec.decoding.scheduler import Finished, Scheduler
 from specdec.settings import INDICES, RunSettings, check_int, check_seed
 
 
@@ -32,35 +32,23 @@ class Requests:
         self.condition = condition
 
 
-def one_class(condition) -> torch.Tensor:
-    """A request's class id as a 0-d int64 tensor."""
-    if condition is None:
-        raise ValueError("this family is class-conditional: submit a class id, not a prompt")
-    condition = torch.as_tensor(condition)
-    if condition.numel() != 1 or condition.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"condition must be one class id, got {tuple(condition.shape)} {condition.dtype}")
-    return condition.reshape(()).long()
-
-
-class StreamingEngine:
+class StreamingEngine(Scheduler):
     """The scheduler as a streaming engine: a queue of requests (a condition and an image index),
     `submit`, `concurrency` rows each taking the next request as soon as it is free, a step that is
-    one scheduler step (admit -> step -> retire), and the images' pixels when it has a tokenizer."""
+    one scheduler step (admit -> step -> retire), and the images' pixels when it has a tokenizer.
+    It holds its compiled runners for its life, out of the models' stores: its caches live across
+    steps while other decodes of the same models may run between them. `running`, `idle`,
+    `passes_made`, `cancel` and `partials` are the `Scheduler`'s."""
 
     def __init__(self, method: str, make_policy: Callable, run: RunSettings, grid: Tuple[int, int], concurrency: int,
                  tokenizer, condition: Callable):
         """`condition`: `Requests`', run at `submit` so that a bad request is refused there, not in
         a step that other images share."""
-        self.method = method
+        super().__init__(method, make_policy, run, grid, concurrency)
         self._condition = condition
         self.tokenizer = tokenizer   #: decodes each finished image's pixels (`stream`; None: tokens only)
         self.concurrency = concurrency
         self._next_index = run.first_index
-        #: its own compiled runners: its caches live across steps while other decodes of the same
-        #: models may run between them (a decode that ends keeps them on the models for the next)
-        self.kept_runners: dict = {}
-        self.scheduler = Scheduler(method, make_policy, run, grid, concurrency, kept_runners=self.kept_runners)
-        self.queue: Deque[Request] = self.scheduler.queue
 
     def submit(self, condition=None, index: Optional[int] = None, *, prompt=None, negative_prompt=None,
                seed: Optional[int] = None, tag: Hashable = None) -> int:
@@ -78,24 +66,9 @@ class StreamingEngine:
         index = self._next_index if index is None else check_int(index, "index", 0, INDICES - 1)
         if seed is not None:
             check_seed(seed)
-        self.scheduler.submit(condition, index, seed, tag)
+        super().submit(condition, index, seed, tag)
         self._next_index = index + 1
         return index
-
-    @property
-    def running(self) -> int:
-        """Images decoding now."""
-        return self.scheduler.running
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued and nothing decoding."""
-        return self.scheduler.idle
-
-    @property
-    def passes_made(self) -> int:
-        """Target passes made so far (the prefills included), a shared pass once."""
-        return self.scheduler.passes_made
 
     @torch.no_grad()
     def step(self) -> List[Finished]:
@@ -103,7 +76,7 @@ class StreamingEngine:
         parameters require grad would record graphs, and torch.compile trace training graphs). A
         failing step ends every image decoding and the queue (they shared its passes) and raises."""
         try:
-            finished = self.scheduler.step()
+            finished = super().step()
         except BaseException:
             with contextlib.suppress(Exception):    # (the step's own error is the one to raise)
                 self.close()
@@ -147,21 +120,10 @@ class StreamingEngine:
         while not self.idle:
             yield from self.step()
 
-    def cancel(self, tag: Hashable) -> int:
-        """Withdraw the images submitted with `tag` (by default an image's index), queued or
-        decoding (a client gone): their rows are free for the next requests. Returns how many."""
-        return self.scheduler.cancel(tag)
-
-    def partials(self) -> List[Partial]:
-        """The images decoding now as far as they have formed, for clients that want partial images
-        (one host read): each one's tokens, how many of them (a raster prefix) are final, and a
-        draft at another resolution where the method makes one (MuLo-SD)."""
-        return self.scheduler.partials()
-
     def close(self) -> None:
         """Abandon the queue and the images decoding (their rows are free for later requests)."""
         self.queue.clear()
-        self.scheduler.drop()
+        self.drop()
 
 
-__all__ = ["Requests", "StreamingEngine", "one_class"]
+__all__ = ["Requests", "StreamingEngine"]

@@ -8,6 +8,7 @@ is a batch of one.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -58,16 +59,14 @@ class ImageStreams:
         rather than from their generators."""
         self.seed = seed
         self.exact = exact
-        self.indices = list(indices)
-        self.generators = [image_generator(seed, i) for i in self.indices]
-        self.keys = [image_key(seed, i) for i in self.indices]   #: each image's `image_key`
+        self.generators = [image_generator(seed, i) for i in indices]
+        self.keys = [image_key(seed, i) for i in indices]   #: each image's `image_key`
         self._key_tensors: dict = {}      # `key_tensor`, by device (dropped when a row restarts)
 
     def restart(self, b: int, index: int, seed: Optional[int] = None) -> None:
         """Row b now draws from the start of image `index`'s stream (of a run seeded `seed`, default
         these streams'): a scheduler row taking the next request (`specdec.decoding.scheduler`)."""
         seed = self.seed if seed is None else seed
-        self.indices[b] = index
         self.generators[b] = image_generator(seed, index)
         self.keys[b] = image_key(seed, index)
         self._key_tensors = {}
@@ -75,7 +74,7 @@ class ImageStreams:
     def move(self, src: int, dst: int) -> None:
         """Row `src`'s image and its stream, where it stands, to row `dst` (the scheduler keeping
         its busy rows low)."""
-        for values in (self.indices, self.generators, self.keys):
+        for values in (self.generators, self.keys):
             values[dst] = values[src]
         self._key_tensors = {}
 
@@ -90,7 +89,6 @@ class ImageStreams:
         """The streams of `rows` alone, as a batch of those images; they share the generators, so
         each goes on drawing where the other left off."""
         some = copy.copy(self)
-        some.indices = [self.indices[b] for b in rows]
         some.generators = [self.generators[b] for b in rows]
         some.keys = [self.keys[b] for b in rows]
         some._key_tensors = {}
@@ -105,18 +103,15 @@ class ImageStreams:
         n = len(self.generators)
         if not shape or shape[0] % n:
             raise ValueError(f"a draw for {n} images needs a leading dimension divisible by {n}, got {shape}")
-        out = torch.empty(shape, dtype=torch.float32)
-        # `uniform_` into a view of `out`: the numbers of `torch.rand(row.numel(), generator=...)`
-        # (which is `uniform_` on a new tensor), without a tensor per image to copy together.
-        for b, row in enumerate(out.view(n, out.numel() // n)):
-            row.uniform_(generator=self.generators[b])
-        return out
+        return self.rand_counts([math.prod(shape) // n] * n).view(shape)
 
     def rand_counts(self, counts: Sequence[int]) -> torch.Tensor:
         """counts[b] uniforms from image b's stream, concatenated (host counts: no read-back)."""
         self._check(counts)
-        out = torch.empty(sum(counts))
-        for b, row in enumerate(out.split(list(counts))):   # (as in `rand`)
+        out = torch.empty(sum(counts), dtype=torch.float32)
+        # `uniform_` into a view of `out`: the numbers of `torch.rand(row.numel(), generator=...)`
+        # (which is `uniform_` on a new tensor), without a tensor per image to copy together.
+        for b, row in enumerate(out.split(list(counts))):
             row.uniform_(generator=self.generators[b])
         return out
 

@@ -125,9 +125,4 @@ def widths_for(engine, most: int, target, drafter=None, *, all_or_none: bool = F
                   None if drafter is None else measure_pass_cost(drafter, 1 + 1), all_or_none=all_or_none)
 
 
-def rows_covered(runner) -> int:
-    """How many images the runner's passes go over now (`ModelRunner.cover`)."""
-    return runner.batch if runner.covered is None else runner.covered
-
-
-__all__ = ["PassCost", "Widths", "expected_commits", "measure_pass_cost", "rows_covered", "widths_for"]
+__all__ = ["PassCost", "Widths", "expected_commits", "measure_pass_cost", "widths_for"]

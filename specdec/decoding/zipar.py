@@ -90,8 +90,7 @@ class ZipARRows(RowPolicy):
         self._passes: dict = {}                # tuple(t) -> `_pass`
 
     def start(self, rows, conditions):
-        _, p0 = self.engine.prefill_rows(self.runner, rows, conditions)
-        self.begin_grids(self.runner, rows, p0)
+        self.begin(self.runner, rows, conditions)
         for b in rows:
             self.t[b] = 1
 
@@ -183,7 +182,7 @@ def decode(target, conditions, *, tokenizer=None, options: ZipAROptions = ZipARO
         # Under a token budget fewer rows run at once: a wider stagger; window W is raster AR,
         # made by AR's own step (the same tokens, one sampling step per pass).
         H, W = target.grid
-        narrowed = narrowed_window(H, W, window, engine.token_share)
+        narrowed = narrowed_window(H, W, window, engine.run.token_share)
         if narrowed == W and window < W:
             return ARRows(engine, engine.runner(target))
         return ZipARRows(engine, engine.runner(target), narrowed)

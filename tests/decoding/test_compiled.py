@@ -187,7 +187,7 @@ def _graph_keys(engine) -> set:
         keys.update((id(runner), "step", key) for key in runner._token_steps)
         for view in [*runner._prefixes.values(), runner._spare]:
             walk(view)
-    for runner in engine.kept_runners.values():
+    for _, _, runner in engine.engine.held.values():
         walk(runner)
     return keys
 

@@ -8,7 +8,7 @@ from decoding_models import TinyFamily, decode_alone, single_thread, submit_stag
 from specdec import decoding
 from specdec.decoding import scheduler as scheduler_module
 from specdec.decoding.runner import ModelRunner
-from specdec.decoding.streams import ImageStreams, image_generator
+from specdec.decoding.streams import ImageStreams, image_generator, image_key
 from specdec.numerics import batch_invariant
 from specdec.profiling import count_host_syncs
 from specdec.settings import Sampling
@@ -141,7 +141,7 @@ def test_a_rows_stream_restarts_at_its_next_image_and_a_view_of_some_rows_draws_
     first = streams.rand((4,))
     assert torch.equal(first[:2], torch.rand(2, generator=image_generator(7, 0)))
     streams.restart(1, 5)
-    assert streams.indices == [0, 5]
+    assert streams.keys[1] == image_key(7, 5)
     alone = torch.rand(5, generator=image_generator(7, 5))
     assert torch.equal(streams.rows([1]).rand((3,)), alone[:3])
     assert torch.equal(streams.rand((4,))[2:], alone[3:])
@@ -252,7 +252,7 @@ def test_partial_images_come_back_in_one_copy_drafts_included(fam, monkeypatch):
     assert len(parts) == 3 and all(p.draft is not None for p in parts)
     assert len(copies) == 1
     monkeypatch.undo()
-    policy = engine.scheduler.policy
+    policy = engine.policy
     for b, p in enumerate(parts):     # (rows 0-2, in order: the grids and drafts the policy holds)
         assert torch.equal(p.tokens.flatten(), policy.tokens[b]) and p.final == policy.final(b)
         assert torch.equal(p.draft[0], policy.draft(b)[0]) and p.draft[1] == policy.draft(b)[1]
@@ -273,8 +273,8 @@ def test_a_request_cancelled_while_it_decodes_stops_there(fam, method):
         engine.submit(CLASSES[1])
         engine.step()
         assert engine.running == 2 and engine.cancel(1) == 1
-        policy = engine.scheduler.policy
-        row = [b for b, r in enumerate(engine.scheduler.requests) if r is None]
+        policy = engine.policy
+        row = [b for b, r in enumerate(engine.rows) if r is None]
         assert len(row) == 1 and policy.done()[row[0]]
         got = {image.index: image for image in engine.results()}
         assert sorted(got) == [0] and torch.equal(got[0].tokens, ref[0].tokens[0])
@@ -334,7 +334,7 @@ def test_a_step_makes_one_target_pass_over_rows_in_every_phase(fam, method):
     engine = decoding.stream(method, fam, concurrency=4, seed=5, sampling=SAMPLING, backend="cpu")
     for c in CLASSES[:7]:
         engine.submit(c)
-    scheduler, most = engine.scheduler, []
+    scheduler, most = engine, []
     policy_step = scheduler.policy.step
 
     def counted():
