@@ -242,17 +242,18 @@ _STORES_LOCK = threading.Lock()
 
 
 def compiled_runner(model, sampling, batch: int, backend=None, *, graphs: bool = True,
-                    held: Optional[dict] = None) -> CompiledRunner:
+                    held: Optional[dict] = None, role: str = "target") -> CompiledRunner:
     """The CompiledRunner of `model` for this batch size and sampling, made once and kept on the
     model among its last KEPT_RUNNERS (later decodes reset the same runner: same cache tensors, so
     the graphs are reused, and on CUDA replay into the same addresses). `held`: the runners a decode
     holds (`put_back` at its end): a runner it holds is out of the model's store, so that a decode
     in another thread meanwhile makes its own instead of writing into the same cache (both images
     went wrong). A streaming engine holds its runners for its life (its batch lives across steps
-    while other decodes of the model run), never putting them back."""
+    while other decodes of the model run), never putting them back. `role`: a model that is its
+    own drafter (`sd` with drafter=target) has a runner, and a cache, per role, as when eager."""
     # What the graphs were made for (they keep no guards): the batch, sampling, backend and graphs,
     # and what the model's numerics depend on (its parameters' dtype and device, batch invariance).
-    key = (batch, sampling, backend, weights_key(model), batch_invariant_enabled(), graphs)
+    key = (batch, sampling, backend, weights_key(model), batch_invariant_enabled(), graphs, role)
     # (a decode's runners are of several models: the target's, the drafter's)
     wide_key = (id(model),) + key
     if held is not None and wide_key in held:
@@ -285,11 +286,11 @@ def put_back(held: dict) -> None:
 
 
 def runner_for(model, sampling, batch: int, backend=None, *, compile: bool = False, graphs: bool = True,
-               held: Optional[dict] = None) -> ModelRunner:
-    """The runner a decoder uses for `model`: a fresh eager one, or with `compile` the model's
-    kept compiled one (`held` by the decode: `compiled_runner`)."""
+               held: Optional[dict] = None, role: str = "target") -> ModelRunner:
+    """The runner a decoder uses for `model` in `role`: a fresh eager one, or with `compile` the
+    model's kept compiled one (`held` by the decode: `compiled_runner`)."""
     if compile:
-        return compiled_runner(model, sampling, batch, backend, graphs=graphs, held=held)
+        return compiled_runner(model, sampling, batch, backend, graphs=graphs, held=held, role=role)
     return ModelRunner(model, sampling, batch=batch, backend=backend)
 
 

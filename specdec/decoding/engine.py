@@ -117,7 +117,7 @@ class Engine:
             raise ValueError(f"role must be target, drafter or preview, got {role!r}")
         sampling = sampling or self.run.sampling_or_default
         runner = runner_for(model, sampling, self.batch, self.run.backend, compile=self.run.compile,
-                            graphs=cuda_graphs(), held=self.held)
+                            graphs=cuda_graphs(), held=self.held, role=role)
         resolve(self.run.backend, runner.device)     # (a backend this device lacks: refused before any pass)
         self.runners.append((runner, role))
         return runner

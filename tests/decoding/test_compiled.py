@@ -107,6 +107,19 @@ def test_every_method_compiled_gives_its_eager_tokens(fam, method, options):
     assert compiled.stats.draft_forwards == eager.stats.draft_forwards
     assert len(compiled.stats.compile_s) == 1      # one figure per batch (graphs may be shared)
 
+def test_a_target_that_is_its_own_drafter_has_a_compiled_runner_per_role(fam):
+    """sd drafted by its own target (the usual sanity check of speculative decoding): compiled, the
+    drafter's passes were the target's runner's and were counted as target passes (about 5x too
+    many, none drafted); each role now has a runner and a cache of its own, as eager."""
+    run = dict(seed=5, sampling=SAMPLING, batch_size=2, drafter=fam.target)
+    eager = decoding.decode("sd", fam, torch.tensor([0, 1]), **run)
+    compiled = decoding.decode("sd", fam, torch.tensor([0, 1]), compile=True, **run)
+    assert torch.equal(compiled.tokens, eager.tokens)
+    assert compiled.stats.draft_forwards == eager.stats.draft_forwards > 0
+    assert compiled.stats.target_forwards == eager.stats.target_forwards
+    assert compiled.stats.passes_made == eager.stats.passes_made
+
+
 @pytest.mark.parametrize("method", ["sjd", "ssd"])
 def test_distributions_made_inside_the_graphs_follow_the_cfg_interval(fam, method):
     """A compiled pass makes the sampling distribution inside its graph; with LlamaGen's
