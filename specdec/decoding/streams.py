@@ -1,8 +1,8 @@
 """Randomness as an input: one random stream per image.
 
-A decode is a pure function of (models, conditions, settings, seed), identical on every kernel
-backend (the ops are bit-exact against their reference given the uniforms; docs/engine.md,
-"Batches and randomness"). `ImageStreams` is the one stream type of the decoders: a single image
+A decode is a pure function of (models, conditions, settings, seed, backend): given the same
+distributions every backend draws the same tokens (docs/design.md, "Randomness is explicit";
+docs/engine.md, "Batches and randomness"). `ImageStreams` is the one stream type of the decoders: a single image
 is a batch of one.
 """
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Tuple
 
 import torch
 
+from specdec.ops.dispatch import resolve
 from specdec.sample.plan import SampleError
 
 #: Bumped when the directory layout or the meaning of a recorded setting changes (2: options are
@@ -83,6 +84,10 @@ def make_settings(*, method: str, options, run, conditioning: dict, device: torc
             # known) Under a token budget each image's share, the budget over the batch size or
             # concurrency, decides how it speculates, and so its tokens outside exact mode.
             **({"exact": True} if run.exact else {}),
+            # The kernel backend, where it is not the device's own (SPECDEC_BACKEND, or a build
+            # without its kernels): attention rounds differently on each, which moves a token now
+            # and then. (Not recorded for the device's own, so that earlier runs still resume.)
+            **({"backend": backend} if (backend := resolve(run.backend, device)) != device.type else {}),
             **({"token_share": run.token_share} if run.token_share is not None and not run.exact else {})}
 
 

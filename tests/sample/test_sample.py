@@ -161,6 +161,21 @@ def test_exact_mode_is_a_setting_of_the_images(tiny, tmp_path, capsys):
     assert sample(tmp_path / "x", "--exact", method="sd", num=3) == 0
 
 
+def test_another_kernel_backend_is_a_setting_of_the_images(tiny, tmp_path, monkeypatch, capsys):
+    """The attention kernels agree with the reference to float32 rounding, which moves a token now
+    and then: a run resumed on another backend would mix images of two backends, so it is refused.
+    The device's own backend is not recorded (runs recorded before still resume)."""
+    out = tmp_path / "b"
+    assert sample(out, method="ar", num=2) == 0
+    assert "backend" not in json.loads((out / "config.json").read_text())
+    monkeypatch.setenv("SPECDEC_BACKEND", "cpu")      # (the device's own, named)
+    assert sample(out, method="ar", num=3) == 0
+    monkeypatch.setenv("SPECDEC_BACKEND", "reference")
+    capsys.readouterr()
+    assert sample(out, method="ar", num=4) == 2
+    assert 'backend: null there, "reference" now' in capsys.readouterr().err
+
+
 def test_another_method_or_model_or_fewer_images_is_refused(tiny, tmp_path, monkeypatch, capsys):
     out = tmp_path / "m"
     assert sample(out, method="ar", num=3) == 0
