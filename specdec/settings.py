@@ -52,7 +52,7 @@ class Sampling:
                              f"{self.cfg_scale!r}")
         if not (_is_number(self.temperature) and self.temperature >= MIN_TEMPERATURE):
             raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE:g} (top_k=1 samples "
-                             f"greedily), got {self.temperature!r}")
+                             f"greedily, ties at random), got {self.temperature!r}")
         check_int(self.top_k, "top_k")
         if (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                 or not 0.0 < self.top_p <= 1.0):
