@@ -12,7 +12,7 @@ class PooledProbs(NamedTuple):
     pooled: torch.Tensor  #: p(x) plus the neighbour mass moved onto x
     p_token: torch.Tensor  #: p(x) alone
     row_max: torch.Tensor  #: max of the guided, top-k-masked logits
-    row_lse: torch.Tensor  #: logsumexp of the same: p(v) = exp(l(v) - row_lse)
+    row_lse: torch.Tensor  #: logsumexp of the same, row_max + log(sum): p(v) = exp((l(v) - row_max) - log(sum))
 
 
 class GridVerdict(NamedTuple):

@@ -3,7 +3,7 @@ kernel="onchip"; pooling.py launches them and holds their launch configuration).
 import triton
 import triton.language as tl
 
-from ._pooling_rows import (_INT32_MAX, _INT32_MIN, _guided_logits, _ordered_key, _pool_outputs, _top_p_value,
+from ._pooling_rows import (_INT32_MAX, _INT32_MIN, _guided_logits, _ordered_key, _pool_outputs, _prob, _top_p_value,
                             _top_p_weight)
 
 # ---- kernel="onchip": one read of each row, a bracket search for top-k / top-p ---------------------
@@ -110,8 +110,9 @@ def _onchip_row(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
                 HAS_UNCOND: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, FUSED: tl.constexpr,
                 BLOCK_V: tl.constexpr):
     """Steps 1-3 for a row held in registers (V <= BLOCK_V): (keys of the guided logits, INT32_MIN
-    past V; the threshold key; row max; row lse; row is bad). Only the keys (and, for top-p, the
-    weights) stay live across the search: the logits are recomputed from the keys."""
+    past V; the threshold key; row max; log_sum = log of the sum of exp(l - max); row is bad). Only
+    the keys (and, for top-p, the weights) stay live across the search: the logits are recomputed
+    from the keys."""
     offs = tl.arange(0, BLOCK_V)
     valid = offs < V
     l = _guided_logits(cond_ptr, uncond_ptr, offs, valid, cfg_scale, temperature, HAS_UNCOND)  # -inf past V
@@ -131,7 +132,7 @@ def _onchip_row(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
     # Top-k and top-p keep the max, so row_max is the max of the kept logits too.
     lk = tl.where(valid & (key >= threshold), _logit_of_key(key), -float("inf"))
     row_sum = tl.sum(tl.exp(lk - tl.where(row_max == -float("inf"), 0.0, row_max)), axis=0)
-    return key, threshold, row_max, row_max + tl.log(row_sum), bad
+    return key, threshold, row_max, tl.log(row_sum), bad
 
 
 @triton.jit
@@ -243,7 +244,7 @@ def _top_p_key_stream(cond_ptr, uncond_ptr, V, cfg_scale, temperature, threshold
 def _stream_row(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
                 HAS_UNCOND: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr, FUSED: tl.constexpr,
                 BLOCK_V: tl.constexpr):
-    """Steps 1-3 for a row streamed in chunks: (threshold key, row max, row lse, row is bad)."""
+    """Steps 1-3 for a row streamed in chunks: (threshold key, row max, log_sum, row is bad)."""
     poisoned, row_max, row_sum, n_fin, kmin, kmax = _stream_stats(cond_ptr, uncond_ptr, V, cfg_scale, temperature,
                                                                    HAS_UNCOND, BLOCK_V)
     bad = poisoned | (row_max == -float("inf"))
@@ -265,7 +266,7 @@ def _stream_row(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
             keep = mask & (_ordered_key(l) >= threshold)
             s_vec += tl.exp(tl.where(keep, l, -float("inf")) - safe_max)
         row_sum = tl.sum(s_vec, axis=0)
-    return threshold, row_max, row_max + tl.log(row_sum), bad
+    return threshold, row_max, tl.log(row_sum), bad
 
 
 @triton.jit(do_not_specialize=["top_p_bits"])
@@ -284,15 +285,15 @@ def _pool_probs_onchip_kernel(
     x_ok = (x >= 0) & (x < V)
     x_safe = tl.where(x_ok, x, 0)  # never read out of bounds, even for an id the API would reject
     if ONCHIP:
-        _, threshold, row_max, row_lse, bad = _onchip_row(
+        _, threshold, row_max, log_sum, bad = _onchip_row(
             cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
             HAS_UNCOND, USE_TOP_K, USE_TOP_P, FUSED, BLOCK_V)
     else:
-        threshold, row_max, row_lse, bad = _stream_row(
+        threshold, row_max, log_sum, bad = _stream_row(
             cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
             HAS_UNCOND, USE_TOP_K, USE_TOP_P, FUSED, BLOCK_V)
     _pool_outputs(cond_ptr, uncond_row_ptr, neighbors_ptr, pooled_ptr, p_token_ptr, row_max_ptr, row_lse_ptr,
-                  row, x_safe, x_ok, threshold.to(tl.int64), row_max, row_lse, bad, V, K, cfg_scale, temperature,
+                  row, x_safe, x_ok, threshold.to(tl.int64), row_max, log_sum, bad, V, K, cfg_scale, temperature,
                   delta, HAS_UNCOND, HAS_NEIGHBORS, BLOCK_K)
 
 
@@ -306,14 +307,14 @@ def _sampling_probs_onchip_kernel(
     cond_ptr = logits_ptr + row * stride
     uncond_row_ptr = uncond_ptr + row * ustride
     if ONCHIP:
-        key, threshold, row_max, row_lse, bad = _onchip_row(
+        key, threshold, row_max, log_sum, bad = _onchip_row(
             cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
             HAS_UNCOND, USE_TOP_K, USE_TOP_P, FUSED, BLOCK_V)
         offs = tl.arange(0, BLOCK_V)
-        p = tl.where(key >= threshold, tl.exp(_logit_of_key(key) - row_lse), 0.0)
+        p = tl.where(key >= threshold, _prob(_logit_of_key(key), row_max, log_sum), 0.0)
         tl.store(probs_ptr + row * V + offs, tl.where(bad, float("nan"), p), mask=offs < V)
     else:
-        threshold, row_max, row_lse, bad = _stream_row(
+        threshold, row_max, log_sum, bad = _stream_row(
             cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
             HAS_UNCOND, USE_TOP_K, USE_TOP_P, FUSED, BLOCK_V)
         cols = tl.arange(0, BLOCK_V)
@@ -321,5 +322,5 @@ def _sampling_probs_onchip_kernel(
             offs = start + cols
             mask = offs < V
             l = _guided_logits(cond_ptr, uncond_row_ptr, offs, mask, cfg_scale, temperature, HAS_UNCOND)
-            p = tl.where(_ordered_key(l) >= threshold, tl.exp(l - row_lse), 0.0)
+            p = tl.where(_ordered_key(l) >= threshold, _prob(l, row_max, log_sum), 0.0)
             tl.store(probs_ptr + row * V + offs, tl.where(bad, float("nan"), p), mask=mask)

@@ -49,13 +49,22 @@ def _top_p_weight(l, m):
 
 
 @triton.jit
+def _prob(l, row_max, log_sum):
+    """p(v) = exp((l - max) - log_sum), as prob_from_logit in pool_math.h. Not exp(l - row_lse):
+    row_lse = max + log_sum is rounded to float32 at the size of l (1e5 and more at a temperature
+    of 1e-4), while l - max is exact near the max (Sterbenz) and log_sum lies in [0, log V]."""
+    return tl.exp((l - row_max) - log_sum)
+
+
+@triton.jit
 def _pool_outputs(cond_ptr, uncond_row_ptr, neighbors_ptr, pooled_ptr, p_token_ptr, row_max_ptr, row_lse_ptr,
-                  row, x_safe, x_ok, threshold, row_max, row_lse, bad, V, K, cfg_scale, temperature, delta,
+                  row, x_safe, x_ok, threshold, row_max, log_sum, bad, V, K, cfg_scale, temperature, delta,
                   HAS_UNCOND: tl.constexpr, HAS_NEIGHBORS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Steps 3-4 once a row's softmax is known: p(x), the neighbour prefix sums (LANTERN's delta rule;
-    neighbour logits are gathered from the row in global memory), and the four outputs."""
+    """Steps 3-4 once a row's softmax (row max, log_sum = log of its sum of exp(l - max)) is
+    known: p(x), the neighbour prefix sums (LANTERN's delta rule; neighbour logits are gathered from
+    the row in global memory), and the four outputs (row_lse = row_max + log_sum)."""
     lx = _guided_logits(cond_ptr, uncond_row_ptr, x_safe, x_ok, cfg_scale, temperature, HAS_UNCOND)
-    px = tl.where(_ordered_key(lx).to(tl.int64) >= threshold, tl.exp(lx - row_lse), 0.0)
+    px = tl.where(_ordered_key(lx).to(tl.int64) >= threshold, _prob(lx, row_max, log_sum), 0.0)
     moved = tl.zeros([], tl.float32)
     if HAS_NEIGHBORS:
         ks = tl.arange(0, BLOCK_K)
@@ -70,7 +79,7 @@ def _pool_outputs(cond_ptr, uncond_row_ptr, neighbors_ptr, pooled_ptr, p_token_p
             live = mk & y_ok
             ly = _guided_logits(cond_ptr, uncond_row_ptr, tl.where(y_ok, y, 0), live, cfg_scale,
                                 temperature, HAS_UNCOND)
-            py = tl.where(live & (_ordered_key(ly).to(tl.int64) >= threshold), tl.exp(ly - row_lse), 0.0)
+            py = tl.where(live & (_ordered_key(ly).to(tl.int64) >= threshold), _prob(ly, row_max, log_sum), 0.0)
             inclusive = carry + tl.cumsum(py, axis=0)
             moved = tl.maximum(moved, tl.max(tl.where(mk & (inclusive <= delta), inclusive, 0.0), axis=0))
             carry = carry + tl.sum(py, axis=0)
@@ -80,7 +89,7 @@ def _pool_outputs(cond_ptr, uncond_row_ptr, neighbors_ptr, pooled_ptr, p_token_p
     tl.store(pooled_ptr + row, tl.where(bad, nan, px + moved))
     tl.store(p_token_ptr + row, tl.where(bad, nan, px))
     tl.store(row_max_ptr + row, tl.where(bad, nan, row_max))
-    tl.store(row_lse_ptr + row, tl.where(bad, nan, row_lse))
+    tl.store(row_lse_ptr + row, tl.where(bad, nan, row_max + log_sum))
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._pooling_onchip import _pool_probs_onchip_kernel, _sampling_probs_onchip_kernel
-from ._pooling_rows import (_INT32_MAX, _INT32_MIN, _guided_logits, _ordered_key, _pool_outputs, _top_p_value,
+from ._pooling_rows import (_INT32_MAX, _INT32_MIN, _guided_logits, _ordered_key, _pool_outputs, _prob, _top_p_value,
                             _top_p_weight)
 from ._interpreter import interpreting
 
@@ -92,7 +92,8 @@ def _top_p_cut(cond_ptr, uncond_ptr, V, cfg_scale, temperature, threshold, row_m
 def _row_softmax(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
                  HAS_UNCOND: tl.constexpr, USE_TOP_K: tl.constexpr, USE_TOP_P: tl.constexpr,
                  SINGLE_TILE: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Steps 2-3 for one row: (top-k/top-p threshold key, row max, row lse, row is bad)."""
+    """Steps 2-3 for one row: (top-k/top-p threshold key, row max, log of the row's sum of
+    exp(l - max), row is bad). p = exp((l - max) - log_sum) (_prob), row_lse = max + log_sum."""
     cols = tl.arange(0, BLOCK_V)
     threshold = tl.full([], _INT32_MIN, tl.int64)
     if USE_TOP_K:
@@ -151,9 +152,9 @@ def _row_softmax(cond_ptr, uncond_ptr, V, cfg_scale, temperature, top_k, top_p,
     row_max = tl.max(m_vec, axis=0)
     safe_max = tl.where(row_max == -float("inf"), 0.0, row_max)
     row_sum = tl.sum(s_vec * tl.exp(m_vec - safe_max), axis=0)
-    row_lse = row_max + tl.log(row_sum)
+    log_sum = tl.log(row_sum)
     bad = (tl.max(poison, axis=0) > 0) | (row_max == -float("inf"))
-    return threshold, row_max, row_lse, bad
+    return threshold, row_max, log_sum, bad
 
 
 @triton.jit(do_not_specialize=["top_p_bits"])
@@ -170,11 +171,11 @@ def _pool_probs_kernel(
     x = tl.load(tokens_ptr + row * tokens_stride).to(tl.int64)
     x_ok = (x >= 0) & (x < V)
     x_safe = tl.where(x_ok, x, 0)  # never read out of bounds, even for an id the API would reject
-    threshold, row_max, row_lse, bad = _row_softmax(
+    threshold, row_max, log_sum, bad = _row_softmax(
         cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
         HAS_UNCOND, USE_TOP_K, USE_TOP_P, SINGLE_TILE, BLOCK_V)
     _pool_outputs(cond_ptr, uncond_row_ptr, neighbors_ptr, pooled_ptr, p_token_ptr, row_max_ptr, row_lse_ptr,
-                  row, x_safe, x_ok, threshold, row_max, row_lse, bad, V, K, cfg_scale, temperature, delta,
+                  row, x_safe, x_ok, threshold, row_max, log_sum, bad, V, K, cfg_scale, temperature, delta,
                   HAS_UNCOND, HAS_NEIGHBORS, BLOCK_K)
 
 
@@ -187,7 +188,7 @@ def _sampling_probs_kernel(
     row = tl.program_id(0).to(tl.int64)
     cond_ptr = logits_ptr + row * stride
     uncond_row_ptr = uncond_ptr + row * ustride
-    threshold, row_max, row_lse, bad = _row_softmax(
+    threshold, row_max, log_sum, bad = _row_softmax(
         cond_ptr, uncond_row_ptr, V, cfg_scale, temperature, top_k, _top_p_value(top_p_bits),
         HAS_UNCOND, USE_TOP_K, USE_TOP_P, SINGLE_TILE, BLOCK_V)
     cols = tl.arange(0, BLOCK_V)
@@ -195,7 +196,7 @@ def _sampling_probs_kernel(
         offs = start + cols
         mask = offs < V
         l = _guided_logits(cond_ptr, uncond_row_ptr, offs, mask, cfg_scale, temperature, HAS_UNCOND)
-        p = tl.where(_ordered_key(l).to(tl.int64) >= threshold, tl.exp(l - row_lse), 0.0)
+        p = tl.where(_ordered_key(l).to(tl.int64) >= threshold, _prob(l, row_max, log_sum), 0.0)
         p = tl.where(bad, float("nan"), p)
         tl.store(probs_ptr + row * V + offs, p, mask=mask)
 

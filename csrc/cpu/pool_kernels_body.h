@@ -25,8 +25,9 @@
 //  3. top-p (< 1): the same radix walk over the kept entries with int64 sums of the fixed-point
 //     weights in the bins, narrowing to the bucket where the weight strictly above crosses
 //     top_p * total (pool_math.h's rule), then a compaction of the entries at or above the cut;
-//  4. the softmax sum over the kept list (or from step 1), lse, and the outputs: the token's and
-//     its neighbours' probabilities (pool_probs) or the probability row (sampling_probs).
+//  4. the softmax sum over the kept list (or from step 1), log_sum = log(sum), lse = max + log_sum,
+//     and the outputs, with p = exp((l - max) - log_sum): the token's and its neighbours'
+//     probabilities (pool_probs) or the probability row (sampling_probs).
 
 namespace specdec {
 namespace cpu {
@@ -191,7 +192,7 @@ SD_INLINE int64_t hsum(vl x) {
 
 // e^x on every lane: x = q ln2 + s with q = round(x log2 e) (the 1.5 * 2^23 trick) and ln2 in two
 // parts (Cody-Waite), e^s by SLEEF's expf polynomial (|s| <= ln2 / 2, about 1 ulp); x is clamped
-// to [-104, 88] (NaN to -104; every caller's argument is <= 0: l - max, l - lse). Fused multiply-adds where the instruction set has them: exp is not
+// to [-104, 88] (NaN to -104; every caller's argument is <= 0: l - max, (l - max) - log_sum). Fused multiply-adds where the instruction set has them: exp is not
 // one of the contract's exactly rounded steps (probabilities agree "to float32 rounding"), and no
 // decision (kept set, token) depends on it. Returns e^s in [0.7, 1.42] and q; the callers put 2^q
 // in the exponent bits, so no floating-point operation here makes a subnormal number (which costs
@@ -659,7 +660,8 @@ struct RowStats {
   bool select;     // top-k or top-p decided a threshold; the kept list holds the kept entries
   bool stored;     // s.l holds the row's guided logits
   uint32_t thr;    // kept iff okey >= thr (select only)
-  float max, lse;
+  float max, lse;  // lse = max + log_sum: the row_lse output only
+  float log_sum;   // log(sum of exp(l - max)); p = exp((l - max) - log_sum), see probs_of
   int64_t kept_n;  // select only
 };
 
@@ -668,7 +670,7 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
   const int64_t v = a.v;
   const bool top_k = a.top_k > 0 && a.top_k < v;
   const bool top_p = a.top_p < 1.0;
-  RowStats st{false, top_k || top_p, false, 0u, kNaN, kNaN, 0};
+  RowStats st{false, top_k || top_p, false, 0u, kNaN, kNaN, kNaN, 0};
   if (!st.select) {
     const Stream r = need_logits ? stream_any<T, true, true>(c, u, v, a.cfg_scale, a.temperature, s.l)
                                  : stream_any<T, false, true>(c, u, v, a.cfg_scale, a.temperature, s.l);
@@ -676,7 +678,8 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
     if (r.bad || r.max == kNegInf) return st;
     st.ok = true;
     st.max = r.max;
-    st.lse = r.max + logf(r.sum);
+    st.log_sum = logf(r.sum);
+    st.lse = r.max + st.log_sum;
     return st;
   }
   const Stream r = stream_any<T, true, false>(c, u, v, a.cfg_scale, a.temperature, s.l);
@@ -700,7 +703,8 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
   for (int64_t i = 0; i < kept; i += W) acc = acc + exp_sum(load_as<vf>(s.kept_val + i) - m);
   st.ok = true;
   st.max = m;
-  st.lse = m + logf(hsum(acc));
+  st.log_sum = logf(hsum(acc));
+  st.lse = m + st.log_sum;
   st.kept_n = kept;
   return st;
 }
@@ -717,9 +721,14 @@ SD_INLINE float logit_at(const RowStats& st, const RowScratch& s, const T* c, co
                       a.temperature);
 }
 
+// Probability of logits x under a row's softmax: exp((x - max) - log_sum), as pool_math.h's
+// prob_from_logit. Not exp(x - lse): lse is rounded to float32 at the size of the logits (1e5 and
+// more at a temperature of 1e-4), x - max is exact near the max (Sterbenz).
+SD_INLINE vf prob_v(vf x, vf max, vf log_sum) { return exp_v((x - max) - log_sum); }
+
 // Probabilities of W logits under the row's softmax (0 outside the kept set).
 SD_INLINE vf probs_of(const RowStats& st, vf lv) {
-  const vf p = exp_v(lv - st.lse);
+  const vf p = prob_v(lv, splat(st.max), splat(st.log_sum));
   return st.select ? select_v(okey_v(lv) >= (vu{} + st.thr), p, splat(0.0f)) : p;
 }
 
@@ -859,29 +868,29 @@ void sampling_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const Row
       store_tail(out + full, splat(kNaN), v - full);
       continue;
     }
-    const vf lse = splat(st.lse);
+    const vf mx = splat(st.max), log_sum = splat(st.log_sum);
     if (st.select && st.kept_n * 8 <= v) {
       // Few kept: zeros, then the kept entries' probabilities by id.
       for (int64_t i = 0; i < full; i += W) store_as(out + i, splat(0.0f));
       store_tail(out + full, splat(0.0f), v - full);
       for (int64_t i = 0; i < st.kept_n; i += W) {
         alignas(64) float p[W];
-        store_as(p, exp_v(load_as<vf>(s.kept_val + i) - lse));
+        store_as(p, prob_v(load_as<vf>(s.kept_val + i), mx, log_sum));
         const int cnt = static_cast<int>(imin(W, st.kept_n - i));
         for (int j = 0; j < cnt; ++j) out[s.kept_idx[i + j]] = p[j];
       }
       continue;
     }
     if (!st.select) {
-      for (int64_t i = 0; i < full; i += W) store_as(out + i, exp_v(load_as<vf>(s.l + i) - lse));
-      if (full < v) store_tail(out + full, exp_v(load_as<vf>(s.l + full) - lse), v - full);
+      for (int64_t i = 0; i < full; i += W) store_as(out + i, prob_v(load_as<vf>(s.l + i), mx, log_sum));
+      if (full < v) store_tail(out + full, prob_v(load_as<vf>(s.l + full), mx, log_sum), v - full);
       continue;
     }
     const vu thr = vu{} + st.thr;
     for (int64_t i = 0; i < v; i += W) {
       const vf x = load_as<vf>(s.l + i);
       const vi keep = okey_v(x) >= thr;
-      const vf p = any(keep) ? select_v(keep, exp_v(x - lse), splat(0.0f)) : splat(0.0f);
+      const vf p = any(keep) ? select_v(keep, prob_v(x, mx, log_sum), splat(0.0f)) : splat(0.0f);
       if (i + W <= v) {
         store_as(out + i, p);
       } else {

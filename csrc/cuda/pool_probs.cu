@@ -69,7 +69,7 @@ struct SharedRow {
 struct RowSoftmax {
   bool ok;
   int32_t threshold_key;
-  float max, lse;
+  float max, log_sum;  // p = exp((l - max) - log_sum) (prob_from_logit); row_lse = max + log_sum
 };
 
 // Step 2b: the nucleus cut, the smallest key t >= threshold_key whose weight strictly above is
@@ -139,7 +139,7 @@ __device__ RowSoftmax row_softmax(const Row& row, const RowArgs& a) {
   poison = block_reduce(poison, cuda::OrOp(), 0);
   s = cuda::block_merge_stats(s);
   if (poison || s.max == -INFINITY) return {false, 0, NAN, NAN};
-  return {true, threshold_key, s.max, softmax_lse(s)};
+  return {true, threshold_key, s.max, softmax_log_sum(s)};
 }
 
 struct PoolOutPtrs {
@@ -158,7 +158,7 @@ __device__ void pool_row(const Row& row, const RowArgs& a, int64_t r, int64_t x,
     if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
     return;
   }
-  const float px = prob_from_logit(row(x), st.threshold_key, st.lse);
+  const float px = prob_from_logit(row(x), st.threshold_key, st.max, st.log_sum);
   float moved = 0.0f;
   int bad_neighbor = 0;
   if (neighbors != nullptr) {
@@ -170,7 +170,7 @@ __device__ void pool_row(const Row& row, const RowArgs& a, int64_t r, int64_t x,
       if (j < k) {
         const int64_t y = row_nb[j];
         if (y >= 0 && y < a.v) {
-          p = prob_from_logit(row(y), st.threshold_key, st.lse);
+          p = prob_from_logit(row(y), st.threshold_key, st.max, st.log_sum);
         } else {
           bad_neighbor = 1;
         }
@@ -189,7 +189,7 @@ __device__ void pool_row(const Row& row, const RowArgs& a, int64_t r, int64_t x,
     out.pooled[r] = ok ? px + moved : NAN;
     out.p_token[r] = ok ? px : NAN;
     out.row_max[r] = ok ? st.max : NAN;
-    out.row_lse[r] = ok ? st.lse : NAN;
+    out.row_lse[r] = ok ? st.max + st.log_sum : NAN;
   }
 }
 
@@ -283,16 +283,16 @@ __global__ void __launch_bounds__(kThreads) sampling_probs_smem_kernel(
     const float4* sm4 = reinterpret_cast<const float4*>(sm);
     for (int64_t j = threadIdx.x; j < a.v / 4; j += blockDim.x) {
       const float4 l = sm4[j];
-      out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.lse),
-                                    prob_from_logit(l.y, st.threshold_key, st.lse),
-                                    prob_from_logit(l.z, st.threshold_key, st.lse),
-                                    prob_from_logit(l.w, st.threshold_key, st.lse))
+      out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.max, st.log_sum),
+                                    prob_from_logit(l.y, st.threshold_key, st.max, st.log_sum),
+                                    prob_from_logit(l.z, st.threshold_key, st.max, st.log_sum),
+                                    prob_from_logit(l.w, st.threshold_key, st.max, st.log_sum))
                       : make_float4(NAN, NAN, NAN, NAN);
     }
     done = a.v;
   }
   for (int64_t i = done + threadIdx.x; i < a.v; i += blockDim.x) {
-    out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.lse) : NAN;
+    out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.max, st.log_sum) : NAN;
   }
 }
 
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) sampling_probs_kernel(
   const RowSoftmax st = row_softmax(row, a);
   float* out = probs + r * a.v;
   for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
-    out[i] = st.ok ? prob_from_logit(row(i), st.threshold_key, st.lse) : NAN;
+    out[i] = st.ok ? prob_from_logit(row(i), st.threshold_key, st.max, st.log_sum) : NAN;
   }
 }
 
@@ -363,7 +363,7 @@ __device__ RowSoftmax row_softmax_radix(const Row& row, const RowArgs& a) {
   poison = block_reduce(poison, cuda::OrOp(), 0);
   s = cuda::block_merge_stats(s);
   if (poison || s.max == -INFINITY) return {false, 0, NAN, NAN};
-  return {true, threshold_key, s.max, softmax_lse(s)};
+  return {true, threshold_key, s.max, softmax_log_sum(s)};
 }
 
 // pool_row with radix thresholds: steps 3-4 for row r, token x (already checked to lie in [0, V)).
@@ -375,7 +375,7 @@ __device__ void pool_row_radix(const Row& row, const RowArgs& a, int64_t r, int6
     if (threadIdx.x == 0) out.pooled[r] = out.p_token[r] = out.row_max[r] = out.row_lse[r] = NAN;
     return;
   }
-  const float px = prob_from_logit(row(x), st.threshold_key, st.lse);
+  const float px = prob_from_logit(row(x), st.threshold_key, st.max, st.log_sum);
   float moved = 0.0f;
   int bad_neighbor = 0;
   if (neighbors != nullptr) {
@@ -387,7 +387,7 @@ __device__ void pool_row_radix(const Row& row, const RowArgs& a, int64_t r, int6
       if (j < k) {
         const int64_t y = row_nb[j];
         if (y >= 0 && y < a.v) {
-          p = prob_from_logit(row(y), st.threshold_key, st.lse);
+          p = prob_from_logit(row(y), st.threshold_key, st.max, st.log_sum);
         } else {
           bad_neighbor = 1;
         }
@@ -406,7 +406,7 @@ __device__ void pool_row_radix(const Row& row, const RowArgs& a, int64_t r, int6
     out.pooled[r] = ok ? px + moved : NAN;
     out.p_token[r] = ok ? px : NAN;
     out.row_max[r] = ok ? st.max : NAN;
-    out.row_lse[r] = ok ? st.lse : NAN;
+    out.row_lse[r] = ok ? st.max + st.log_sum : NAN;
   }
 }
 
@@ -457,21 +457,21 @@ __global__ void __launch_bounds__(kThreads, kRadixMinBlocks) sampling_probs_radi
       const float4* sm4 = reinterpret_cast<const float4*>(sm);
       for (int64_t j = threadIdx.x; j < a.v / 4; j += blockDim.x) {
         const float4 l = sm4[j];
-        out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.lse),
-                                      prob_from_logit(l.y, st.threshold_key, st.lse),
-                                      prob_from_logit(l.z, st.threshold_key, st.lse),
-                                      prob_from_logit(l.w, st.threshold_key, st.lse))
+        out4[j] = st.ok ? make_float4(prob_from_logit(l.x, st.threshold_key, st.max, st.log_sum),
+                                      prob_from_logit(l.y, st.threshold_key, st.max, st.log_sum),
+                                      prob_from_logit(l.z, st.threshold_key, st.max, st.log_sum),
+                                      prob_from_logit(l.w, st.threshold_key, st.max, st.log_sum))
                         : make_float4(NAN, NAN, NAN, NAN);
       }
       done = a.v;
     }
     for (int64_t i = done + threadIdx.x; i < a.v; i += blockDim.x) {
-      out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.lse) : NAN;
+      out[i] = st.ok ? prob_from_logit(sm[i], st.threshold_key, st.max, st.log_sum) : NAN;
     }
   } else {
     const RowSoftmax st = row_softmax_radix(g, a);
     for (int64_t i = threadIdx.x; i < a.v; i += blockDim.x) {
-      out[i] = st.ok ? prob_from_logit(g(i), st.threshold_key, st.lse) : NAN;
+      out[i] = st.ok ? prob_from_logit(g(i), st.threshold_key, st.max, st.log_sum) : NAN;
     }
   }
 }

@@ -124,8 +124,13 @@ def _softmax_parts(logits, uncond_logits, cfg_scale, temperature, top_k, top_p=1
     l = top_k_mask(l, top_k)
     l = top_p_mask(l, top_p)
     row_max = l.amax(-1)
-    row_lse = torch.logsumexp(l, -1)
-    p = torch.exp(l - row_lse[:, None])
+    # p = exp((l - max) - log(sum)), not exp(l - lse): lse = max + log(sum) is rounded to float32
+    # at the size of l (1e5 and more at a temperature of 1e-4), while l - max is exact near the
+    # max (Sterbenz) and log(sum) lies in [0, log V]. row_lse is still returned as max + log(sum).
+    shifted = l - row_max[:, None]
+    log_sum = torch.log(torch.exp(shifted).sum(-1))
+    row_lse = row_max + log_sum
+    p = torch.exp(shifted - log_sum[:, None])
     return p, row_max, row_lse, bad
 
 

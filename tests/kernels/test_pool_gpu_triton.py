@@ -236,6 +236,44 @@ def test_nan_and_inf_rows_stay_in_their_row(run):
             check_pooled(logits, tokens, None, uncond, **kw)
 
 
+@pytest.mark.parametrize("run", MODES)
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (1, 1.0), (40, 1.0), (0, 0.9)])
+def test_huge_scaled_logits_ties_split_the_mass_and_near_ties_match_float64(run, top_k, top_p):
+    # Guidance 1e4 and temperature 1e-4 (Sampling's limits): guided logits ~1e8 (ties) and 1e5 to
+    # 2e7 (near ties). p = exp(l - row_lse) gave each of two tied tokens p = 1 there;
+    # p = exp((l - max) - log(sum)) gives 0.5 each (test_pool_probs.py has the other backends).
+    g = torch.Generator().manual_seed(5)
+    v = 64
+    uncond = torch.randn(3, v, generator=g)
+    cond = uncond + (torch.randn(3, v, generator=g) * 0.5).clamp(max=1.5)
+    cond[:, 3] = uncond[:, 3] + 2.0
+    cond[:, 40], uncond[:, 40] = cond[:, 3], uncond[:, 3]
+    kw = dict(cfg_scale=1e4, temperature=1e-4, top_k=top_k, top_p=top_p)
+    nb = torch.stack([torch.cat([torch.arange(x), torch.arange(x + 1, v)]) for x in range(v)]).int()
+    with mode(run):
+        p = sampling(cond, uncond, **kw)
+        out = pooled(cond, torch.full((3,), 3), nb, uncond, **kw)
+    want = torch.zeros(3, v)
+    want[:, 3] = want[:, 40] = 0.5
+    torch.testing.assert_close(p, want, rtol=0, atol=4e-7)
+    torch.testing.assert_close(out[1], torch.full((3,), 0.5), rtol=0, atol=4e-7)  # p_token
+    torch.testing.assert_close(out[0], torch.ones(3), rtol=0, atol=4e-7)  # pooled: the row's sum
+    # Near ties: guided logits M + d, M in {1e5, 2e6, 2e7}, d in [-4, 0] for six tokens.
+    m = torch.tensor([[1e5], [2e6], [2e7]], dtype=torch.float64)
+    target = m - 50 - 100 * torch.rand(3, v, generator=g, dtype=torch.float64)
+    target[:, 10:16] = m - torch.tensor([0.0, 0.3, 0.7, 1.2, 2.5, 4.0], dtype=torch.float64)
+    cond = (target * 1e-4).float()  # cfg 1, temperature 1e-4
+    kw = dict(temperature=1e-4, top_k=min(top_k, 3), top_p=top_p)
+    l = ref.guided_logits(cond, None, 1.0, 1e-4).double()
+    kept = ref.sampling_probs(cond, **kw) > 0
+    want = torch.softmax(torch.where(kept, l, torch.full_like(l, -math.inf)), 1)
+    with mode(run):
+        p = sampling(cond, None, **kw)
+        out = pooled(cond, torch.full((3,), 11), nb, None, **kw)
+    assert (p[~kept] == 0).all()
+    torch.testing.assert_close(p.double(), want, rtol=2e-6, atol=1e-12)
+    torch.testing.assert_close(out[1].double(), want[:, 11], rtol=2e-6, atol=1e-12)
+
 @pytest.mark.parametrize("v", [16383, 16384, 16385, 40000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_large_vocabularies_on_and_past_the_register_limit(v, dtype):

@@ -375,3 +375,102 @@ def test_backward_through_the_pooling_kernels_raises_and_the_reference_different
         logits.grad = None
         with torch.no_grad():
             assert call(backend).grad_fn is None
+
+
+# ---- huge scaled logits (temperature 1e-4, guidance 1e4: |l| up to ~1e8) -----------------------
+# p(v) = exp(l(v) - row_lse) lost precision there: row_lse is rounded to float32 at the size of l,
+# so at l ~ 2e8 two tied tokens each got p = 1 (the row summed to 2) and near-tied tokens at
+# l ~ 1e5 were off by up to ~0.4%. Every backend now computes p = exp((l - max) - log(sum)).
+HUGE_CFG, HUGE_TEMPERATURE = 1e4, 1e-4  # the limits of Sampling (MAX_CFG_SCALE, MIN_TEMPERATURE)
+HUGE_BACKENDS = PAIRS + [pytest.param("cpu", "reference", id="cpu-reference")]
+
+
+def _huge_tie_rows(v=64, seed=0):
+    """Rows whose guided logits (cfg 1e4, temperature 1e-4) are ~1e8 with two exactly tied maxima
+    (tokens 3 and 40 share cond and uncond), the rest at least ~2e7 below: p = 0.5, 0.5, 0..."""
+    g = torch.Generator().manual_seed(seed)
+    uncond = torch.randn(4, v, generator=g)
+    cond = uncond + (torch.randn(4, v, generator=g) * 0.5).clamp(max=1.5)
+    uncond[0] = 0.0  # one row without an unconditional part
+    cond[0] = torch.rand(v, generator=g) * 1.5
+    cond[:, 3] = uncond[:, 3] + 2.0
+    cond[:, 40], uncond[:, 40] = cond[:, 3], uncond[:, 3]
+    return cond, uncond
+
+
+def _near_tie_rows(v=48, seed=1):
+    """(cond, uncond, cfg_scale): rows at cfg 1e4 / temperature 1e-4 (uncond 0) and at cfg 1 /
+    temperature 1e-4 whose guided logits are M + d, M in {1e5, 2e6, 2e7}, with six near-tied
+    tokens (d in [-4, 0]) and the others 50 to 150 below."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for m in (1e5, 2e6, 2e7):
+        d = -50.0 - 100.0 * torch.rand(v, generator=g, dtype=torch.float64)
+        d[:6] = torch.tensor([0.0, -0.3, -0.7, -1.2, -2.5, -4.0], dtype=torch.float64)
+        d[:6] += 0.05 * torch.rand(6, generator=g, dtype=torch.float64)
+        rows.append((m + d)[torch.randperm(v, generator=g)])
+    target = torch.stack(rows)
+    cases = []
+    for cfg_scale in (HUGE_CFG, 1.0):
+        # l = (u + s * (c - u)) / t with u = 0: c = l * t / s
+        cond = (target * (HUGE_TEMPERATURE / cfg_scale)).float()
+        cases.append((cond, torch.zeros_like(cond) if cfg_scale != 1.0 else None, cfg_scale))
+    return cases
+
+
+def _all_other_tokens(v):
+    """A neighbour table that lists every other token: with delta=None, pooled is the row's sum."""
+    ids = torch.arange(v, dtype=torch.int32)
+    return torch.stack([torch.cat([ids[:x], ids[x + 1:]]) for x in range(v)])
+
+
+@pytest.mark.parametrize("device,backend", HUGE_BACKENDS)
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (1, 1.0), (5, 1.0), (40, 1.0), (0, 0.9), (5, 0.95)])
+def test_huge_scaled_logits_tied_tokens_split_the_mass(device, backend, top_k, top_p):
+    cond, uncond = _huge_tie_rows()
+    n, v = cond.shape
+    kw = dict(uncond_logits=uncond.to(device), cfg_scale=HUGE_CFG, temperature=HUGE_TEMPERATURE,
+              top_k=top_k, top_p=top_p)
+    l = ref.guided_logits(cond, uncond, HUGE_CFG, HUGE_TEMPERATURE)
+    assert (l.abs().amax(1) > 1e7).all() and torch.equal(l[:, 3], l[:, 40]) and (l.argmax(1) == 3).all()
+    p = ops.sampling_probs(cond.to(device), backend=backend, **kw).cpu()
+    want = torch.zeros(n, v)
+    want[:, 3] = want[:, 40] = 0.5
+    torch.testing.assert_close(p, want, rtol=0, atol=4e-7)
+    torch.testing.assert_close(p.sum(1), torch.ones(n), rtol=0, atol=4e-7)
+    out = ops.pool_probs(cond.to(device), torch.full((n,), 40, device=device), _all_other_tokens(v).to(device),
+                         backend=backend, **kw)
+    torch.testing.assert_close(out.p_token.cpu(), torch.full((n,), 0.5), rtol=0, atol=4e-7)
+    torch.testing.assert_close(out.pooled.cpu(), torch.ones(n), rtol=0, atol=4e-7)  # the row's sum
+    torch.testing.assert_close(out.row_max.cpu(), l[:, 3], rtol=0, atol=0)
+    lse = (l[:, 3].double() + math.log(2.0)).float()  # rounded to float32 at the size of l
+    torch.testing.assert_close(out.row_lse.cpu(), lse, rtol=2.5e-7, atol=0)
+
+
+@pytest.mark.parametrize("device,backend", HUGE_BACKENDS)
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (3, 1.0), (0, 0.999)])
+def test_huge_scaled_logits_near_ties_match_float64(device, backend, top_k, top_p):
+    for cond, uncond, cfg_scale in _near_tie_rows():
+        n, v = cond.shape
+        kw = dict(cfg_scale=cfg_scale, temperature=HUGE_TEMPERATURE, top_k=top_k, top_p=top_p)
+        # The float32 guided logits are the same bits on every backend (no FMA, IEEE division): the
+        # float64 softmax of those over the kept set (decided exactly, as the reference does) is
+        # the truth.
+        l = ref.guided_logits(cond, uncond, cfg_scale, HUGE_TEMPERATURE).double()
+        assert (l.amax(1) >= 9e4).all()
+        kept = ref.sampling_probs(cond, uncond_logits=uncond, **kw) > 0
+        assert (kept.sum(1) >= min(top_k or 6, 3)).all(), "the near ties should be kept"
+        lk = torch.where(kept, l, torch.full_like(l, -math.inf))
+        want = torch.softmax(lk, 1)
+        dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+        p = ops.sampling_probs(dev(cond), uncond_logits=dev(uncond), backend=backend, **kw).cpu()
+        assert (p[~kept] == 0).all()  # (a kept token may underflow to 0, as in float32 it should)
+        torch.testing.assert_close(p.double(), want, rtol=2e-6, atol=1e-12)
+        torch.testing.assert_close(p.sum(1).double(), torch.ones(n, dtype=torch.float64), rtol=0, atol=1e-6)
+        tokens = torch.stack([lk[r].argsort(descending=True)[r % 3] for r in range(n)])  # near-tied ones
+        out = ops.pool_probs(dev(cond), dev(tokens), dev(_all_other_tokens(v)), uncond_logits=dev(uncond),
+                             backend=backend, **kw)
+        torch.testing.assert_close(out.p_token.cpu().double(), want.gather(1, tokens[:, None])[:, 0],
+                                   rtol=2e-6, atol=1e-12)
+        torch.testing.assert_close(out.pooled.cpu().double(), torch.ones(n, dtype=torch.float64), rtol=0, atol=1e-6)
+        torch.testing.assert_close(out.row_lse.cpu().double(), torch.logsumexp(lk, 1), rtol=2.5e-7, atol=0)

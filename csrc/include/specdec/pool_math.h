@@ -113,10 +113,15 @@ SPECDEC_HD bool inside_nucleus(int64_t weight_above, double threshold) {
   return static_cast<double>(weight_above) < threshold;
 }
 
-// Step 3: probability of one entry given the softmax statistics of its row.
-SPECDEC_HD float prob_from_logit(float l, int32_t threshold_key, float row_lse) {
+// Step 3: probability of one entry given the softmax statistics of its row: the row's max and
+// log_sum = log(sum of exp(l - max)). Computed as exp((l - max) - log_sum), never as
+// exp(l - row_lse): row_lse = max + log_sum is rounded to float32 at the size of l (1e5 and
+// more at a temperature of 1e-4), which can move p by far more than an ulp (two tied tokens
+// each got p = 1 at l ~ 2e7), while l - max is exact near the max (Sterbenz) and log_sum lies
+// in [0, log V].
+SPECDEC_HD float prob_from_logit(float l, int32_t threshold_key, float row_max, float log_sum) {
   if (!kept_by_top_k(l, threshold_key)) return 0.0f;
-  return expf(l - row_lse);
+  return expf((l - row_max) - log_sum);
 }
 
 // Online softmax: merge (max, sum of exp(x - max)) pairs. -inf maxima carry no mass.
@@ -141,7 +146,9 @@ SPECDEC_HD SoftmaxStats softmax_stats_merge(SoftmaxStats a, SoftmaxStats b) {
   return {b.max, b.sum + a.sum * expf(a.max - b.max)};
 }
 
-SPECDEC_HD float softmax_lse(SoftmaxStats s) { return s.max + logf(s.sum); }
+// log(sum of exp(l - max)); probabilities use it with the max (prob_from_logit).
+// The row_lse output is max + log_sum; probabilities are never computed from it.
+SPECDEC_HD float softmax_log_sum(SoftmaxStats s) { return logf(s.sum); }
 
 // Step 4: LANTERN's delta rule. `inclusive` is sum_{j <= m} p(neighbors[x][j]); a prefix may be
 // moved onto x while it stays <= delta (delta = +inf encodes delta=None: move everything).
