@@ -25,7 +25,7 @@
 //  3. top-p (< 1): the same radix walk over the kept entries with int64 sums of the fixed-point
 //     weights in the bins, narrowing to the bucket where the weight strictly above crosses
 //     top_p * total (pool_math.h's rule), then a compaction of the entries at or above the cut;
-//  4. the softmax sum over the kept list (or from step 1), log_sum = log(sum), lse = max + log_sum,
+//  4. the softmax sum over the kept list (or from step 1), log_sum = log(sum), row_lse = max + log_sum,
 //     and the outputs, with p = exp((l - max) - log_sum): the token's and its neighbours'
 //     probabilities (pool_probs) or the probability row (sampling_probs).
 
@@ -660,7 +660,7 @@ struct RowStats {
   bool select;     // top-k or top-p decided a threshold; the kept list holds the kept entries
   bool stored;     // s.l holds the row's guided logits
   uint32_t thr;    // kept iff okey >= thr (select only)
-  float max, lse;  // lse = max + log_sum: the row_lse output only
+  float max;
   float log_sum;   // log(sum of exp(l - max)); p = exp((l - max) - log_sum), see probs_of
   int64_t kept_n;  // select only
 };
@@ -670,7 +670,7 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
   const int64_t v = a.v;
   const bool top_k = a.top_k > 0 && a.top_k < v;
   const bool top_p = a.top_p < 1.0;
-  RowStats st{false, top_k || top_p, false, 0u, kNaN, kNaN, kNaN, 0};
+  RowStats st{false, top_k || top_p, false, 0u, kNaN, kNaN, 0};
   if (!st.select) {
     const Stream r = need_logits ? stream_any<T, true, true>(c, u, v, a.cfg_scale, a.temperature, s.l)
                                  : stream_any<T, false, true>(c, u, v, a.cfg_scale, a.temperature, s.l);
@@ -679,7 +679,6 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
     st.ok = true;
     st.max = r.max;
     st.log_sum = logf(r.sum);
-    st.lse = r.max + st.log_sum;
     return st;
   }
   const Stream r = stream_any<T, true, false>(c, u, v, a.cfg_scale, a.temperature, s.l);
@@ -704,7 +703,6 @@ RowStats row_stats(const T* c, const T* u, const PoolRows& a, bool need_logits, 
   st.ok = true;
   st.max = m;
   st.log_sum = logf(hsum(acc));
-  st.lse = m + st.log_sum;
   st.kept_n = kept;
   return st;
 }
@@ -840,7 +838,7 @@ RowErrors pool_rows_impl(const PoolRows& a, int64_t begin, int64_t end, const Ro
     a.pooled[r] = px + moved;
     a.p_token[r] = px;
     a.row_max[r] = st.max;
-    a.row_lse[r] = st.lse;
+    a.row_lse[r] = st.max + st.log_sum;
   }
   return err;
 }
