@@ -43,6 +43,11 @@ and host work are hidden (CUDA graphs, a busy stream). For small inputs the two 
 The decode engine's tables on CUDA (`benchmarks/gpu_check.sh` steps `engine_eager` and `engine`,
 the latter with CUDA graphs) have not been measured: no GPU was lent since the engine's compiled
 passes exist. The engine tables below are from the 2-core CPU.
+
+The H200 tables (2026-11-30) predate a change to the GPU kernels of `pool_probs` and
+`sampling_probs` (2026-12-07: `p = exp((l - max) - log(sum))`, for precision at huge scaled
+logits), which has been compiled and lowered for sm_90a but not run on a GPU: those kernels'
+H200 figures are of the code before it.
 """
 
 
