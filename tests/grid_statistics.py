@@ -11,9 +11,12 @@ PAIRS = [(0, 15), (3, 4), (5, 10), (7, 8)]
 
 def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
     """Chi-square test that two count vectors come from one distribution (2 x k contingency table;
-    categories empty in both are dropped)."""
+    categories empty in both are dropped). Both in one category (a token every grid has there,
+    under top-k or top-p): 1, not the NaN of a test with no degree of freedom."""
     table = torch.stack([a, b]).double()
     table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0
     expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     df = table.shape[1] - 1

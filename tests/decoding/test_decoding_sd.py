@@ -1,7 +1,10 @@
 """The exact decoders keep the target's distribution. `sd`: on a 2x2 grid with a 3-token vocabulary
 the empirical distribution of its grids matches the exactly enumerated AR distribution (chi-square
-at a fixed significance), and on a 4x4 grid its marginals and pair joints match plain AR's.
+at a fixed significance), and on a 4x4 grid its marginals and pair joints match plain AR's. Under
+truncated, tempered sampling (top-k, top-p, temperature) `sd`, `sjd` and exact SSD match the
+enumerated distribution of the truncated target.
 SSD with commit="verify" passes the 4x4 check; the published SSD rule fails it."""
+import dataclasses
 import itertools
 import math
 
@@ -11,7 +14,7 @@ import torch
 from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from grid_statistics import pvalues_against
 from specdec import ops
-from specdec.decoding import sd, ssd
+from specdec.decoding import sd, sjd, ssd
 from specdec.settings import RunSettings, Sampling
 
 VOCAB = 3
@@ -27,16 +30,22 @@ def exact_grid_distribution(model, sampling, cls):
         cond = model.teacher_forward(grids, torch.full((n,), cls)).logits[:, model.prefix_len - 1:-1]
         unc = model.teacher_forward(grids, torch.full((n,), model.null_class)).logits[:, model.prefix_len - 1:-1]
     p = ops.sampling_probs(cond.reshape(-1, VOCAB), uncond_logits=unc.reshape(-1, VOCAB), backend="reference",
-                           cfg_scale=sampling.cfg_scale, temperature=sampling.temperature).view(n, 4, VOCAB)
+                           cfg_scale=sampling.cfg_scale, temperature=sampling.temperature, top_k=sampling.top_k,
+                           top_p=sampling.top_p).view(n, 4, VOCAB)
     probs = p.gather(2, grids[..., None])[..., 0].double().prod(1)
     return grids, probs
 
 
 def chi_square_pvalue(counts, probs):
     """Pearson chi-square p-value (Wilson-Hilferty normal approximation of the chi-square tail).
-    Cells expected fewer than 5 times are pooled into one, as the test requires."""
+    Cells expected fewer than 5 times are pooled into one, as the test requires; a grid of
+    probability zero that was drawn gives p = 0 (cells of probability zero, such as those outside a
+    top-k, are otherwise left out)."""
     total = counts.sum()
     expected = probs * total
+    if bool((counts[probs == 0] > 0).any()):
+        return 0.0
+    counts, expected = counts[probs > 0], expected[probs > 0]
     small = expected < 5
     if bool(small.any()):
         counts = torch.cat([counts[~small], counts[small].sum()[None]])
@@ -91,6 +100,54 @@ def test_chi_square_detects_a_wrong_distribution(sd_counts):
     target, out = sd_counts
     _, other = exact_grid_distribution(target, Sampling(cfg_scale=2.5), CLASS)
     assert chi_square_pvalue(grid_counts(out.tokens), other) < 1e-3
+
+
+# ---- truncated and tempered sampling: the lossless methods on the 2x2 grid ---------------------
+
+#: Flattened by the temperature so that the token cut off carries real mass: top-k 2 and (on this
+#: model) the nucleus 0.7 each keep 2 of the 3 tokens at every position. Drafts (drawn from the
+#: drafter's own truncated distribution) often fall where the target has less mass, or none. Each
+#: setting catches a decoder that truncates its target's distribution in one place and not in
+#: another (checked by hand: verifying with p without top-k or top-p while drawing with it fails).
+TRUNCATED = {"top-k": Sampling(cfg_scale=1.5, temperature=1.5, top_k=2),
+             "top-p": Sampling(cfg_scale=1.5, temperature=1.5, top_p=0.7)}
+TRUNCATED_SAMPLES = 20_000
+
+
+@pytest.fixture(scope="module", params=[(m, s) for s in TRUNCATED for m in ("sd", "sjd", "ssd")],
+                ids=lambda p: "-".join(p))
+def truncated_counts(request):
+    method, setting = request.param
+    target = tiny_target()
+    classes = torch.full((TRUNCATED_SAMPLES,), CLASS)
+    run = RunSettings(seed=12, sampling=TRUNCATED[setting], batch_size=TRUNCATED_SAMPLES)
+    if method == "sd":
+        out = sd.decode(target, classes, drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6),
+                        options=sd.SDOptions(chunk=3), run=run)
+    elif method == "sjd":
+        out = sjd.decode(target, classes, options=sjd.SJDOptions(window=4), run=run)
+    else:
+        out = ssd.decode(target, classes, heads=tiny_heads(16, width=2, seed=5), run=run,
+                         options=ssd.SSDOptions(rounds=1, chunk=3, max_tail=None, final_passes=None))
+    return target, TRUNCATED[setting], out
+
+
+def test_lossless_methods_keep_the_truncated_target_distribution(truncated_counts):
+    """Drafts the truncated target gives no mass (or less than the drafter did) are rejected and
+    redrawn from the residual of the truncated distributions: the grids follow the enumerated
+    distribution of the target under top-k, top-p and temperature."""
+    target, sampling, out = truncated_counts
+    _, probs = exact_grid_distribution(target, sampling, CLASS)
+    assert 0 < sum(out.stats.accepted) < sum(out.stats.drafted)
+    assert chi_square_pvalue(grid_counts(out.tokens), probs) > 1e-3
+
+
+def test_truncation_is_seen_by_the_chi_square_test(truncated_counts):
+    """The same samples against the target without top-k and top-p are rejected: the test tells
+    truncated sampling from untruncated."""
+    target, sampling, out = truncated_counts
+    _, untruncated = exact_grid_distribution(target, dataclasses.replace(sampling, top_k=0, top_p=1.0), CLASS)
+    assert chi_square_pvalue(grid_counts(out.tokens), untruncated) < 1e-3
 
 
 # ---- many rounds: a 4x4 grid -----------------------------------------------------------------
