@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from specdec import decoding
+from specdec.decoding import sd, sjd, ssd
 from specdec.decoding.runner import ModelRunner
 from specdec.models import GPTConfig, LlamaGenGPT
 from specdec.models.ssd_heads import SSDHeads, SSDHeadsConfig
@@ -26,6 +27,19 @@ def tiny_gpt(grid, vocab: int = 16, *, seed: int = 0, dim: int = 32, layers: int
 def tiny_heads(dim: int = 32, *, width: int = 4, seed: int = 0, vertical: int = 1) -> SSDHeads:
     torch.manual_seed(seed)
     return SSDHeads(SSDHeadsConfig(dim, width, n_horizontal=5, n_vertical=vertical, ffn_hidden=2 * dim)).eval()
+
+
+def lossless_decode(method: str, target, classes, run):
+    """`sd` (drafted by a second tiny GPT), `sjd` (window 4) or exact SSD (unbounded
+    commit="verify") on a tiny square-grid target: the decodes the distribution tests compare."""
+    side, vocab = target.grid[1], target.vocab_size
+    if method == "sd":
+        return sd.decode(target, classes, drafter=tiny_gpt(side, vocab, seed=4, dim=16, layers=1, scale=0.6),
+                         options=sd.SDOptions(chunk=3), run=run)
+    if method == "sjd":
+        return sjd.decode(target, classes, options=sjd.SJDOptions(window=4), run=run)
+    return ssd.decode(target, classes, heads=tiny_heads(16, width=side, seed=5),
+                      options=ssd.SSDOptions(rounds=1, chunk=3, max_tail=None, final_passes=None), run=run)
 
 
 class TinyTokenizer(torch.nn.Module):

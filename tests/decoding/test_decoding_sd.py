@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from decoding_models import tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
+from decoding_models import lossless_decode, tiny_gpt, tiny_heads, single_thread  # noqa: F401  (autouse fixture)
 from grid_statistics import pvalues_against
 from specdec import ops
-from specdec.decoding import sd, sjd, ssd
+from specdec.decoding import sd, ssd
 from specdec.settings import RunSettings, Sampling
 
 VOCAB = 3
@@ -119,17 +119,8 @@ TRUNCATED_SAMPLES = 20_000
 def truncated_counts(request):
     method, setting = request.param
     target = tiny_target()
-    classes = torch.full((TRUNCATED_SAMPLES,), CLASS)
     run = RunSettings(seed=12, sampling=TRUNCATED[setting], batch_size=TRUNCATED_SAMPLES)
-    if method == "sd":
-        out = sd.decode(target, classes, drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6),
-                        options=sd.SDOptions(chunk=3), run=run)
-    elif method == "sjd":
-        out = sjd.decode(target, classes, options=sjd.SJDOptions(window=4), run=run)
-    else:
-        out = ssd.decode(target, classes, heads=tiny_heads(16, width=2, seed=5), run=run,
-                         options=ssd.SSDOptions(rounds=1, chunk=3, max_tail=None, final_passes=None))
-    return target, TRUNCATED[setting], out
+    return target, TRUNCATED[setting], lossless_decode(method, target, torch.full((TRUNCATED_SAMPLES,), CLASS), run)
 
 
 def test_lossless_methods_keep_the_truncated_target_distribution(truncated_counts):

@@ -4,10 +4,10 @@ stay lossless under any budget; an image depends on the share, never on its neig
 import pytest
 import torch
 
-from decoding_models import TinyFamily, submit_staggered, tiny_gpt, tiny_heads, single_thread  # noqa: F401
+from decoding_models import TinyFamily, lossless_decode, submit_staggered, tiny_gpt, single_thread  # noqa: F401
 from grid_statistics import pvalues_against
 from specdec import decoding
-from specdec.decoding import ar, sd, sjd, ssd, zipar
+from specdec.decoding import ar, zipar
 from specdec.numerics import batch_invariant
 from specdec.settings import RunSettings, Sampling
 
@@ -120,14 +120,7 @@ def ar_4x4():
 
 def _lossless(method, target, share):
     run = RunSettings(seed=9, sampling=SAMPLING_4X4, batch_size=SAMPLES, max_tokens_per_pass=SAMPLES * share)
-    classes = torch.full((SAMPLES,), 1)
-    if method == "sd":
-        return sd.decode(target, classes, drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6),
-                         options=sd.SDOptions(chunk=3), run=run)
-    if method == "sjd":
-        return sjd.decode(target, classes, options=sjd.SJDOptions(window=4), run=run)
-    return ssd.decode(target, classes, heads=tiny_heads(16, width=4, seed=5),
-                      options=ssd.SSDOptions(rounds=1, chunk=3, max_tail=None, final_passes=None), run=run)
+    return lossless_decode(method, target, torch.full((SAMPLES,), 1), run)
 
 
 @pytest.mark.parametrize("method,share", [("sd", 2), ("sd", 1), ("sjd", 3), ("sjd", 1), ("ssd", 3), ("ssd", 1)])
