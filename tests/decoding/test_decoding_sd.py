@@ -71,18 +71,10 @@ def tiny_target():
 @pytest.fixture(scope="module", params=["model", "heads"])
 def sd_counts(request):
     target = tiny_target()
+    classes, run = torch.full((N_SAMPLES,), CLASS), RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES)
     if request.param == "model":
-        kw = dict(drafter=tiny_gpt(2, VOCAB, seed=4, dim=16, layers=1, scale=0.6))
-    else:
-        kw = dict(heads=tiny_heads(16, seed=5))
-    out = sd.decode(
-        target,
-        torch.full((N_SAMPLES,), CLASS),
-        options=sd.SDOptions(chunk=3),
-        run=RunSettings(seed=11, sampling=SAMPLING, batch_size=N_SAMPLES),
-        **kw,
-    )
-    return target, out
+        return target, lossless_decode("sd", target, classes, run)
+    return target, sd.decode(target, classes, heads=tiny_heads(16, seed=5), options=sd.SDOptions(chunk=3), run=run)
 
 
 def test_sd_reproduces_the_target_distribution(sd_counts):
@@ -167,18 +159,10 @@ def test_sd_over_many_rounds_keeps_the_ar_distribution(ar_4x4, drafter):
     the batch at different progress. Every position's marginal and a few pairs' joints under sd
     match plain AR's (two-sample chi-square, Bonferroni over the 20 statistics)."""
     target, ar_tokens = ar_4x4
-    kw = (
-        dict(drafter=tiny_gpt(4, 4, seed=4, dim=16, layers=1, scale=0.6))
-        if drafter == "model"
-        else dict(heads=tiny_heads(16, seed=5))
-    )
-    out = sd.decode(
-        target,
-        torch.full((GRID_4X4_SAMPLES,), CLASS),
-        options=sd.SDOptions(chunk=3),
-        run=RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES),
-        **kw,
-    )
+    classes = torch.full((GRID_4X4_SAMPLES,), CLASS)
+    run = RunSettings(seed=2, sampling=SAMPLING, batch_size=GRID_4X4_SAMPLES)
+    out = (lossless_decode("sd", target, classes, run) if drafter == "model"
+           else sd.decode(target, classes, heads=tiny_heads(16, seed=5), options=sd.SDOptions(chunk=3), run=run))
     accepted, drafted = sum(out.stats.accepted), sum(out.stats.drafted)
     assert 0.05 < accepted / drafted < 0.95  # real rejections and real acceptances
     sd_tokens = out.tokens.view(GRID_4X4_SAMPLES, 16)
